@@ -1,0 +1,230 @@
+"""The public collective matmuls, for use inside ``jax.shard_map``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ficco_jax._src import ag_matmul
+from ficco_jax._src import heuristics
+from ficco_jax._src import rs_matmul
+from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import validation
+
+log = logging.getLogger("ficco_jax")
+
+DEFAULT_TIMEOUT_S = 60.0
+Static = ag_matmul.Static
+
+
+def _resolve(op, schedule, *, rows, row_elems, n, dtype, axis_size):
+  if schedule is None:
+    return heuristics.choose_schedule(op, shard_rows=rows, row_elems=row_elems,
+                                      n=n, dtype=dtype, axis_size=axis_size)
+  if not isinstance(schedule, schedule_lib.Schedule):
+    raise TypeError(
+        f"schedule must be a ficco_jax.Schedule or None, got {schedule!r}.")
+  return schedule
+
+
+def _static(op, axis_name, axis_size, schedule, precision,
+            preferred_element_type, timeout_s):
+  if not timeout_s > 0:
+    raise ValueError(f"{timeout_s=} must be positive.")
+  pet = (None if preferred_element_type is None
+         else np.dtype(preferred_element_type))
+  return Static(axis_name=axis_name, axis_size=axis_size, schedule=schedule,
+                precision=precision, preferred_element_type=pet, op_name=op,
+                timeout_s=float(timeout_s))
+
+
+@functools.lru_cache(maxsize=None)
+def _note_once(message: str) -> None:
+  log.warning(message)
+
+
+def _backward_static(st: Static, op: str) -> Static:
+  """The config of the collective matmuls that make up a gradient."""
+  schedule = st.schedule
+  if op == "matmul_reduce_scatter" and schedule.comm == "dma":
+    _note_once("ficco_jax: the reduce-scatter in this gradient uses"
+               " comm='xla' (the copy-engine reduce-scatter is not built yet).")
+    schedule = dataclasses.replace(schedule, comm="xla")
+  if op == "matmul_reduce_scatter" and schedule.compute == "pallas":
+    schedule = dataclasses.replace(schedule, compute="xla")
+  return dataclasses.replace(st, schedule=schedule, op_name=op,
+                             preferred_element_type=None)
+
+
+# --------------------------------------------------------------------------
+# all_gather_matmul
+# --------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _ag(x, w, axis: int, st: Static):
+  out0 = ag_matmul.forward(jnp.moveaxis(x, axis, 0), w, st)
+  return jnp.moveaxis(out0, 0, axis)
+
+
+def _ag_fwd(x, w, axis, st):
+  return _ag(x, w, axis, st), (x, w)
+
+
+def _ag_bwd(axis, st, res, ct):
+  x, w = res
+  ct0 = jnp.moveaxis(ct, axis, 0)
+  # d(all_gather(x) @ w)/dx is a reduce-scatter of ct @ w^T; dw contracts the
+  # gathered x with ct, which gathers x piecewise again.
+  dx0 = rs_matmul.forward(ct0, w.T, _backward_static(st, "matmul_reduce_scatter"))
+  dw = ag_matmul.gathered_contraction(
+      jnp.moveaxis(x, axis, 0), ct0, _backward_static(st, "all_gather_matmul"),
+      gather_operand="a")
+  return jnp.moveaxis(dx0, 0, axis).astype(x.dtype), dw.astype(w.dtype)
+
+
+_ag.defvjp(_ag_fwd, _ag_bwd)
+
+
+def all_gather_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    axis_name: str,
+    gather_axis: int = 0,
+    schedule: schedule_lib.Schedule | None = None,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> jax.Array:
+  """``lax.all_gather(x, axis_name, axis=gather_axis, tiled=True) @ w``, overlapped.
+
+  Call inside ``jax.shard_map`` (for global arrays under ``jit`` use
+  `ficco_jax.sharded.all_gather_matmul`). The gather is decomposed into
+  pieces finer than a shard and each piece's matmul overlaps the transfer of
+  the next, as ``schedule`` says.
+
+  Args:
+    x: the local shard, any rank >= 2: ``[..., m, ..., K]`` with ``m`` at
+      ``gather_axis``; the last axis is contracted.
+    w: the local weight ``[K, n]`` (for a column-parallel layer, this
+      device's columns).
+    axis_name: the ``shard_map`` mesh axis to gather over, of size ``P``.
+    gather_axis: the axis of ``x`` that is gathered (not the last).
+    schedule: a `ficco_jax.Schedule`; None lets the heuristic choose.
+    precision: passed to ``lax.dot_general``.
+    preferred_element_type: result dtype of the matmul (None: as for
+      ``x @ w``).
+    timeout_s: ``comm="dma"`` only: how long a device waits for its peers
+      before raising instead of hanging.
+
+  Returns:
+    ``[..., P * m, ..., n]``: the gathered ``x`` times ``w``, on every device
+    of the axis.
+  """
+  op = "all_gather_matmul"
+  validation.check_array("x", x)
+  validation.check_weight("w", w, x.shape[-1], f"x.shape[-1] of x {tuple(x.shape)}")
+  axis = validation.normalize_axis("gather_axis", gather_axis, x.ndim, x.shape)
+  p = validation.axis_size(axis_name, op)
+  m = x.shape[axis]
+  schedule = _resolve(op, schedule, rows=m, row_elems=x.size // m,
+                      n=w.shape[1], dtype=x.dtype, axis_size=p)
+  validation.check_divisible(f"x.shape[{axis}] (the local rows gathered, x is"
+                             f" {tuple(x.shape)})", m, schedule.num_chunks,
+                             "schedule.num_chunks")
+  st = _static(op, axis_name, p, schedule, precision, preferred_element_type,
+               timeout_s)
+  return _ag(x, w, axis, st)
+
+
+# --------------------------------------------------------------------------
+# matmul_reduce_scatter
+# --------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _rs(h, w, axis: int, st: Static):
+  out0 = rs_matmul.forward(jnp.moveaxis(h, axis, 0), w, st)
+  return jnp.moveaxis(out0, 0, axis)
+
+
+def _rs_fwd(h, w, axis, st):
+  return _rs(h, w, axis, st), (h, w)
+
+
+def _rs_bwd(axis, st, res, ct):
+  h, w = res
+  ct0 = jnp.moveaxis(ct, axis, 0)
+  # dh = all_gather(ct) @ w^T; dw = h^T @ all_gather(ct).
+  dh0 = ag_matmul.forward(ct0, w.T, _backward_static(st, "all_gather_matmul"))
+  dw = ag_matmul.gathered_contraction(
+      jnp.moveaxis(h, axis, 0), ct0, _backward_static(st, "all_gather_matmul"),
+      gather_operand="g")
+  return jnp.moveaxis(dh0, 0, axis).astype(h.dtype), dw.astype(w.dtype)
+
+
+_rs.defvjp(_rs_fwd, _rs_bwd)
+
+
+def matmul_reduce_scatter(
+    h: jax.Array,
+    w: jax.Array,
+    *,
+    axis_name: str,
+    scatter_axis: int = 0,
+    schedule: schedule_lib.Schedule | None = None,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> jax.Array:
+  """``lax.psum_scatter(h @ w, axis_name, scatter_dimension=scatter_axis, tiled=True)``.
+
+  Call inside ``jax.shard_map`` (for global arrays use
+  `ficco_jax.sharded.matmul_reduce_scatter`). Each device computes partial
+  products piece by piece and the pieces are reduced on their way to the
+  device that owns their rows, overlapped with the next piece's matmul.
+
+  Args:
+    h: the local operand, any rank >= 2: ``[..., P * m, ..., F]`` with the
+      scattered axis at ``scatter_axis``; the last axis (this device's slice
+      of the contraction) is contracted.
+    w: the local weight ``[F, n]`` (for a row-parallel layer, this device's
+      rows).
+    axis_name: the ``shard_map`` mesh axis to reduce and scatter over.
+    scatter_axis: the axis of the result that is scattered (not the last).
+    schedule: a `ficco_jax.Schedule`; None lets the heuristic choose.
+    precision: passed to ``lax.dot_general``.
+    preferred_element_type: result dtype of the matmul.
+    timeout_s: ``comm="dma"`` only: how long to wait for peers.
+
+  Returns:
+    ``[..., m, ..., n]``: this device's rows of the sum over the axis.
+  """
+  op = "matmul_reduce_scatter"
+  validation.check_array("h", h)
+  validation.check_weight("w", w, h.shape[-1], f"h.shape[-1] of h {tuple(h.shape)}")
+  axis = validation.normalize_axis("scatter_axis", scatter_axis, h.ndim, h.shape)
+  p = validation.axis_size(axis_name, op)
+  rows = h.shape[axis]
+  validation.check_divisible(f"h.shape[{axis}] (h is {tuple(h.shape)})", rows,
+                             p, f"the size of axis {axis_name!r}")
+  m = rows // p
+  schedule = _resolve(op, schedule, rows=m, row_elems=h.size // rows,
+                      n=w.shape[1], dtype=h.dtype, axis_size=p)
+  validation.check_divisible(
+      f"h.shape[{axis}] // axis size (the rows each device keeps, h is"
+      f" {tuple(h.shape)})", m, schedule.num_chunks, "schedule.num_chunks")
+  if schedule.compute == "pallas":
+    raise NotImplementedError(
+        "matmul_reduce_scatter with compute='pallas' is not built yet; use"
+        " compute='xla'.")
+  st = _static(op, axis_name, p, schedule, precision, preferred_element_type,
+               timeout_s)
+  return _rs(h, w, axis, st)
