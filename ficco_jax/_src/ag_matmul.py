@@ -105,19 +105,21 @@ def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
     gather_operand: ``"a"`` or ``"g"``: which operand is the local shard.
 
   Returns:
-    ``[Ka, Kg]`` in float32 (the caller casts).
+    ``[Ka, Kg]`` in at least float32 (the caller casts).
   """
   p = st.axis_size
   shard, full = (a0, g0) if gather_operand == "a" else (g0, a0)
   m = shard.shape[0]
   lead = tuple(range(a0.ndim - 1))
+  acc_dtype = jnp.promote_types(jnp.promote_types(a0.dtype, g0.dtype),
+                                jnp.float32)
 
   def contract(shard_piece, full_piece):
     a, g = ((shard_piece, full_piece) if gather_operand == "a"
             else (full_piece, shard_piece))
     return lax.dot_general(a, g, ((lead, lead), ((), ())),
                            precision=st.precision,
-                           preferred_element_type=jnp.float32)
+                           preferred_element_type=acc_dtype)
 
   if not st.schedule.overlapped or p == 1:
     gathered = lax.all_gather(shard, st.axis_name, axis=0, tiled=True)
@@ -141,7 +143,7 @@ def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
       acc = acc + contract(piece, other)
     return acc
 
-  acc = jnp.zeros((a0.shape[-1], g0.shape[-1]), jnp.float32)
+  acc = jnp.zeros((a0.shape[-1], g0.shape[-1]), acc_dtype)
   acc, keepalive = gather.run(shard, gplan, axis_name=st.axis_name,
                               comm=schedule.comm, consume=consume, carry=acc,
                               op_name=st.op_name, timeout_s=st.timeout_s)

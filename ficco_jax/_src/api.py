@@ -16,6 +16,7 @@ from ficco_jax._src import heuristics
 from ficco_jax._src import rs_matmul
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
+from ficco_jax._src import vma
 
 log = logging.getLogger("ficco_jax")
 
@@ -23,10 +24,11 @@ DEFAULT_TIMEOUT_S = 60.0
 Static = ag_matmul.Static
 
 
-def _resolve(op, schedule, *, rows, row_elems, n, dtype, axis_size):
+def _resolve(op, schedule, *, a, w, axis, axis_size):
   if schedule is None:
-    return heuristics.choose_schedule(op, shard_rows=rows, row_elems=row_elems,
-                                      n=n, dtype=dtype, axis_size=axis_size)
+    return heuristics.choose_schedule(op, x_shape=a.shape, w_shape=w.shape,
+                                      dtype=a.dtype, axis_size=axis_size,
+                                      axis=axis)
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(
         f"schedule must be a ficco_jax.Schedule or None, got {schedule!r}.")
@@ -86,7 +88,8 @@ def _ag_bwd(axis, st, res, ct):
   dw = ag_matmul.gathered_contraction(
       jnp.moveaxis(x, axis, 0), ct0, _backward_static(st, "all_gather_matmul"),
       gather_operand="a")
-  return jnp.moveaxis(dx0, 0, axis).astype(x.dtype), dw.astype(w.dtype)
+  dx = jnp.moveaxis(dx0, 0, axis).astype(x.dtype)
+  return vma.match(dx, x), vma.match(dw.astype(w.dtype), w)
 
 
 _ag.defvjp(_ag_fwd, _ag_bwd)
@@ -134,8 +137,7 @@ def all_gather_matmul(
   axis = validation.normalize_axis("gather_axis", gather_axis, x.ndim, x.shape)
   p = validation.axis_size(axis_name, op)
   m = x.shape[axis]
-  schedule = _resolve(op, schedule, rows=m, row_elems=x.size // m,
-                      n=w.shape[1], dtype=x.dtype, axis_size=p)
+  schedule = _resolve(op, schedule, a=x, w=w, axis=axis, axis_size=p)
   validation.check_divisible(f"x.shape[{axis}] (the local rows gathered, x is"
                              f" {tuple(x.shape)})", m, schedule.num_chunks,
                              "schedule.num_chunks")
@@ -167,7 +169,8 @@ def _rs_bwd(axis, st, res, ct):
   dw = ag_matmul.gathered_contraction(
       jnp.moveaxis(h, axis, 0), ct0, _backward_static(st, "all_gather_matmul"),
       gather_operand="g")
-  return jnp.moveaxis(dh0, 0, axis).astype(h.dtype), dw.astype(w.dtype)
+  dh = jnp.moveaxis(dh0, 0, axis).astype(h.dtype)
+  return vma.match(dh, h), vma.match(dw.astype(w.dtype), w)
 
 
 _rs.defvjp(_rs_fwd, _rs_bwd)
@@ -216,8 +219,7 @@ def matmul_reduce_scatter(
   validation.check_divisible(f"h.shape[{axis}] (h is {tuple(h.shape)})", rows,
                              p, f"the size of axis {axis_name!r}")
   m = rows // p
-  schedule = _resolve(op, schedule, rows=m, row_elems=h.size // rows,
-                      n=w.shape[1], dtype=h.dtype, axis_size=p)
+  schedule = _resolve(op, schedule, a=h, w=w, axis=axis, axis_size=p)
   validation.check_divisible(
       f"h.shape[{axis}] // axis size (the rows each device keeps, h is"
       f" {tuple(h.shape)})", m, schedule.num_chunks, "schedule.num_chunks")

@@ -37,27 +37,34 @@ def _warn_once(message: str) -> None:
   log.warning(message)
 
 
-def choose_schedule(op: str, *, shard_rows: int, row_elems: int, n: int,
-                    dtype, axis_size: int,
+def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
+                    axis: int = 0,
                     platform: str | None = None) -> schedule_lib.Schedule:
-  """Picks a schedule from static sizes.
+  """The schedule ``schedule=None`` resolves to, from static sizes.
 
   Args:
     op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
-    shard_rows: rows of the local operand along the gathered/scattered axis
-      (for the reduce-scatter, rows of its output shard).
-    row_elems: elements per row of the operand that moves.
-    n: columns of the weight.
-    dtype: element type of the moving operand.
+    x_shape: the local (per-device) shape of the op's first operand (``x``
+      or ``h``), as the op sees it inside ``shard_map``.
+    w_shape: the local shape of ``w``.
+    dtype: element type of the first operand.
     axis_size: devices along the axis.
+    axis: ``gather_axis`` or ``scatter_axis``.
     platform: ``jax.default_backend()`` when None.
 
   Returns:
     A schedule; `schedule_lib.NO_OVERLAP` where overlap would not pay.
   """
-  del n  # Used by the measured model (see explain); not by this rule.
+  if op not in ("all_gather_matmul", "matmul_reduce_scatter"):
+    raise ValueError(f"Unknown {op=}.")
+  del w_shape  # Used by the measured model (see explain); not by this rule.
+  size = int(np.prod(x_shape))
+  rows = x_shape[axis]
+  row_elems = size // max(rows, 1)
+  if op == "matmul_reduce_scatter":
+    rows //= axis_size  # The rows each device keeps.
   platform = platform or jax.default_backend()
-  moved = shard_rows * row_elems * np.dtype(dtype).itemsize * (axis_size - 1)
+  moved = rows * row_elems * np.dtype(dtype).itemsize * (axis_size - 1)
   if axis_size == 1 or moved < MIN_OVERLAP_BYTES:
     return schedule_lib.NO_OVERLAP
   if platform not in ("cuda", "gpu"):
@@ -77,7 +84,7 @@ def choose_schedule(op: str, *, shard_rows: int, row_elems: int, n: int,
     return schedule_lib.NO_OVERLAP
   chunks = 1
   for c in (4, 2):
-    if shard_rows % c == 0 and shard_rows // c >= MIN_CHUNK_ROWS:
+    if rows % c == 0 and rows // c >= MIN_CHUNK_ROWS:
       chunks = c
       break
   return schedule_lib.Schedule(dataflow="direct", num_chunks=chunks,

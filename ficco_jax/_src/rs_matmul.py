@@ -40,9 +40,15 @@ def _ring(h0, w, st, rank, m, row0, rows, direction):
     part = _dot(_rows(h0, block * m + row0, rows), w, st)
     if acc is not None:
       received = _send(acc, st.axis_name, direction, p)
-      part = (part.astype(jnp.float32) + received.astype(jnp.float32))
+      acc_dtype = _acc_dtype(part.dtype)
+      part = part.astype(acc_dtype) + received.astype(acc_dtype)
     acc = part.astype(_out_dtype(h0, w, st))
   return acc
+
+
+def _acc_dtype(dtype):
+  # Sums of partials run in at least float32 (float64 stays float64).
+  return jnp.promote_types(dtype, jnp.float32)
 
 
 def _out_dtype(h0, w, st):
@@ -76,9 +82,10 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
         dest = (rank + shift) % p
         part = _dot(_rows(h0, dest * m + row0, mc), w, st)
         received.append(_send(part, st.axis_name, shift, p))
-      acc = _dot(_rows(h0, rank * m + row0, mc), w, st).astype(jnp.float32)
+      acc = _dot(_rows(h0, rank * m + row0, mc), w, st)
+      acc = acc.astype(_acc_dtype(acc.dtype))
       for r in received:
-        acc = acc + r.astype(jnp.float32)
+        acc = acc + r.astype(acc.dtype)
       chunks.append(acc.astype(out_dtype))
     elif schedule.dataflow == "ring":
       chunks.append(_ring(h0, w, st, rank, m, row0, mc, +1))

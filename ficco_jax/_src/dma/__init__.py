@@ -1,0 +1,1 @@
+"""Copy-engine communication (``Schedule(comm="dma")``) through the ficco XLA FFI."""

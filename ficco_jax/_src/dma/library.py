@@ -1,0 +1,131 @@
+"""Loads libficco_ffi and registers its handlers as XLA FFI targets.
+
+The library is built by ``pip install .`` (scikit-build-core) into this
+package's directory. Loading and registration happen once, on first use, so
+importing ficco_jax never requires the native library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import pathlib
+import threading
+
+import jax
+
+_LIBRARY_NAME = "libficco_ffi.so"
+_CPU, _CUDA = 0, 1  # FiccoPlatform in xla_ffi/ficco_ffi.h
+
+# target name -> handler symbol stem; the platform suffix picks the backend.
+TARGETS: dict[str, str] = {
+    "ficco_peer_copy_start": "FiccoPeerCopyStart",
+    "ficco_peer_copy_wait": "FiccoPeerCopyWait",
+    "ficco_peer_copy_done": "FiccoPeerCopyDone",
+}
+
+_lock = threading.Lock()
+_registered = False
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+  path = pathlib.Path(__file__).parent / _LIBRARY_NAME
+  if not path.exists():
+    raise ImportError(
+        f"ficco's native library {path} is missing: comm='dma' needs the"
+        " compiled XLA FFI handlers. Reinstall ficco_jax from its source tree"
+        " with `pip install .` (or use Schedule(comm='xla')).")
+  lib = ctypes.CDLL(str(path))
+  lib.FiccoCudaCompiled.restype = ctypes.c_int
+  lib.FiccoLiveInvocations.restype = ctypes.c_int64
+  lib.FiccoLiveInvocations.argtypes = [ctypes.c_int]
+  lib.FiccoPendingEntries.restype = ctypes.c_int64
+  lib.FiccoPendingEntries.argtypes = [ctypes.c_int]
+  lib.FiccoEventCounts.restype = ctypes.c_int
+  lib.FiccoEventCounts.argtypes = [
+      ctypes.c_int, ctypes.c_int,
+      ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]
+  lib.FiccoTestSetNeverArrive.argtypes = [ctypes.c_int]
+  lib.FiccoTestSetNeverArrive.restype = None
+  lib.FiccoTestClearNeverArrive.restype = None
+  return lib
+
+
+def library_path() -> pathlib.Path:
+  return pathlib.Path(_library()._name)
+
+
+def cuda_compiled() -> bool:
+  """Whether the CUDA handlers were compiled into the library."""
+  return bool(_library().FiccoCudaCompiled())
+
+
+def _has_cuda_backend() -> bool:
+  try:
+    return bool(jax.devices("cuda"))
+  except RuntimeError:
+    return False
+
+
+def ensure_registered() -> None:
+  """Registers the FFI targets: "cpu" always, "CUDA" when compiled in and
+  jax has a CUDA backend. Idempotent; called by the lowering rules."""
+  global _registered
+  with _lock:
+    if _registered:
+      return
+    lib = _library()
+    platforms = [("cpu", "Cpu")]
+    if cuda_compiled() and _has_cuda_backend():
+      platforms.append(("CUDA", "Cuda"))
+    for platform, suffix in platforms:
+      for target, stem in TARGETS.items():
+        handler = getattr(lib, stem + suffix)
+        jax.ffi.register_ffi_target(
+            target, jax.ffi.pycapsule(handler), platform=platform)
+    _registered = True
+
+
+def _platform_id(platform: str) -> int:
+  if platform == "cpu":
+    return _CPU
+  if platform in ("cuda", "gpu"):
+    return _CUDA
+  raise ValueError(f"{platform=} must be 'cpu' or 'cuda'.")
+
+
+def live_invocations(platform: str = "cpu") -> int:
+  """Invocations not yet released by every rank's done (0 when idle)."""
+  n = _library().FiccoLiveInvocations(_platform_id(platform))
+  if n < 0:
+    raise RuntimeError(f"{platform} handlers are not compiled in.")
+  return n
+
+
+def pending_entries(platform: str = "cpu") -> int:
+  """Rendezvous, wait and done entries still registered (0 when idle)."""
+  n = _library().FiccoPendingEntries(_platform_id(platform))
+  if n < 0:
+    raise RuntimeError(f"{platform} handlers are not compiled in.")
+  return n
+
+
+def event_counts(device_ordinal: int, platform: str = "cpu") -> tuple[int, int]:
+  """``(created, pooled)`` events of one device: created grows only when the
+  pool runs dry, so steady-state calls leave it unchanged."""
+  created, pooled = ctypes.c_int64(), ctypes.c_int64()
+  if _library().FiccoEventCounts(_platform_id(platform), device_ordinal,
+                                 ctypes.byref(created), ctypes.byref(pooled)):
+    raise RuntimeError(f"{platform} handlers are not compiled in.")
+  return created.value, pooled.value
+
+
+def set_never_arrive(device_ordinal: int) -> None:
+  """Test hook: every start on this device fails at once without joining its
+  peers, which then fail by timeout."""
+  _library().FiccoTestSetNeverArrive(device_ordinal)
+
+
+def clear_never_arrive() -> None:
+  _library().FiccoTestClearNeverArrive()

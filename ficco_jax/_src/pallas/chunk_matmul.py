@@ -1,0 +1,544 @@
+"""Chunk matmul that writes its product in place into rows of a larger output.
+
+``chunk_matmul_into(out, x, w, row_offset)`` computes ``x [mc, K] @ w [K, n]``
+and stores it into rows ``[row_offset, row_offset + mc)`` of ``out [M, n]``;
+``out`` is aliased to the result (``input_output_aliases``), so XLA emits no
+copy and no ``dynamic_update_slice`` after the kernel, and the other rows of
+``out`` are left as they were. This is the compute step of the overlapped
+collective matmuls: chunk ``c`` of the gathered operand is multiplied straight
+into its place in the gathered output while chunk ``c + 1`` is still in flight.
+
+Two formulations:
+
+* **portable** (``_kernel``): a ``pl.pallas_call`` over a ``(mc // bm, n // bn)``
+  grid with BlockSpecs for ``x``/``w`` and the output left in place
+  (``pl.ANY``), written at a dynamic row offset read from a scalar operand. It
+  runs under ``interpret=True`` on CPU, which is how CI tests the chunk/offset
+  logic.
+* **Hopper** (``_mgpu_kernel``): a Mosaic GPU kernel, warp specialized (one
+  warpgroup issues TMA loads, two issue ``wgmma``), persistent over a grid of at
+  most ``num_sms`` CTAs that loop over the output tiles of the chunk. The
+  epilogue TMA-stores each tile at ``row_offset + tile row`` of the full output
+  (a TMA descriptor over all of ``out``, dynamic coordinates), so the dynamic
+  offset costs nothing.
+
+``interpret=None`` picks: interpret mode on CPU, the Hopper kernel on GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Literal
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+# Dtypes the Hopper kernel's wgmma takes straight from shared memory.
+_MGPU_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# Shared memory a CTA may use on Hopper (227 KiB), less room for barriers.
+_SMEM_BUDGET = 227 * 1024 - 1024
+
+Dim = Literal["m", "n"]
+
+
+# ----------------------------------------------------------------------------
+# Config.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChunkMatmulConfig:
+  """Tiles of the Hopper kernel. Frozen, so it can be a jit static argument.
+
+  A CTA runs two compute warpgroups and one memory warpgroup. Each compute
+  warpgroup owns a ``tile_m x tile_n`` f32 accumulator; the two are placed
+  side by side along ``wg_dimension``, so a CTA's output tile is
+  ``(2 * tile_m) x tile_n`` (``"m"``) or ``tile_m x (2 * tile_n)`` (``"n"``).
+
+  Attributes:
+    tile_m: rows of one warpgroup's accumulator (multiple of 64).
+    tile_n: columns of one warpgroup's accumulator (multiple of 64, at most 256).
+    tile_k: depth of one pipeline step (its bytes per row must be a TMA swizzle:
+      32, 64 or 128 bytes, i.e. 64 for bf16/f16).
+    max_concurrent_steps: pipeline stages in shared memory.
+    epi_tile_m, epi_tile_n: the epilogue stores the accumulator in sub-tiles of
+      this size, double buffered, so the TMA store of one overlaps the next.
+    wg_dimension: which dimension the two compute warpgroups split.
+    grid_minor_dim: the faster-moving dimension of the tile order.
+    grid_tile_width: width of the bands of the snake tile order (L2 reuse).
+  """
+
+  tile_m: int = 128
+  tile_n: int = 128
+  tile_k: int = 64
+  max_concurrent_steps: int = 4
+  epi_tile_m: int = 64
+  epi_tile_n: int = 64
+  wg_dimension: Dim = "n"
+  grid_minor_dim: Dim = "n"
+  grid_tile_width: int = 1
+
+  def __post_init__(self):
+    for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
+                 "epi_tile_m", "epi_tile_n", "grid_tile_width"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}={v!r} must be a positive int.")
+    if self.tile_m % 64:
+      raise ValueError(f"{self.tile_m=} must be a multiple of 64 (wgmma M).")
+    if self.tile_n % 64 or self.tile_n > 256:
+      # 64: the (8, 64) tiling of the 128-byte-swizzled w tile in SMEM.
+      raise ValueError(f"{self.tile_n=} must be a multiple of 64, at most 256.")
+    if self.tile_m % self.epi_tile_m:
+      raise ValueError(f"{self.epi_tile_m=} must divide {self.tile_m=}.")
+    if self.tile_n % self.epi_tile_n:
+      raise ValueError(f"{self.epi_tile_n=} must divide {self.tile_n=}.")
+    if self.wg_dimension not in ("m", "n"):
+      raise ValueError(f"{self.wg_dimension=} must be 'm' or 'n'.")
+    if self.grid_minor_dim not in ("m", "n"):
+      raise ValueError(f"{self.grid_minor_dim=} must be 'm' or 'n'.")
+
+  @property
+  def cta_tile_m(self) -> int:
+    return self.tile_m * (2 if self.wg_dimension == "m" else 1)
+
+  @property
+  def cta_tile_n(self) -> int:
+    return self.tile_n * (2 if self.wg_dimension == "n" else 1)
+
+  def smem_bytes(self, in_dtype, out_dtype) -> int:
+    """Shared memory one CTA allocates (pipeline stages + epilogue buffers)."""
+    isz, osz = jnp.dtype(in_dtype).itemsize, jnp.dtype(out_dtype).itemsize
+    stage = (self.cta_tile_m + self.cta_tile_n) * self.tile_k * isz
+    slots = min(2, (self.tile_m * self.tile_n) // (self.epi_tile_m * self.epi_tile_n))
+    return (self.max_concurrent_steps * stage
+            + 2 * slots * self.epi_tile_m * self.epi_tile_n * osz)
+
+  def check_shapes(self, mc: int, n: int, k: int) -> None:
+    """Raises ValueError unless the tiles divide the problem exactly."""
+    # The Hopper kernel does not mask: a CTA tile that ran past row mc would be
+    # TMA-stored over the rows of the next chunk of ``out``, so tiles must
+    # divide the chunk exactly.
+    if mc % self.cta_tile_m:
+      raise ValueError(
+          f"mc={mc} (rows of x) must be a multiple of the CTA tile's rows"
+          f" {self.cta_tile_m} for config {self}.")
+    if n % self.cta_tile_n:
+      raise ValueError(
+          f"n={n} (columns of w) must be a multiple of the CTA tile's columns"
+          f" {self.cta_tile_n} for config {self}.")
+    if k % self.tile_k:
+      raise ValueError(f"K={k} must be a multiple of {self.tile_k=}.")
+
+
+# Tuned on one H200 (benchmarks/kernel_bench.py), keyed by (mc, K, n); bf16.
+_TUNED: dict[tuple[int, int, int], ChunkMatmulConfig] = {}
+
+
+def default_config(mc: int, k: int, n: int, in_dtype=jnp.bfloat16,
+                   out_dtype=jnp.bfloat16) -> ChunkMatmulConfig:
+  """The config used when none is given.
+
+  Order: the tuned table (exact ``(mc, K, n)`` match) → the first candidate of
+  a fixed preference list whose tiles divide the shape and whose shared
+  memory fits. Raises ValueError if no candidate divides the shape (mc or n
+  not a multiple of 64, K not a multiple of 64 for 2-byte dtypes).
+  """
+  if (cfg := _TUNED.get((mc, k, n))) is not None:
+    try:
+      cfg.check_shapes(mc, n, k)
+      return cfg
+    except ValueError:
+      pass
+  tile_k = 128 // jnp.dtype(in_dtype).itemsize  # 128-byte swizzle rows.
+  k_iters = max(1, k // tile_k)
+  # Large CTA tiles first: 128x256 keeps the wgmma busy and halves re-reads;
+  # then smaller ones for small or oddly sized chunks.
+  for tm, tn, wg in ((128, 128, "n"), (128, 128, "m"), (64, 128, "m"),
+                     (64, 128, "n"), (64, 64, "m"), (64, 64, "n")):
+    for steps in (4, 3, 2):
+      cfg = ChunkMatmulConfig(
+          tile_m=tm, tile_n=tn, tile_k=tile_k,
+          max_concurrent_steps=min(steps, k_iters), epi_tile_m=64,
+          epi_tile_n=min(64, tn), wg_dimension=wg, grid_minor_dim="n",
+          grid_tile_width=1)
+      if (mc % cfg.cta_tile_m or n % cfg.cta_tile_n or k % cfg.tile_k
+          or cfg.smem_bytes(in_dtype, out_dtype) > _SMEM_BUDGET):
+        continue
+      return cfg
+  raise ValueError(
+      f"No Hopper tile config divides mc={mc}, n={n}, K={k}: the kernel needs"
+      f" mc and n multiples of 64 and K a multiple of {tile_k} (it does not"
+      " mask partial tiles). Use compute='xla' for this shape.")
+
+
+# ----------------------------------------------------------------------------
+# Reference.
+
+
+def _reference(out, x, w, row_offset):
+  """XLA reference: f32-accumulated dot, then dynamic_update_slice into out."""
+  y = lax.dot_general(x, w, (((1,), (0,)), ((), ())),
+                      preferred_element_type=jnp.float32)
+  row_offset = jnp.asarray(row_offset, jnp.int32)
+  return lax.dynamic_update_slice(out, y.astype(out.dtype),
+                                  (row_offset, jnp.int32(0)))
+
+
+# ----------------------------------------------------------------------------
+# Validation.
+
+
+def _check_args(out, x, w, row_offset, preferred_element_type):
+  for name, a in (("out", out), ("x", x), ("w", w)):
+    if getattr(a, "ndim", None) != 2:
+      raise ValueError(f"{name} must be 2-D, got shape {getattr(a, 'shape', None)}.")
+    if jnp.dtype(a.dtype) not in _DTYPES:
+      raise TypeError(
+          f"{name}.dtype={a.dtype} must be one of bfloat16, float16, float32.")
+  mc, k = x.shape
+  k2, n = w.shape
+  m, n2 = out.shape
+  if k != k2:
+    raise ValueError(
+        f"x.shape={x.shape} and w.shape={w.shape}: the contracting dimension"
+        f" K must match ({k} != {k2}).")
+  if n != n2:
+    raise ValueError(
+        f"out.shape={out.shape} must have w's {n} columns (w.shape={w.shape}).")
+  if mc > m:
+    raise ValueError(f"x has mc={mc} rows, more than out's M={m} rows.")
+  if x.dtype != w.dtype:
+    raise TypeError(f"x.dtype={x.dtype} and w.dtype={w.dtype} must match.")
+  if (preferred_element_type is not None
+      and jnp.dtype(preferred_element_type) != jnp.dtype(out.dtype)):
+    raise TypeError(
+        f"preferred_element_type={jnp.dtype(preferred_element_type)} must be"
+        f" None or out.dtype={out.dtype}: the product is written into out.")
+  if isinstance(row_offset, (int, np.integer)) and not isinstance(row_offset, bool):
+    if not 0 <= row_offset <= m - mc:
+      raise ValueError(
+          f"row_offset={row_offset} with mc={mc} rows must lie in [0, {m - mc}]"
+          f" so that rows [row_offset, row_offset + mc) fit in out's M={m}.")
+  else:
+    dt = getattr(row_offset, "dtype", None)
+    if (isinstance(row_offset, bool) or dt is None
+        or not jnp.issubdtype(dt, jnp.integer) or jnp.ndim(row_offset) != 0):
+      raise TypeError(
+          f"row_offset must be an int or an integer scalar array, got"
+          f" {type(row_offset).__name__} with dtype={dt},"
+          f" shape={getattr(row_offset, 'shape', None)}.")
+
+
+def _offset_operand(row_offset) -> jax.Array:
+  # A (1,) int32 operand: the kernels read it as a scalar at run time, so a
+  # traced offset (e.g. from lax.axis_index) compiles once for all devices.
+  return jnp.reshape(jnp.asarray(row_offset, jnp.int32), (1,))
+
+
+# ----------------------------------------------------------------------------
+# Portable formulation (interpret mode on CPU).
+
+
+def _largest_divisor_at_most(v: int, cap: int) -> int:
+  for d in range(min(v, cap), 0, -1):
+    if v % d == 0:
+      return d
+  return 1
+
+
+def _kernel(off_ref, x_ref, w_ref, out_in_ref, out_ref, *, block_m, block_n):
+  # off_ref:    (1,) int32, whole: first row of the chunk inside out.
+  # x_ref:      (block_m, K) block of x at (i, 0).
+  # w_ref:      (K, block_n) block of w at (0, j).
+  # out_in_ref: (M, n) all of out, unblocked (pl.ANY); aliased to out_ref and
+  #             never read: it is here only to carry the aliasing.
+  # out_ref:    (M, n) all of out, unblocked (pl.ANY); the product's block
+  #             lands at rows off + i * block_m, columns j * block_n.
+  del out_in_ref
+  i, j = pl.program_id(0), pl.program_id(1)
+  acc = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+  rows = pl.ds(off_ref[0] + i * block_m, block_m)
+  cols = pl.ds(pl.multiple_of(j * block_n, block_n), block_n)
+  out_ref[rows, cols] = acc.astype(out_ref.dtype)
+
+
+def _portable_into(out, x, w, off, *, interpret):
+  mc, k = x.shape
+  n = w.shape[1]
+  # Blocks need not be aligned in interpret mode; take the largest divisors so
+  # any mc and n work without masking.
+  block_m = _largest_divisor_at_most(mc, 128)
+  block_n = _largest_divisor_at_most(n, 256)
+  return pl.pallas_call(
+      functools.partial(_kernel, block_m=block_m, block_n=block_n),
+      out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
+      grid=(mc // block_m, n // block_n),
+      in_specs=[
+          pl.BlockSpec(memory_space=pl.ANY),
+          pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+          pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+          pl.BlockSpec(memory_space=pl.ANY),
+      ],
+      out_specs=pl.BlockSpec(memory_space=pl.ANY),
+      input_output_aliases={3: 0},
+      name="ficco_chunk_matmul_into",
+      interpret=interpret,
+  )(off, x, w, out)
+
+
+# ----------------------------------------------------------------------------
+# Hopper formulation (Mosaic GPU, wgmma + TMA, persistent over <= num_sms CTAs).
+
+
+def _device_num_sms() -> int:
+  try:
+    abstract_device = jax.sharding.get_abstract_mesh().abstract_device
+    if abstract_device is not None:
+      return abstract_device.num_cores
+  except AttributeError:
+    pass
+  return jax.devices()[0].core_count
+
+
+def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters):
+  # off_gmem: (1,) int32 GMEM: first row of the chunk inside out.
+  # x_gmem:   (mc, K) GMEM, TMA-loaded in (cta_tile_m, tile_k) blocks.
+  # w_gmem:   (K, n) GMEM, TMA-loaded in (tile_k, cta_tile_n) blocks.
+  # out_gmem: (M, n) GMEM, all of out (aliased); (epi_tile_m, epi_tile_n)
+  #           sub-tiles are TMA-stored at row offset + tile row.
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
+
+  dtype = x_gmem.dtype
+  out_dtype = out_gmem.dtype
+  mc = x_gmem.shape[0]
+  n = w_gmem.shape[1]
+  c = config
+  tile_m, tile_n, tile_k = c.tile_m, c.tile_n, c.tile_k
+  cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
+  m_iters, n_iters = mc // cta_tile_m, n // cta_tile_n
+  epi_tile_m, epi_tile_n = c.epi_tile_m, c.epi_tile_n
+
+  swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
+  swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
+  transforms = (plgpu.TilingTransform((8, swizzle_elems)),
+                plgpu.SwizzleTransform(swizzle))
+  # One epilogue slot suffices when a warpgroup has a single epilogue tile.
+  num_out_slots = min(2, (tile_m * tile_n) // (epi_tile_m * epi_tile_n))
+  out_swizzle = plgpu.find_swizzle(epi_tile_n * jnp.dtype(out_dtype).itemsize * 8)
+  out_swizzle_elems = out_swizzle // jnp.dtype(out_dtype).itemsize
+  out_transforms = (plgpu.TilingTransform((8, out_swizzle_elems)),
+                    plgpu.SwizzleTransform(out_swizzle))
+  minor = 0 if c.grid_minor_dim == "m" else 1
+
+  def get_pipeline(pipeline_body, compute_context):
+    return plgpu.emit_pipeline_warp_specialized(
+        pipeline_body,
+        grid=(k_iters,),
+        memory_registers=40,
+        in_specs=[
+            plgpu.BlockSpec((cta_tile_m, tile_k), lambda kk: (0, kk),
+                            transforms=transforms, memory_space=plgpu.SMEM),
+            plgpu.BlockSpec((tile_k, cta_tile_n), lambda kk: (kk, 0),
+                            transforms=transforms, memory_space=plgpu.SMEM),
+        ],
+        wg_axis="wg",
+        num_compute_wgs=2,
+        max_concurrent_steps=c.max_concurrent_steps,
+        compute_context=compute_context,
+    )
+
+  # The bodies don't influence the allocations the pipeline needs.
+  ignore = lambda *_, **__: None
+
+  @functools.partial(
+      pl.run_scoped,
+      pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(x_gmem, w_gmem),
+      out_smem=plgpu.SMEM((2, num_out_slots, epi_tile_m, epi_tile_n), out_dtype,
+                          transforms=out_transforms),
+      collective_axes="wg",
+  )
+  def _scope(pipeline_allocs, out_smem):
+    wg_idx = lax.axis_index("wg")
+    # The hint lets layout inference keep the (8, swizzle) tiling of out_smem
+    # for TMA stores at a run-time row; the wrapper requires row_offset % 8 == 0.
+    row0 = pl.multiple_of(off_gmem[0], 8)
+
+    @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+    def _mn_loop(info):
+      # jax 0.10+ passes an NDLoopInfo; older versions a tuple of indices.
+      (lin_idx,) = getattr(info, "index", info)
+      m_idx, n_idx = plgpu.planar_snake(
+          lin_idx, (m_iters, n_iters), minor, c.grid_tile_width)
+      cta_m_slice = pl.ds(m_idx * cta_tile_m, cta_tile_m)
+      cta_n_slice = pl.ds(n_idx * cta_tile_n, cta_tile_n)
+      if c.wg_dimension == "m":
+        wg_m_slice, wg_n_slice = pl.ds(wg_idx * tile_m, tile_m), slice(None)
+      else:
+        wg_m_slice, wg_n_slice = slice(None), pl.ds(wg_idx * tile_n, tile_n)
+
+      def compute_context(eval_pipeline):
+        @functools.partial(
+            pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
+        def _acc_scope(acc_ref):
+          eval_pipeline(acc_ref)
+          acc = acc_ref[...].astype(out_dtype)
+          # The chunk's rows start at a run-time offset inside out: the TMA
+          # descriptor spans all of out and takes the offset as a coordinate.
+          out_rows = pl.ds(row0 + m_idx * cta_tile_m, cta_tile_m)
+          out_tile = out_gmem.at[out_rows, cta_n_slice].at[wg_m_slice, wg_n_slice]
+          # Let the previous tile's stores finish reading out_smem first.
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          for epi_mi in range(tile_m // epi_tile_m):
+            for epi_ni in range(tile_n // epi_tile_n):
+              epi_m = slice(epi_mi * epi_tile_m, (epi_mi + 1) * epi_tile_m)
+              epi_n = slice(epi_ni * epi_tile_n, (epi_ni + 1) * epi_tile_n)
+              slot = (epi_mi * (tile_n // epi_tile_n) + epi_ni) % 2
+              # Double buffered: wait until at most one store is in flight.
+              plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+              out_smem[wg_idx, slot] = acc[epi_m, epi_n]
+              plgpu.commit_smem()
+              plgpu.copy_smem_to_gmem(out_smem.at[wg_idx, slot],
+                                      out_tile.at[epi_m, epi_n])
+
+      def mma_body(_, x_smem, w_smem, acc_ref):
+        plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
+        plgpu.wgmma_wait(0)
+        return acc_ref
+
+      get_pipeline(mma_body, compute_context)(
+          x_gmem.at[cta_m_slice, :],
+          w_gmem.at[:, cta_n_slice],
+          allocations=pipeline_allocs,
+      )
+
+  # Await all stores before the kernel exits.
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None):
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
+
+  mc, k = x.shape
+  n = w.shape[1]
+  if jnp.dtype(x.dtype) not in _MGPU_DTYPES:
+    raise TypeError(
+        f"x.dtype={x.dtype}: the Hopper kernel takes bfloat16 or float16"
+        " operands (wgmma from shared memory); use compute='xla' for float32.")
+  if config is None:
+    config = default_config(mc, k, n, x.dtype, out.dtype)
+  elif not isinstance(config, ChunkMatmulConfig):
+    raise TypeError(f"config must be a ChunkMatmulConfig, got {type(config)}.")
+  config.check_shapes(mc, n, k)
+  if isinstance(off_static, int) and off_static % 8:
+    raise ValueError(
+        f"row_offset={off_static} must be a multiple of 8 on the Hopper path"
+        " (TMA stores of 8-row tiled shared memory).")
+  num_tiles = (mc // config.cta_tile_m) * (n // config.cta_tile_n)
+  device_sms = _device_num_sms()
+  grid = min(num_sms if num_sms is not None else device_sms, device_sms, num_tiles)
+
+  kernel = pl.kernel(
+      functools.partial(_mgpu_kernel, config=config, k_iters=k // config.tile_k),
+      out_type=(),
+      mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",),
+                      num_threads=3, thread_name="wg"),
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      name="ficco_chunk_matmul_into",
+  )
+  # A Ref operand is aliased in and out of the kernel (input_output_aliases
+  # after discharge): the kernel writes the chunk's rows of out in place.
+  out_ref = jax.new_ref(out)
+  kernel(off, x, w, out_ref)
+  return jax.freeze(out_ref)
+
+
+# ----------------------------------------------------------------------------
+# Public (in _src) entry points.
+
+
+def _resolve_interpret(interpret: bool | None) -> bool:
+  if interpret is None:
+    return jax.default_backend() == "cpu"
+  return bool(interpret)
+
+
+def chunk_matmul_into(
+    out: jax.Array,
+    x: jax.Array,
+    w: jax.Array,
+    row_offset: int | jax.Array,
+    *,
+    num_sms: int | None = None,
+    preferred_element_type: Any = None,
+    interpret: bool | None = None,
+    config: ChunkMatmulConfig | None = None,
+) -> jax.Array:
+  """Writes ``x @ w`` into rows ``[row_offset, row_offset + mc)`` of ``out``.
+
+  Args:
+    out: ``[M, n]`` output buffer, bf16/f16/f32. Aliased to the result: rows
+      outside the chunk keep their values, and XLA needs no copy when ``out``
+      has no other reader (otherwise it inserts one before the kernel).
+    x: ``[mc, K]`` chunk of the left operand, bf16/f16/f32.
+    w: ``[K, n]`` right operand, same dtype as ``x``.
+    row_offset: first row of the chunk inside ``out``; a Python int (checked:
+      ``0 <= row_offset <= M - mc``) or an int32 scalar that may be traced
+      (e.g. from ``lax.axis_index``; not checked: an out-of-range traced
+      offset gives unspecified results). The Hopper kernel needs it to be a
+      multiple of 8 (checked when static).
+    num_sms: Hopper kernel only: the most CTAs (one per SM) the persistent
+      kernel launches; each loops over output tiles. None: all SMs.
+    preferred_element_type: None or ``out.dtype`` (accumulation is always
+      f32; the result is rounded to ``out.dtype``).
+    interpret: True runs the portable kernel in interpret mode; False compiles
+      the Hopper kernel; None: interpret on CPU, compile on GPU.
+    config: Hopper tile config; None: ``default_config(mc, K, n)``.
+
+  Returns:
+    ``[M, n]`` array of ``out.dtype``: ``out`` with the chunk's rows replaced.
+  """
+  _check_args(out, x, w, row_offset, preferred_element_type)
+  if num_sms is not None and (
+      isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
+    raise ValueError(f"num_sms={num_sms!r} must be None or a positive int.")
+  off = _offset_operand(row_offset)
+  if _resolve_interpret(interpret):
+    return _portable_into(out, x, w, off, interpret=True)
+  if jax.default_backend() != "gpu":
+    raise ValueError(
+        f"interpret=False needs a GPU backend (Hopper); the default backend is"
+        f" {jax.default_backend()!r}. Use interpret=None or True.")
+  off_static = (int(row_offset) if isinstance(row_offset, (int, np.integer))
+                else None)
+  return _mgpu_into(out, x, w, off, num_sms=num_sms, config=config,
+                    off_static=off_static)
+
+
+def chunk_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    num_sms: int | None = None,
+    preferred_element_type: Any = None,
+    interpret: bool | None = None,
+    config: ChunkMatmulConfig | None = None,
+) -> jax.Array:
+  """``x [mc, K] @ w [K, n]`` → ``[mc, n]`` through the same kernels.
+
+  The output dtype is ``preferred_element_type`` (default ``x.dtype``). See
+  ``chunk_matmul_into`` for the other arguments.
+  """
+  for name, a in (("x", x), ("w", w)):
+    if getattr(a, "ndim", None) != 2:
+      raise ValueError(f"{name} must be 2-D, got shape {getattr(a, 'shape', None)}.")
+  dtype = jnp.dtype(preferred_element_type or x.dtype)
+  out = jnp.zeros((x.shape[0], w.shape[1]), dtype)
+  return chunk_matmul_into(out, x, w, 0, num_sms=num_sms,
+                           preferred_element_type=dtype, interpret=interpret,
+                           config=config)

@@ -1,0 +1,91 @@
+"""Bad input gets a ValueError/TypeError naming the argument and the shapes."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import ficco_jax
+from ficco_jax import Schedule
+import util
+
+
+def _call(op, a_shape, w_shape, dtype=np.float32, in_specs=(P("x"), P(None, "x")),
+          axis_name="x", **kw):
+  mesh = util.mesh((4,), ("x",))
+  f = jax.shard_map(functools.partial(op, axis_name=axis_name, **kw), mesh=mesh,
+                    in_specs=in_specs, out_specs=P(), check_vma=False)
+  a_spec = P(*list(in_specs[0])[:len(a_shape)])
+  w_spec = P(*list(in_specs[1])[:len(w_shape)])
+  jax.eval_shape(f, jax.ShapeDtypeStruct(a_shape, dtype,
+                                         sharding=NamedSharding(mesh, a_spec)),
+                 jax.ShapeDtypeStruct(w_shape, dtype,
+                                      sharding=NamedSharding(mesh, w_spec)))
+
+
+AG = ficco_jax.all_gather_matmul
+RS = ficco_jax.matmul_reduce_scatter
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(a_shape=(24, 10), w_shape=(11, 8)), ValueError, r"w has shape \(11, 2\).*contraction size 10"),
+    (dict(a_shape=(24,), w_shape=(10, 8), in_specs=(P("x"), P())), ValueError, r"x must have rank >= 2"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8, 1), in_specs=(P("x"), P())), ValueError, r"w must be a matrix"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), gather_axis=1), ValueError, r"gather_axis=1 is invalid.*\(6, 10\)"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), axis_name="y"), ValueError, r"axis 'y' is not bound"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(dataflow="ring", num_chunks=4)), ValueError, r"x.shape\[0\].*\(6\) must be divisible by schedule.num_chunks \(4\)"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), dtype=np.int32), TypeError, r"x has dtype int32"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule="direct"), TypeError, r"schedule must be a ficco_jax.Schedule"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=0), ValueError, r"timeout_s=0 must be positive"),
+])
+def test_all_gather_matmul_errors(kwargs, exc, match):
+  with pytest.raises(exc, match=match):
+    _call(AG, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(a_shape=(22, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x"))), ValueError, r"h.shape\[0\] \(h is \(22, 5\)\) \(22\) must be divisible by the size of axis 'x' \(4\)"),
+    (dict(a_shape=(24, 20), w_shape=(24, 3), in_specs=(P(None, "x"), P("x"))), ValueError, r"contraction size 5"),
+    (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", num_chunks=4)), ValueError, r"must be divisible by schedule.num_chunks \(4\)"),
+    (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), scatter_axis=-1), ValueError, r"scatter_axis=-1 is invalid"),
+])
+def test_matmul_reduce_scatter_errors(kwargs, exc, match):
+  with pytest.raises(exc, match=match):
+    _call(RS, **kwargs)
+
+
+def test_outside_shard_map_explains_how_to_call():
+  with pytest.raises(ValueError, match=r"inside jax.shard_map.*ficco_jax.sharded"):
+    AG(jnp.ones((4, 3)), jnp.ones((3, 2)), axis_name="x")
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(dataflow="spiral"), ValueError, r"dataflow='spiral' must be one of"),
+    (dict(num_chunks=0), ValueError, r"num_chunks=0 must be >= 1"),
+    (dict(num_chunks=2.0), TypeError, r"num_chunks=2.0 must be an int"),
+    (dict(dataflow="none", num_chunks=2), ValueError, r"must be 1 with dataflow='none'"),
+    (dict(comm="nccl"), ValueError, r"comm='nccl' must be one of"),
+    (dict(compute="triton"), ValueError, r"compute='triton' must be one of"),
+    (dict(num_sms=0), ValueError, r"num_sms=0 must be None or a positive int"),
+])
+def test_schedule_validation(kwargs, exc, match):
+  with pytest.raises(exc, match=match):
+    Schedule(**kwargs)
+
+
+def test_schedule_is_hashable_and_frozen():
+  s = Schedule(dataflow="ring", num_chunks=2)
+  assert {s: 1}[Schedule(dataflow="ring", num_chunks=2)] == 1
+  with pytest.raises(Exception):
+    s.num_chunks = 3  # type: ignore[misc]
+
+
+def test_sharded_rejects_unknown_axis():
+  mesh = util.mesh((4,), ("x",))
+  with pytest.raises(ValueError, match=r"axis_name 'tp' is not an axis of the mesh"):
+    ficco_jax.sharded.all_gather_matmul(jnp.ones((8, 3)), jnp.ones((3, 4)),
+                                        mesh=mesh, axis_name="tp")

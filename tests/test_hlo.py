@@ -1,0 +1,61 @@
+"""The compiled program really is decomposed as the schedule says."""
+
+import functools
+import re
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import ficco_jax
+from ficco_jax import Schedule
+from ficco_jax._src import plan as plan_lib
+import util
+
+
+def _count(text, op):
+  return len(re.findall(rf"\b{op}(?:-start)?\(", text))
+
+
+def _compiled(schedule, shape=(24, 10), n=28):
+  mesh = util.mesh((4,), ("x",))
+  f = jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                        schedule=schedule),
+      mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
+  x = jax.ShapeDtypeStruct(shape, np.float32,
+                           sharding=NamedSharding(mesh, P("x")))
+  w = jax.ShapeDtypeStruct((shape[1], n), np.float32,
+                           sharding=NamedSharding(mesh, P(None, "x")))
+  return f.lower(x, w).compile().as_text()
+
+
+def test_no_overlap_is_one_all_gather():
+  text = _compiled(Schedule(dataflow="none"))
+  assert _count(text, "all-gather") == 1
+  assert _count(text, "collective-permute") == 0
+
+
+@pytest.mark.parametrize("dataflow", ["direct", "ring", "bidirectional"])
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_xla_comm_is_decomposed(dataflow, chunks):
+  schedule = Schedule(dataflow=dataflow, num_chunks=chunks)
+  text = _compiled(schedule)
+  assert _count(text, "all-gather") == 0, "a monolithic all-gather is left"
+  gplan = plan_lib.gather_plan(schedule, axis_size=4, shard_rows=6)
+  # One permute per planned piece: XLA did not merge them back into shards.
+  assert _count(text, "collective-permute") == len(gplan.transfers)
+
+
+@pytest.mark.parametrize("dataflow", ["direct", "ring"])
+def test_dma_comm_has_no_collectives(dataflow):
+  schedule = Schedule(dataflow=dataflow, num_chunks=2, comm="dma")
+  text = _compiled(schedule)
+  assert _count(text, "all-gather") == 0
+  assert _count(text, "collective-permute") == 0
+  gplan = plan_lib.gather_plan(schedule, axis_size=4, shard_rows=6)
+  assert text.count('"ficco_peer_copy_start') == 1
+  assert text.count('"ficco_peer_copy_wait') == len(gplan.landing_rows)
+  assert text.count('"ficco_peer_copy_done') == 1

@@ -1,0 +1,162 @@
+"""Every schedule of both ops against a float64 reference, inside jit(shard_map)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import ficco_jax
+from ficco_jax import Schedule
+import util
+
+OVERLAPPED = [Schedule(dataflow=d, num_chunks=c)
+              for d in ("direct", "ring", "bidirectional") for c in (1, 2, 3)]
+SCHEDULES = [ficco_jax.Schedule(dataflow="none")] + OVERLAPPED
+
+
+def _ids(schedules):
+  return [s.short() for s in schedules]
+
+
+def with_comm(schedules, comm):
+  return [Schedule(dataflow=s.dataflow, num_chunks=s.num_chunks, comm=comm)
+          for s in schedules if s.overlapped]
+
+
+def run_ag(mesh, x, w, *, axis="x", gather_axis=0, x_spec=None, **kw):
+  x_spec = x_spec or P(*([None] * gather_axis), axis)
+  out_spec = list(x_spec) + [None] * (x.ndim - len(x_spec))
+  out_spec[gather_axis] = None
+  out_spec[-1] = axis
+  f = jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name=axis,
+                        gather_axis=gather_axis, **kw),
+      mesh=mesh, in_specs=(x_spec, P(None, axis)), out_specs=P(*out_spec)))
+  return f(jax.device_put(x, NamedSharding(mesh, x_spec)),
+           jax.device_put(w, NamedSharding(mesh, P(None, axis))))
+
+
+def run_rs(mesh, h, w, *, axis="x", scatter_axis=0, h_spec=None, **kw):
+  h_spec = h_spec or P(*([None] * (h.ndim - 1)), axis)
+  out_spec = list(h_spec) + [None] * (h.ndim - len(h_spec))
+  out_spec[-1] = None
+  out_spec[scatter_axis] = axis
+  f = jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name=axis,
+                        scatter_axis=scatter_axis, **kw),
+      mesh=mesh, in_specs=(h_spec, P(axis, None)), out_specs=P(*out_spec)))
+  return f(jax.device_put(h, NamedSharding(mesh, h_spec)),
+           jax.device_put(w, NamedSharding(mesh, P(axis, None))))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES + with_comm(OVERLAPPED, "dma"),
+                         ids=_ids(SCHEDULES + with_comm(OVERLAPPED, "dma")))
+def test_all_gather_matmul_f32(schedule):
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(0)
+  # Non-powers of two: 6 rows per device, K = 10, 7 columns per device.
+  x, w = util.rand(rng, (24, 10), np.float32), util.rand(rng, (10, 28), np.float32)
+  out = run_ag(mesh, x, w, schedule=schedule)
+  assert out.dtype == np.float32
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(np.float32)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=_ids(SCHEDULES))
+def test_matmul_reduce_scatter_f32(schedule):
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(1)
+  h, w = util.rand(rng, (24, 20), np.float32), util.rand(rng, (20, 9), np.float32)
+  out = run_rs(mesh, h, w, schedule=schedule)
+  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
+
+
+BF16_CASES = [Schedule(dataflow="direct", num_chunks=2),
+              Schedule(dataflow="ring", num_chunks=3),
+              Schedule(dataflow="bidirectional", num_chunks=1),
+              Schedule(dataflow="direct", num_chunks=3, comm="dma"),
+              Schedule(dataflow="ring", num_chunks=2, comm="dma")]
+
+
+@pytest.mark.parametrize("schedule", BF16_CASES, ids=_ids(BF16_CASES))
+def test_bf16_on_8_devices(schedule):
+  mesh = util.mesh((8,), ("x",))
+  rng = np.random.default_rng(2)
+  x, w = util.rand(rng, (48, 40), jnp.bfloat16), util.rand(rng, (40, 24), jnp.bfloat16)
+  out = run_ag(mesh, x, w, schedule=schedule)
+  assert out.dtype == jnp.bfloat16
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(jnp.bfloat16)
+  if schedule.comm == "xla":
+    h = util.rand(rng, (48, 40), jnp.bfloat16)
+    out = run_rs(mesh, h, util.rand(rng, (40, 16), jnp.bfloat16) * 0 + w[:, :16],
+                 schedule=schedule)
+    ref = util.ref_matmul_reduce_scatter(h, w[:, :16])
+    assert util.rel_err(out, ref) < util.tol(jnp.bfloat16)
+
+
+def test_preferred_element_type_f32_from_bf16():
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(3)
+  x, w = util.rand(rng, (24, 10), jnp.bfloat16), util.rand(rng, (10, 28), jnp.bfloat16)
+  out = run_ag(mesh, x, w, schedule=Schedule(dataflow="direct", num_chunks=2),
+               preferred_element_type=jnp.float32)
+  assert out.dtype == np.float32
+  # Products of bf16 values are exact in f32: only the f32 sums round.
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < 1e-5
+
+
+@pytest.mark.parametrize("schedule", OVERLAPPED[::2] + with_comm(OVERLAPPED[::3], "dma"),
+                         ids=_ids(OVERLAPPED[::2] + with_comm(OVERLAPPED[::3], "dma")))
+def test_rank3_gather_axis_1(schedule):
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(4)
+  x, w = util.rand(rng, (3, 24, 5), np.float64), util.rand(rng, (5, 12), np.float64)
+  out = run_ag(mesh, x, w, gather_axis=1, schedule=schedule)
+  ref = np.einsum("bmk,kn->bmn", x, w)
+  assert util.rel_err(out, ref) < util.tol(np.float64)
+
+
+@pytest.mark.parametrize("schedule", OVERLAPPED[::2], ids=_ids(OVERLAPPED[::2]))
+def test_rank3_scatter_axis_1(schedule):
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(5)
+  h, w = util.rand(rng, (3, 24, 8), np.float64), util.rand(rng, (8, 5), np.float64)
+  out = run_rs(mesh, h, w, scatter_axis=1, schedule=schedule)
+  assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)
+
+
+@pytest.mark.parametrize("comm", ["xla", "dma"])
+def test_2d_mesh_dp_tp(comm):
+  """Batch sharded over dp passes through; tp gathers inside each dp group."""
+  mesh = util.mesh((2, 4), ("dp", "tp"))
+  rng = np.random.default_rng(6)
+  schedule = Schedule(dataflow="direct", num_chunks=2, comm=comm)
+  x, w = util.rand(rng, (4, 24, 10), np.float32), util.rand(rng, (10, 28), np.float32)
+  out = run_ag(mesh, x, w, axis="tp", gather_axis=1, x_spec=P("dp", "tp"),
+               schedule=schedule)
+  ref = np.einsum("bmk,kn->bmn", x.astype(np.float64), w)
+  assert util.rel_err(out, ref) < util.tol(np.float32)
+  if comm == "xla":
+    h = util.rand(rng, (4, 24, 20), np.float32)
+    w2 = util.rand(rng, (20, 9), np.float32)
+    out = run_rs(mesh, h, w2, axis="tp", scatter_axis=1,
+                 h_spec=P("dp", None, "tp"), schedule=schedule)
+    ref = np.einsum("bmf,fn->bmn", h.astype(np.float64), w2)
+    assert util.rel_err(out, ref) < util.tol(np.float32)
+
+
+def test_default_schedule_is_reported_and_correct():
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(7)
+  x, w = util.rand(rng, (24, 10), np.float32), util.rand(rng, (10, 28), np.float32)
+  out = run_ag(mesh, x, w)
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(np.float32)
+  chosen = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(6, 10),
+                                     w_shape=(10, 7), dtype=np.float32,
+                                     axis_size=4)
+  assert isinstance(chosen, Schedule)
+  # A 6x10 shard is far too small to be worth overlapping.
+  assert chosen.dataflow == "none"
