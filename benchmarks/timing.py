@@ -1,0 +1,143 @@
+"""The one timing method every benchmark script uses.
+
+Method (the device folder's METHOD.md, and the way /work/shared/reference/
+measurements.md was taken): compile and warm up (3 calls), then R rounds of N
+back-to-back calls with a single block at the end of each round. A round's
+time divided by N is one sample of the per-call time; we report the median
+and the minimum over the rounds. Dispatch is asynchronous, so N back-to-back
+calls keep the device busy and launch gaps stay out of the numbers, while the
+block at the end of a round makes every round include all of its work.
+
+Inputs are rotated among several sets so that repeated calls do not measure
+a cache that holds the previous call's operands (METHOD.md: "rotate among
+several input sets"). They must be random: zeros can run faster.
+
+This module imports no framework at import time, so the torch script can use
+`summarize` without pulling JAX in.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+WARMUP = 3
+ROUNDS = 5
+ITERS = 20
+
+
+def summarize(per_call_ms: Sequence[float], *, iters: int) -> dict[str, Any]:
+  """Median and min over rounds of a list of per-call times (ms)."""
+  samples = [float(t) for t in per_call_ms]
+  return {
+      "median_ms": statistics.median(samples),
+      "min_ms": min(samples),
+      "rounds_ms": samples,
+      "rounds": len(samples),
+      "iters": iters,
+  }
+
+
+def time_jax(
+    fn: Callable[..., Any],
+    arg_sets: Sequence[Sequence[Any]],
+    *,
+    warmup: int = WARMUP,
+    rounds: int = ROUNDS,
+    iters: int = ITERS,
+) -> dict[str, Any]:
+  """Times a jitted JAX function.
+
+  Args:
+    fn: a `jax.jit`-compiled callable (compilation happens in the first
+      warm-up call and is timed separately as ``compile_and_first_call_s``).
+    arg_sets: one or more argument tuples; calls cycle through them.
+    warmup: calls before timing (at least 1, which also compiles).
+    rounds: timed rounds.
+    iters: back-to-back calls per round.
+
+  Returns:
+    ``{"median_ms", "min_ms", "rounds_ms", "rounds", "iters",
+    "compile_and_first_call_s"}``; times are per call.
+  """
+  import jax  # Lazy: keep this module framework-free at import time.
+
+  if not arg_sets:
+    raise ValueError("arg_sets must hold at least one argument tuple.")
+  t0 = time.perf_counter()
+  out = fn(*arg_sets[0])
+  jax.block_until_ready(out)
+  first_s = time.perf_counter() - t0
+  for i in range(1, max(1, warmup)):
+    out = fn(*arg_sets[i % len(arg_sets)])
+  jax.block_until_ready(out)
+  del out
+
+  per_call = []
+  k = 0
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    for _ in range(iters):
+      out = fn(*arg_sets[k % len(arg_sets)])
+      k += 1
+    # One block per round: the devices run the N calls back to back, and each
+    # device executes in order, so the last output being ready means all are.
+    jax.block_until_ready(out)
+    per_call.append((time.perf_counter() - t0) * 1e3 / iters)
+    del out
+  res = summarize(per_call, iters=iters)
+  res["compile_and_first_call_s"] = first_s
+  return res
+
+
+def time_torch(
+    fn: Callable[[int], Any],
+    *,
+    num_arg_sets: int = 1,
+    warmup: int = WARMUP,
+    rounds: int = ROUNDS,
+    iters: int = ITERS,
+    barrier: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+  """Times a torch callable with the same method, using CUDA events.
+
+  Without CUDA (smoke tests) it falls back to the host clock.
+
+  Args:
+    fn: called as ``fn(i)`` where ``i`` selects the input set.
+    num_arg_sets: how many input sets ``fn`` rotates through.
+    barrier: called (after a device synchronize) before every round, so that
+      all ranks start a round together (e.g. ``torch.distributed.barrier``).
+
+  Returns:
+    Like `time_jax`, without the compile time.
+  """
+  import torch  # Lazy, see the module docstring.
+
+  cuda = torch.cuda.is_available()
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+  for i in range(max(1, warmup)):
+    fn(i % num_arg_sets)
+  sync()
+  per_call = []
+  k = 0
+  for _ in range(rounds):
+    if barrier is not None:
+      barrier()
+      sync()
+    if cuda:
+      start = torch.cuda.Event(enable_timing=True)
+      end = torch.cuda.Event(enable_timing=True)
+      start.record()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+      fn(k % num_arg_sets)
+      k += 1
+    if cuda:
+      end.record()
+      end.synchronize()
+      per_call.append(start.elapsed_time(end) / iters)
+    else:  # CPU smoke tests: torch ops on CPU are synchronous.
+      per_call.append((time.perf_counter() - t0) * 1e3 / iters)
+  return summarize(per_call, iters=iters)
