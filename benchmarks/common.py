@@ -566,22 +566,14 @@ def measure(build, *, args, ref32, xla_err, tk) -> dict:
 
 
 def resolve_default(op: str, *, x_shape, w_shape, axis_size: int) -> str:
-  """What schedule=None becomes for these local shapes (the heuristic)."""
+  """What schedule=None becomes for these local shapes, and from where."""
   try:
-    import inspect
-    import ficco_jax
     import jax.numpy as jnp
-    choose = ficco_jax.choose_schedule
-    params = inspect.signature(choose).parameters
-    if "x_shape" in params:
-      s = choose(op, x_shape=tuple(x_shape), w_shape=tuple(w_shape),
-                 dtype=jnp.bfloat16, axis_size=axis_size)
-    else:  # Early signature: sizes instead of shapes.
-      rows = x_shape[0] if op == "all_gather_matmul" else (
-          x_shape[0] // axis_size)
-      s = choose(op, shard_rows=rows, row_elems=x_shape[-1], n=w_shape[1],
-                 dtype=jnp.bfloat16, axis_size=axis_size)
-    return s.short()
+    from ficco_jax._src import api  # The resolver the ops themselves use.
+    schedule, source = api.default_schedule(
+        op, x_shape=tuple(x_shape), w_shape=tuple(w_shape), dtype=jnp.bfloat16,
+        axis_size=axis_size, axis=0)
+    return f"{schedule.short()} ({source})"
   except Exception as e:  # pylint: disable=broad-except
     return f"unknown ({short_error(e, 200)})"
 

@@ -160,3 +160,23 @@ def test_default_schedule_is_reported_and_correct():
   assert isinstance(chosen, Schedule)
   # A 6x10 shard is far too small to be worth overlapping.
   assert chosen.dataflow == "none"
+
+
+@pytest.mark.parametrize("schedule", with_comm(OVERLAPPED, "dma"),
+                         ids=_ids(with_comm(OVERLAPPED, "dma")))
+def test_matmul_reduce_scatter_dma(schedule):
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(8)
+  h, w = util.rand(rng, (24, 20), np.float32), util.rand(rng, (20, 9), np.float32)
+  out = run_rs(mesh, h, w, schedule=schedule)
+  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
+
+
+@pytest.mark.parametrize("dataflow", ["direct", "bidirectional"])
+def test_matmul_reduce_scatter_dma_rank3_8_devices(dataflow):
+  mesh = util.mesh((8,), ("x",))
+  rng = np.random.default_rng(9)
+  h, w = util.rand(rng, (2, 48, 16), np.float64), util.rand(rng, (16, 5), np.float64)
+  out = run_rs(mesh, h, w, scatter_axis=1,
+               schedule=Schedule(dataflow=dataflow, num_chunks=3, comm="dma"))
+  assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)

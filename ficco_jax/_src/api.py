@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ficco_jax._src import ag_matmul
+from ficco_jax._src import autotune_cache
 from ficco_jax._src import heuristics
 from ficco_jax._src import rs_matmul
 from ficco_jax._src import schedule as schedule_lib
@@ -24,11 +25,54 @@ DEFAULT_TIMEOUT_S = 60.0
 Static = ag_matmul.Static
 
 
+def default_schedule(op, *, x_shape, w_shape, dtype, axis_size, axis,
+                     device_kind=None) -> tuple[schedule_lib.Schedule, str]:
+  """What ``schedule=None`` becomes, and where it came from.
+
+  Steps 2 and 3 of `_resolve`'s order (`ficco_jax.explain` reports the same).
+
+  Args:
+    op: the op's name.
+    x_shape, w_shape: local shapes, as the op sees them inside shard_map.
+    dtype: the first operand's dtype.
+    axis_size: devices along the axis.
+    axis: the gathered / scattered axis of the first operand.
+    device_kind: None: `heuristics.default_device_kind`, the kind of the
+      default backend's first device (shard_map tracing has no concrete
+      device; this assumes the mesh is made of that backend's devices).
+
+  Returns:
+    ``(schedule, "autotune cache")`` or ``(schedule, "heuristic")``.
+  """
+  device_kind = device_kind or heuristics.default_device_kind()
+  key = autotune_cache.Key.of(op, device_kind=device_kind,
+                              axis_size=axis_size, x_shape=x_shape,
+                              w_shape=w_shape, axis=axis, dtype=dtype)
+  cached = autotune_cache.lookup(key)
+  if cached is not None:
+    return cached, "autotune cache"
+  return heuristics.choose_schedule(
+      op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
+      axis=axis), "heuristic"
+
+
 def _resolve(op, schedule, *, a, w, axis, axis_size):
+  """The schedule a call runs. The one order, first match wins:
+
+  1. ``schedule``, when the caller passes one;
+  2. the autotune cache entry for (device kind, axis size, op, local shapes,
+     axis, dtype): the user's file (`ficco_jax.set_autotune_cache`, default
+     ``~/.cache/ficco_jax/autotune.json``) over the package's shipped data;
+  3. the heuristic, `heuristics.choose_schedule` (a cost model).
+
+  Steps 2 and 3 run at trace time, so a jitted function keeps the schedule
+  it was traced with; autotune before the first call to use its result.
+  """
   if schedule is None:
-    return heuristics.choose_schedule(op, x_shape=a.shape, w_shape=w.shape,
-                                      dtype=a.dtype, axis_size=axis_size,
-                                      axis=axis)
+    schedule, _ = default_schedule(op, x_shape=a.shape, w_shape=w.shape,
+                                   dtype=a.dtype, axis_size=axis_size,
+                                   axis=axis)
+    return schedule
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(
         f"schedule must be a ficco_jax.Schedule or None, got {schedule!r}.")
@@ -54,10 +98,6 @@ def _note_once(message: str) -> None:
 def _backward_static(st: Static, op: str) -> Static:
   """The config of the collective matmuls that make up a gradient."""
   schedule = st.schedule
-  if op == "matmul_reduce_scatter" and schedule.comm == "dma":
-    _note_once("ficco_jax: the reduce-scatter in this gradient uses"
-               " comm='xla' (the copy-engine reduce-scatter is not built yet).")
-    schedule = dataclasses.replace(schedule, comm="xla")
   if op == "matmul_reduce_scatter" and schedule.compute == "pallas":
     schedule = dataclasses.replace(schedule, compute="xla")
   return dataclasses.replace(st, schedule=schedule, op_name=op,
@@ -120,7 +160,9 @@ def all_gather_matmul(
       device's columns).
     axis_name: the ``shard_map`` mesh axis to gather over, of size ``P``.
     gather_axis: the axis of ``x`` that is gathered (not the last).
-    schedule: a `ficco_jax.Schedule`; None lets the heuristic choose.
+    schedule: a `ficco_jax.Schedule`. None: the autotune cache's entry for
+      these local shapes on this device kind (`ficco_jax.autotune`), else
+      the cost-model heuristic (`ficco_jax.explain` shows which and why).
     precision: passed to ``lax.dot_general``.
     preferred_element_type: result dtype of the matmul (None: as for
       ``x @ w``).
@@ -202,7 +244,9 @@ def matmul_reduce_scatter(
       rows).
     axis_name: the ``shard_map`` mesh axis to reduce and scatter over.
     scatter_axis: the axis of the result that is scattered (not the last).
-    schedule: a `ficco_jax.Schedule`; None lets the heuristic choose.
+    schedule: a `ficco_jax.Schedule`. None: the autotune cache's entry for
+      these local shapes on this device kind (`ficco_jax.autotune`), else
+      the cost-model heuristic (`ficco_jax.explain` shows which and why).
     precision: passed to ``lax.dot_general``.
     preferred_element_type: result dtype of the matmul.
     timeout_s: ``comm="dma"`` only: how long to wait for peers.

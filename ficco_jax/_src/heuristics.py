@@ -1,4 +1,11 @@
-"""Default schedule choice when the caller passes ``schedule=None``."""
+"""The heuristic behind ``schedule=None``: the cost model's fastest candidate.
+
+Gates first (each makes the answer `schedule_lib.NO_OVERLAP` without asking
+the model), then the model (`cost_model`) ranks every valid candidate and
+overlap is chosen only when it is predicted `cost_model.MIN_GAIN` faster than
+no overlap. The autotune cache, when it has an entry, takes precedence over
+this (see ``api._resolve``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ import logging
 import jax
 import numpy as np
 
+from ficco_jax._src import cost_model
+from ficco_jax._src import device_params
 from ficco_jax._src import schedule as schedule_lib
 
 log = logging.getLogger("ficco_jax")
@@ -16,8 +25,20 @@ log = logging.getLogger("ficco_jax")
 # microseconds and the fixed cost of splitting the matmul is larger than
 # anything overlap could hide.
 MIN_OVERLAP_BYTES = 4 << 20
-# Pieces below this many rows make the matmul noticeably less efficient.
-MIN_CHUNK_ROWS = 1024
+
+# The one switch for overlapping matmul_reduce_scatter by default. The
+# shard-level ppermute overlap measured slower than no overlap on the 4xH200
+# NVSwitch machine, so only the copy-engine (comm="dma") reduce-scatter can
+# win; turn this on once it has been measured correct and faster on GPUs.
+# While off, schedule=None never overlaps the reduce-scatter (an explicit
+# schedule, or an autotune-cache entry, still does).
+OVERLAP_REDUCE_SCATTER = False
+
+# Engines the heuristic ranks. comm='xla' (ppermute) is kept: its measured
+# contention makes the model reject it on GPUs, as the measurements did.
+COMMS = ("dma", "xla")
+
+NO_DMA_LIBRARY = "the copy-engine (CUDA) library is not built into this install"
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,9 +48,9 @@ def dma_available(platform: str) -> bool:
     return False
   try:
     from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+    return library.cuda_compiled()
   except ImportError:
     return False
-  return library.cuda_compiled()
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,10 +58,89 @@ def _warn_once(message: str) -> None:
   log.warning(message)
 
 
+def default_device_kind() -> str:
+  """The device kind ``schedule=None`` plans for.
+
+  Inside ``shard_map`` tracing no concrete device is at hand, so this is the
+  kind of the first device of the default backend: it assumes the mesh is
+  made of that backend's devices, all of one kind.
+  """
+  return jax.devices()[0].device_kind
+
+
+def gate(op: str, *, x_shape, dtype, axis_size: int, axis: int,
+         platform: str) -> str | None:
+  """Why the answer is no overlap without consulting the model (None: ask it)."""
+  size = int(np.prod(x_shape))
+  rows = x_shape[axis]
+  row_elems = size // max(rows, 1)
+  if op == "matmul_reduce_scatter":
+    rows //= axis_size  # The rows each device keeps.
+  moved = rows * row_elems * np.dtype(dtype).itemsize * (axis_size - 1)
+  if axis_size == 1 or moved < MIN_OVERLAP_BYTES:
+    return (f"tiny: {moved} bytes move per device (< {MIN_OVERLAP_BYTES}),"
+            " too little to hide")
+  if platform not in ("cuda", "gpu"):
+    # Off GPUs there are no copy engines to overlap with, and XLA's own
+    # collective + dot is the fastest portable form.
+    return f"platform {platform!r} has no copy engines to overlap with"
+  if op == "matmul_reduce_scatter" and not OVERLAP_REDUCE_SCATTER:
+    return ("the reduce-scatter is not overlapped by default yet"
+            " (heuristics.OVERLAP_REDUCE_SCATTER)")
+  if not dma_available(platform):
+    return NO_DMA_LIBRARY
+  return None
+
+
+def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
+           platform: str, params: device_params.DeviceParams,
+           assume_dma: bool = False) -> tuple[schedule_lib.Schedule, str]:
+  """The heuristic's choice and, in words, why.
+
+  Args:
+    op, x_shape, w_shape, dtype, axis_size, axis, platform: as for
+      `choose_schedule`.
+    params: the cost model's constants for the target device.
+    assume_dma: plan as if the copy-engine library were available
+      (``ficco_jax.explain`` for a device kind that is not at hand).
+
+  Returns:
+    ``(schedule, reason)``.
+  """
+  reason = gate(op, x_shape=x_shape, dtype=dtype, axis_size=axis_size,
+                axis=axis, platform=platform)
+  if reason is not None and not (assume_dma and reason == NO_DMA_LIBRARY):
+    return schedule_lib.NO_OVERLAP, reason
+  prob = cost_model.problem(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
+                            axis_size=axis_size, axis=axis)
+  preds = cost_model.rank(prob, params, comms=COMMS)
+  chosen = cost_model.best(preds)
+  none = next(pr for pr in preds if not pr.schedule.overlapped)
+  gain = 1 - chosen.total / none.total
+  if chosen.schedule.overlapped:
+    return chosen.schedule, (f"lowest predicted time, {100 * gain:.1f}%"
+                             " faster than no overlap")
+  top = preds[0]
+  if top.schedule.overlapped:
+    return chosen.schedule, (
+        f"best overlap ({top.schedule.short()}) is predicted only"
+        f" {100 * (1 - top.total / none.total):.1f}% faster than no overlap"
+        f" (needs {100 * cost_model.MIN_GAIN:.0f}%)")
+  return chosen.schedule, "no overlapped schedule is predicted faster"
+
+
 def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
-                    axis: int = 0,
-                    platform: str | None = None) -> schedule_lib.Schedule:
-  """The schedule ``schedule=None`` resolves to, from static sizes.
+                    axis: int = 0, platform: str | None = None,
+                    device_kind: str | None = None,
+                    params: device_params.DeviceParams | None = None
+                    ) -> schedule_lib.Schedule:
+  """The schedule the heuristic picks for ``schedule=None``, from static sizes.
+
+  Gates first: tiny ops, non-GPU platforms, the reduce-scatter (see
+  `OVERLAP_REDUCE_SCATTER`) and installs without the CUDA library get no
+  overlap. Otherwise the cost model ranks every valid candidate and an
+  overlapped one is picked only when predicted `cost_model.MIN_GAIN` faster
+  than no overlap.
 
   Args:
     op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
@@ -51,41 +151,29 @@ def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     axis_size: devices along the axis.
     axis: ``gather_axis`` or ``scatter_axis``.
     platform: ``jax.default_backend()`` when None.
+    device_kind: the GPU to plan for; `default_device_kind` when None.
+    params: cost-model constants; `device_params.params_for(device_kind)`
+      when None.
 
   Returns:
-    A schedule; `schedule_lib.NO_OVERLAP` where overlap would not pay.
+    ``"none"``, or an overlapped schedule over `COMMS` whose ``num_chunks``
+    divides the split dimension; `schedule_lib.NO_OVERLAP` where overlap
+    would not pay.
   """
-  if op not in ("all_gather_matmul", "matmul_reduce_scatter"):
+  if op not in cost_model.OPS:
     raise ValueError(f"Unknown {op=}.")
-  del w_shape  # Used by the measured model (see explain); not by this rule.
-  size = int(np.prod(x_shape))
-  rows = x_shape[axis]
-  row_elems = size // max(rows, 1)
-  if op == "matmul_reduce_scatter":
-    rows //= axis_size  # The rows each device keeps.
   platform = platform or jax.default_backend()
-  moved = rows * row_elems * np.dtype(dtype).itemsize * (axis_size - 1)
-  if axis_size == 1 or moved < MIN_OVERLAP_BYTES:
-    return schedule_lib.NO_OVERLAP
-  if platform not in ("cuda", "gpu"):
-    # Off GPUs there are no copy engines to overlap with, and XLA's own
-    # collective + dot is the fastest portable form.
-    return schedule_lib.NO_OVERLAP
-  if op == "matmul_reduce_scatter":
-    # Shard-level ppermute overlap measured slower than no overlap on the
-    # 4xH200 NVSwitch machine; the DMA reduce-scatter is not built yet.
-    return schedule_lib.NO_OVERLAP
-  if not dma_available(platform):
+  reason = gate(op, x_shape=x_shape, dtype=dtype, axis_size=axis_size,
+                axis=axis, platform=platform)
+  if reason == NO_DMA_LIBRARY:
     _warn_once(
         "ficco_jax: the copy-engine (CUDA) library is not built into this"
         " install, so schedule=None uses XLA's all-gather + dot without"
-        " overlap. Reinstall with nvcc on PATH to enable comm='dma'."
-    )
+        " overlap. Reinstall with nvcc on PATH to enable comm='dma'.")
+  if reason is not None:
     return schedule_lib.NO_OVERLAP
-  chunks = 1
-  for c in (4, 2):
-    if rows % c == 0 and rows // c >= MIN_CHUNK_ROWS:
-      chunks = c
-      break
-  return schedule_lib.Schedule(dataflow="direct", num_chunks=chunks,
-                               comm="dma", compute="xla")
+  params = params or device_params.params_for(
+      device_kind or default_device_kind())
+  return decide(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
+                axis_size=axis_size, axis=axis, platform=platform,
+                params=params)[0]

@@ -1,0 +1,108 @@
+"""Fills an autotune cache file for the benchmark shapes (package data source).
+
+Two ways, both writing ``--out`` (format: ficco_jax/_src/autotune_cache.py):
+
+* ``--results=ag.json[,rs.json]``: no device time. Takes each case's fastest
+  measured schedule from ag_bench.py / rs_bench.py results (parsed by
+  heuristic_accuracy.load) and stores it under the local shapes the op sees.
+* otherwise: runs ``ficco_jax.autotune`` on the local GPUs for every model x
+  token count x axis size given (all_gather_matmul only, bf16).
+
+Copy the result to ``ficco_jax/data/autotune/<device_kind_slug>.json`` to ship
+it (e.g. nvidia_h200.json), keeping its "comment" field.
+
+  python3 benchmarks/autotune_shapes.py \
+      --results=benchmarks/results/all_gather_matmul_w4.json \
+      --out=ficco_jax/data/autotune/nvidia_h200.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import heuristic_accuracy  # noqa: E402  (defines --results, --device_kind)
+
+from ficco_jax._src import autotune_cache  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", None, "Cache file to write (required).")
+flags.DEFINE_list("models", ["llama3-70b", "llama3-8b"], "Models (run mode).")
+flags.DEFINE_list("tokens", ["8192", "4096"], "Token counts M (run mode).")
+flags.DEFINE_list("axis_sizes", ["4"], "Axis sizes (run mode).")
+flags.DEFINE_string("shapes", os.path.join(HERE, "shapes.json"), "Shapes.")
+
+COMMENT = ("Autotuned schedules for {kind}, filled by"
+           " benchmarks/autotune_shapes.py from {src}. Keys are local shapes"
+           " inside shard_map; see ficco_jax/_src/autotune_cache.py.")
+
+
+def _local(c):
+  if c.op == "all_gather_matmul":
+    return (c.m // c.p, c.k), (c.k, c.n // c.p)
+  return (c.m, c.k // c.p), (c.k // c.p, c.n)
+
+
+def from_results(paths, kind):
+  cases, meta_kind = heuristic_accuracy.load(paths)
+  kind = kind or meta_kind
+  for c in cases:
+    times = dict(c.times)
+    best = min(times, key=times.get)
+    x, w = _local(c)
+    key = autotune_cache.Key.of(c.op, device_kind=kind, axis_size=c.p,
+                                x_shape=x, w_shape=w, axis=0,
+                                dtype="bfloat16")
+    autotune_cache.store(key, best, timings_ms={s.short(): t
+                                                for s, t in times.items()})
+    print(f"{c.name} P={c.p}: {best.short()} ({times[best]:.3f} ms)")
+  return kind
+
+
+def run_autotune():
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import ficco_jax
+  with open(FLAGS.shapes) as f:
+    models = json.load(f)["models"]
+  for p in (int(v) for v in FLAGS.axis_sizes):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("x",))
+    for name in FLAGS.models:
+      k, n = models[name]["H"], models[name]["F"]
+      for m in (int(t) for t in FLAGS.tokens):
+        x = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
+        w = jax.random.normal(jax.random.key(1), (k, n), jnp.bfloat16)
+        res = ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh,
+                                 axis_name="x")
+        print(f"{name} M={m} P={p}: {res.best.short()} {res.timings_ms[:3]}"
+              f" errors={len(res.errors)}", flush=True)
+  return jax.devices()[0].device_kind
+
+
+def main(argv):
+  del argv
+  autotune_cache.set_autotune_cache(FLAGS.out)
+  if FLAGS.results:
+    kind, src = from_results(FLAGS.results, FLAGS.device_kind), FLAGS.results
+  else:
+    kind, src = run_autotune(), "ficco_jax.autotune runs"
+  with open(FLAGS.out) as f:
+    data = json.load(f)
+  data["comment"] = COMMENT.format(kind=kind, src=src)
+  with open(FLAGS.out, "w") as f:
+    json.dump(data, f, indent=1)
+  print(f"wrote {FLAGS.out} ({len(data['entries'])} entries)")
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("out")
+  app.run(main)

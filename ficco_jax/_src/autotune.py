@@ -1,0 +1,154 @@
+"""Measure candidate schedules on the devices at hand and cache the fastest."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+from typing import Any, Sequence
+
+import jax
+
+from ficco_jax._src import autotune_cache
+from ficco_jax._src import cost_model
+from ficco_jax._src import heuristics
+from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import sharded
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AutotuneResult:
+  """What `autotune` measured.
+
+  Attributes:
+    key: the cache key (device kind, axis size, op, local shapes, dtype).
+    best: the fastest schedule measured.
+    timings_ms: ``(schedule.short(), median ms per call)``, fastest first.
+    errors: ``(schedule.short(), message)`` of candidates that failed.
+    cache_file: where ``best`` was stored (None: not stored).
+  """
+
+  key: autotune_cache.Key
+  best: schedule_lib.Schedule
+  timings_ms: tuple[tuple[str, float], ...]
+  errors: tuple[tuple[str, str], ...]
+  cache_file: str | None
+
+
+def time_call(fn, args: Sequence[Any], *, warmup: int, rounds: int,
+              iters: int) -> float:
+  """Median per-call ms: warm-up, then rounds of back-to-back calls.
+
+  One block at the end of each round: dispatch is asynchronous, so the device
+  runs the calls back to back and host launch gaps stay out of the numbers.
+  """
+  out = None
+  for _ in range(max(1, warmup)):  # The first call compiles.
+    out = fn(*args)
+  jax.block_until_ready(out)
+  samples = []
+  for _ in range(max(1, rounds)):
+    t0 = time.perf_counter()
+    for _ in range(max(1, iters)):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    samples.append((time.perf_counter() - t0) * 1e3 / max(1, iters))
+  return statistics.median(samples)
+
+
+def _local_shapes(op, x, w, p, axis):
+  x_local = list(x.shape)
+  if op == "all_gather_matmul":
+    x_local[axis] //= p
+    return tuple(x_local), (w.shape[0], w.shape[1] // p)
+  x_local[-1] //= p
+  return tuple(x_local), (w.shape[0] // p, w.shape[1])
+
+
+def _default_candidates(op, x_local, w_local, dtype, p, axis, platform):
+  comms = ("xla",) + (("dma",) if heuristics.dma_available(platform) else ())
+  prob = cost_model.problem(op, x_shape=x_local, w_shape=w_local, dtype=dtype,
+                            axis_size=p, axis=axis)
+  return cost_model.candidates(prob, comms)
+
+
+def autotune(
+    op: str,
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    mesh: jax.sharding.Mesh,
+    axis_name: str,
+    axis: int = 0,
+    candidates: Sequence[schedule_lib.Schedule] | None = None,
+    store: bool = True,
+    warmup: int = 3,
+    rounds: int = 5,
+    iters: int = 10,
+) -> AutotuneResult:
+  """Times candidate schedules of one op on ``mesh`` and caches the fastest.
+
+  Later calls with ``schedule=None`` and the same local shapes, dtype, axis
+  size and device kind run the cached schedule (see `set_autotune_cache`);
+  functions already traced keep theirs.
+
+  Args:
+    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    x: the global first operand, as for `ficco_jax.sharded.all_gather_matmul`
+      (``x``) or `ficco_jax.sharded.matmul_reduce_scatter` (``h``).
+    w: the global weight.
+    mesh: the mesh to run on.
+    axis_name: the tensor-parallel axis.
+    axis: ``gather_axis`` / ``scatter_axis``.
+    candidates: schedules to time; default: ``"none"`` and every valid
+      dataflow x chunk count x engine (``"dma"`` only where it runs).
+    store: write the result into the user cache file.
+    warmup: untimed calls per candidate (the first compiles).
+    rounds: timed rounds; the median round counts.
+    iters: back-to-back calls per round.
+
+  Returns:
+    An `AutotuneResult`. Candidates that fail (e.g. a ``num_chunks`` that
+    does not divide) are listed in ``errors``.
+
+  Raises:
+    RuntimeError: when no candidate ran.
+  """
+  if op not in cost_model.OPS:
+    raise ValueError(f"Unknown {op=}; expected one of {cost_model.OPS}.")
+  if axis_name not in mesh.axis_names:
+    raise ValueError(f"{axis_name=} is not an axis of {mesh.axis_names}.")
+  p = mesh.shape[axis_name]
+  axis = axis % x.ndim
+  x_local, w_local = _local_shapes(op, x, w, p, axis)
+  device = mesh.devices.flat[0]
+  key = autotune_cache.Key.of(op, device_kind=device.device_kind,
+                              axis_size=p, x_shape=x_local, w_shape=w_local,
+                              axis=axis, dtype=x.dtype)
+  if candidates is None:
+    candidates = _default_candidates(op, x_local, w_local, x.dtype, p, axis,
+                                     device.platform)
+  fn_of = getattr(sharded, op)
+  axis_kw = "gather_axis" if op == "all_gather_matmul" else "scatter_axis"
+  timings, errors = {}, {}
+  for s in dict.fromkeys(candidates):  # Unique, in order.
+    fn = jax.jit(functools.partial(fn_of, mesh=mesh, axis_name=axis_name,
+                                   schedule=s, **{axis_kw: axis}))
+    try:
+      timings[s] = time_call(fn, (x, w), warmup=warmup, rounds=rounds,
+                             iters=iters)
+    except Exception as e:  # pylint: disable=broad-except
+      # One bad candidate must not end the search.
+      errors[s.short()] = f"{type(e).__name__}: {e}"[:500]
+  if not timings:
+    raise RuntimeError(f"autotune: no candidate ran for {key}: {errors}")
+  ranked = sorted(timings.items(), key=lambda kv: kv[1])
+  best = ranked[0][0]
+  table = tuple((s.short(), float(t)) for s, t in ranked)
+  cache_file = None
+  if store:
+    cache_file = str(autotune_cache.store(key, best, timings_ms=dict(table)))
+  return AutotuneResult(key=key, best=best, timings_ms=table,
+                        errors=tuple(errors.items()), cache_file=cache_file)
+

@@ -1,0 +1,194 @@
+"""Autotuned schedules as data: a JSON cache keyed by what decides the best one.
+
+Two layers, both read lazily on the first lookup:
+
+1. the package's shipped results, ``ficco_jax/data/autotune/<device_kind_slug>.json``
+   (measured on that device kind by ``benchmarks/autotune_shapes.py``);
+2. the user's file, overlaid on top (a user entry wins): the path given to
+   `set_autotune_cache`, else ``~/.cache/ficco_jax/autotune.json``.
+   `ficco_jax.autotune` writes there. The file is re-read when it changes.
+
+File format::
+
+  {"format": 1, "comment": "...",
+   "entries": [{"key": {"op": ..., "device_kind": ..., "axis_size": 4,
+                        "x_shape": [2048, 8192], "w_shape": [8192, 7168],
+                        "axis": 0, "dtype": "bfloat16"},
+                "schedule": {"dataflow": "direct", "num_chunks": 2, ...},
+                "timings_ms": {"direct/c2/dma/xla": 1.41, ...}}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import threading
+from typing import Any, Mapping
+
+import numpy as np
+
+from ficco_jax._src import device_params
+from ficco_jax._src import schedule as schedule_lib
+
+FORMAT = 1
+DEFAULT_PATH = pathlib.Path("~/.cache/ficco_jax/autotune.json")
+PACKAGE_DIR = device_params.DATA_DIR / "autotune"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Key:
+  """What decides the best schedule: the device, the axis and the local problem.
+
+  Shapes are the local (per-device) shapes the op sees inside ``shard_map``.
+  """
+
+  op: str
+  device_kind: str
+  axis_size: int
+  x_shape: tuple[int, ...]
+  w_shape: tuple[int, ...]
+  axis: int
+  dtype: str
+
+  @classmethod
+  def of(cls, op: str, *, device_kind: str, axis_size: int, x_shape, w_shape,
+         axis: int, dtype) -> "Key":
+    return cls(op=op, device_kind=device_kind, axis_size=int(axis_size),
+               x_shape=tuple(int(d) for d in x_shape),
+               w_shape=tuple(int(d) for d in w_shape), axis=int(axis),
+               dtype=np.dtype(dtype).name)
+
+  def to_json(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["x_shape"], d["w_shape"] = list(self.x_shape), list(self.w_shape)
+    return d
+
+  @classmethod
+  def from_json(cls, d: Mapping[str, Any]) -> "Key":
+    return cls.of(d["op"], device_kind=d["device_kind"],
+                  axis_size=d["axis_size"], x_shape=d["x_shape"],
+                  w_shape=d["w_shape"], axis=d["axis"], dtype=d["dtype"])
+
+
+def schedule_to_json(s: schedule_lib.Schedule) -> dict[str, Any]:
+  return dataclasses.asdict(s)
+
+
+def schedule_from_json(d: Mapping[str, Any]) -> schedule_lib.Schedule:
+  return schedule_lib.Schedule(**d)
+
+
+def _parse(data: Mapping[str, Any], where: str) -> dict[Key, schedule_lib.Schedule]:
+  if data.get("format", FORMAT) != FORMAT:
+    raise ValueError(f"{where}: unsupported autotune cache format"
+                     f" {data.get('format')!r} (expected {FORMAT}).")
+  out = {}
+  for i, e in enumerate(data.get("entries", [])):
+    try:
+      out[Key.from_json(e["key"])] = schedule_from_json(e["schedule"])
+    except (KeyError, TypeError, ValueError) as err:
+      raise ValueError(f"{where}: entry {i} is malformed: {err}") from err
+  return out
+
+
+def _read(path: pathlib.Path) -> dict[str, Any]:
+  with open(path) as f:
+    return json.load(f)
+
+
+@functools.cache
+def _package(device_kind: str) -> dict[Key, schedule_lib.Schedule]:
+  path = PACKAGE_DIR / f"{device_params.slug(device_kind)}.json"
+  return _parse(_read(path), str(path)) if path.exists() else {}
+
+
+class _UserCache:
+  """The user's file: its path and its contents, re-read when it changes."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._path: pathlib.Path | None = None  # None: DEFAULT_PATH.
+    self._stamp: tuple[int, int] | None = None
+    self._entries: dict[Key, schedule_lib.Schedule] = {}
+
+  @property
+  def path(self) -> pathlib.Path:
+    return (self._path or DEFAULT_PATH).expanduser()
+
+  def set_path(self, path) -> None:
+    with self._lock:
+      self._path = None if path is None else pathlib.Path(path)
+      self._stamp, self._entries = None, {}
+
+  def entries(self) -> dict[Key, schedule_lib.Schedule]:
+    with self._lock:
+      path = self.path
+      try:
+        st = path.stat()
+      except FileNotFoundError:
+        self._stamp, self._entries = None, {}
+        return {}
+      stamp = (st.st_mtime_ns, st.st_size)
+      if stamp != self._stamp:
+        self._entries = _parse(_read(path), str(path))
+        self._stamp = stamp
+      return dict(self._entries)
+
+
+_user = _UserCache()
+
+
+def set_autotune_cache(path: str | os.PathLike | None) -> None:
+  """Sets the file autotune results are read from and written to.
+
+  Args:
+    path: a JSON file (created by the first `ficco_jax.autotune` that
+      stores a result); None restores ``~/.cache/ficco_jax/autotune.json``.
+  """
+  _user.set_path(path)
+
+
+def cache_path() -> pathlib.Path:
+  """The user cache file in use."""
+  return _user.path
+
+
+def lookup(key: Key) -> schedule_lib.Schedule | None:
+  """The cached schedule for ``key``: the user's file first, then the package's."""
+  hit = _user.entries().get(key)
+  if hit is None:
+    hit = _package(key.device_kind).get(key)
+  return hit
+
+
+def store(key: Key, schedule: schedule_lib.Schedule, *,
+          timings_ms: Mapping[str, float] | None = None) -> pathlib.Path:
+  """Writes (or replaces) ``key``'s entry in the user cache file.
+
+  Returns:
+    The file written. It is replaced atomically, so a concurrent reader sees
+    the old or the new file, never half of one.
+  """
+  path = cache_path()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  data: dict[str, Any] = {"format": FORMAT, "entries": []}
+  if path.exists():
+    data = _read(path)
+    _parse(data, str(path))  # Refuse to rewrite a file we cannot read back.
+  data.setdefault("comment", "Written by ficco_jax.autotune.")
+  entries = [e for e in data.get("entries", [])
+             if Key.from_json(e["key"]) != key]
+  entry: dict[str, Any] = {"key": key.to_json(),
+                           "schedule": schedule_to_json(schedule)}
+  if timings_ms:
+    entry["timings_ms"] = {k: float(v) for k, v in timings_ms.items()}
+  entries.append(entry)
+  data["entries"] = entries
+  tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+  with open(tmp, "w") as f:
+    json.dump(data, f, indent=1)
+  os.replace(tmp, path)
+  return path

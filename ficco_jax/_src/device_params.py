@@ -1,0 +1,213 @@
+"""Per-device-kind constants of the cost model, and where they come from.
+
+Every number a prediction uses lives in one frozen `DeviceParams`, looked up
+by ``jax.Device.device_kind``. The built-in values come from
+/work/shared/reference/measurements.md (4x H200, NVSwitch) where a number
+was measured, and are marked "guess" where it was not. A fitted file in the
+package data, ``ficco_jax/data/cost_model/<device_kind_slug>.json`` (written
+by ``benchmarks/fit_cost_model.py`` from ``benchmarks/characterize.py``
+output), overrides the built-ins field by field when it exists; a caller
+overrides further with `params_for(..., overrides=...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+import re
+from typing import Any, Mapping
+
+DATA_DIR = pathlib.Path(__file__).resolve().parent.parent / "data"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceParams:
+  """What the cost model knows about one kind of device and its interconnect.
+
+  Bandwidths are bytes/s, times seconds.
+
+  Attributes:
+    name: the device kind these numbers describe.
+    matmul_flops: dense 16-bit matmul throughput of a large, square problem.
+    matmul_eff: fraction of ``matmul_flops`` an XLA dot of a large
+      tensor-parallel shape reaches (the tail of the efficiency curve).
+    rows_half: rows (and columns) at which a dot runs at half of its
+      large-shape efficiency; sets the default decomposition-loss curve
+      ``eff(r) = r / (r + rows_half)``.
+    decomposition: measured ``(rows, relative efficiency)`` points that
+      replace the default row curve (efficiency relative to a large dot,
+      <= 1, non-decreasing in rows); empty: use ``rows_half``.
+    launch_s: fixed cost of one dot of a piece (kernel launch, the
+      update-slice that places it).
+    hbm_bw: local memory bandwidth (read + write), the roofline's other arm.
+    receive_bw: per-device receive bandwidth of copy-engine traffic when
+      every device of the axis receives from ``k`` peers at once, indexed
+      ``k - 1``. Longer axes reuse the last entry.
+    ce_latency_s: per copy-engine transfer (issue + completion event).
+    dma_op_s: per op using comm='dma' (host rendezvous in start and done).
+    collective_bw: per-device receive bandwidth of XLA's (NCCL) all-gather /
+      reduce-scatter, what ``dataflow="none"`` uses.
+    collective_latency_s: fixed cost of one such collective.
+    p2p_bw: bandwidth of one XLA collective-permute (comm='xla' pieces).
+    p2p_latency_s: fixed cost of one collective-permute.
+    contention: ``{comm: (alpha, beta)}``: while that engine's transfers
+      are in flight a matmul runs ``1 + alpha`` times slower, and while a
+      matmul runs transfers run ``1 + beta`` times slower.
+    measured: which fields were measured on this device kind rather than
+      guessed (for explain).
+  """
+
+  name: str
+  matmul_flops: float
+  matmul_eff: float
+  rows_half: float
+  decomposition: tuple[tuple[int, float], ...] = ()
+  launch_s: float
+  hbm_bw: float
+  receive_bw: tuple[float, ...]
+  ce_latency_s: float
+  dma_op_s: float
+  collective_bw: float
+  collective_latency_s: float
+  p2p_bw: float
+  p2p_latency_s: float
+  contention: tuple[tuple[str, float, float], ...]
+  measured: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if not self.receive_bw or min(self.receive_bw) <= 0:
+      raise ValueError(f"{self.receive_bw=} must be non-empty and positive.")
+    if not 0 < self.matmul_eff <= 1:
+      raise ValueError(f"{self.matmul_eff=} must be in (0, 1].")
+    rows = [r for r, _ in self.decomposition]
+    if rows != sorted(rows):
+      raise ValueError(f"{self.decomposition=} must be sorted by rows.")
+
+  def receive(self, peers: int) -> float:
+    """Per-device receive bandwidth with ``peers`` concurrent senders."""
+    return self.receive_bw[min(max(peers, 1), len(self.receive_bw)) - 1]
+
+  def contention_of(self, comm: str) -> tuple[float, float]:
+    for c, alpha, beta in self.contention:
+      if c == comm:
+        return alpha, beta
+    return 0.0, 0.0
+
+
+# 4x H200 (measurements.md): cuBLAS 8192^3 796 TFLOP/s; XLA dots of the
+# benchmark shapes fit flops / 729 TFLOP/s + 16 us (hence matmul_eff ~0.92,
+# launch); local copy 4.1 TB/s; cudaMemcpyPeerAsync one way 384 GB/s, all 12
+# pairs 893 GB/s total (223 GB/s into each GPU); NCCL all-gather fits
+# 25 us + bytes_in / 326 GB/s. Receiving from two peers was not measured
+# (interpolated). The comm='xla' contention and p2p latency are fitted to the
+# shard_map ppermute ring (2.05/1.87/0.67/0.40 ms measured, 2.03/1.93/0.63/
+# 0.41 predicted): NCCL send/recv on SMs slows the overlapped dot ~2.3x.
+_H200 = DeviceParams(
+    name="NVIDIA H200",
+    matmul_flops=796e12,
+    matmul_eff=0.92,
+    rows_half=32.0,  # guess: 2048-row dots measured within ~3% of 16384.
+    launch_s=10e-6,
+    hbm_bw=4.1e12,
+    receive_bw=(384e9, 300e9, 223e9),
+    ce_latency_s=8e-6,  # guess
+    dma_op_s=20e-6,  # guess
+    collective_bw=326e9,
+    collective_latency_s=25e-6,
+    p2p_bw=300e9,  # guess
+    p2p_latency_s=60e-6,
+    contention=(("dma", 0.05, 0.05), ("xla", 1.3, 1.3)),  # dma: guess
+    measured=("matmul_flops", "matmul_eff", "hbm_bw", "receive_bw[0]",
+              "receive_bw[2]", "collective_bw", "collective_latency_s",
+              "contention[xla]", "p2p_latency_s"),
+)
+
+# H100 SXM: the same NVLink4/NVSwitch fabric and SMs as H200 and slower HBM
+# (3.35 vs 4.8 TB/s). Nothing here was measured on an H100.
+_H100 = dataclasses.replace(
+    _H200, name="NVIDIA H100 80GB HBM3", matmul_flops=760e12, hbm_bw=2.9e12,
+    measured=())
+
+# Unknown devices: a cautious PCIe-class guess, so that overlap is chosen
+# only where it wins by a wide margin.
+_DEFAULT = DeviceParams(
+    name="default",
+    matmul_flops=300e12,
+    matmul_eff=0.85,
+    rows_half=64.0,
+    launch_s=15e-6,
+    hbm_bw=1.5e12,
+    receive_bw=(50e9, 40e9, 30e9),
+    ce_latency_s=15e-6,
+    dma_op_s=40e-6,
+    collective_bw=40e9,
+    collective_latency_s=40e-6,
+    p2p_bw=40e9,
+    p2p_latency_s=40e-6,
+    contention=(("dma", 0.1, 0.1), ("xla", 0.5, 0.5)),
+)
+
+BUILTIN: dict[str, DeviceParams] = {
+    "NVIDIA H200": _H200,
+    "NVIDIA H100 80GB HBM3": _H100,
+    "default": _DEFAULT,
+}
+
+
+def slug(device_kind: str) -> str:
+  """File-name form of a device kind: ``"NVIDIA H200"`` -> ``"nvidia_h200"``."""
+  return re.sub(r"[^a-z0-9]+", "_", device_kind.lower()).strip("_") or "unknown"
+
+
+def _coerce(name: str, value: Any) -> Any:
+  # JSON has lists where the dataclass has tuples (hashability).
+  if name == "decomposition":
+    return tuple((int(r), float(e)) for r, e in value)
+  if name == "contention":
+    return tuple((str(c), float(a), float(b)) for c, a, b in value)
+  if name in ("receive_bw", "measured"):
+    return tuple(value)
+  return value
+
+
+def _replace(base: DeviceParams, fields: Mapping[str, Any]) -> DeviceParams:
+  known = {f.name for f in dataclasses.fields(DeviceParams)}
+  unknown = set(fields) - known
+  if unknown:
+    raise ValueError(f"Unknown DeviceParams fields {sorted(unknown)}.")
+  return dataclasses.replace(
+      base, **{k: _coerce(k, v) for k, v in fields.items()})
+
+
+@functools.cache
+def _fitted(device_kind: str) -> tuple[tuple[str, Any], ...]:
+  """The fitted overrides shipped for a device kind (empty when none)."""
+  path = DATA_DIR / "cost_model" / f"{slug(device_kind)}.json"
+  if not path.exists():
+    return ()
+  with open(path) as f:
+    data = json.load(f)
+  return tuple(sorted(data.get("params", {}).items(),
+                      key=lambda kv: kv[0]))
+
+
+def params_for(device_kind: str | None,
+               overrides: Mapping[str, Any] | None = None) -> DeviceParams:
+  """The parameters the cost model uses for ``device_kind``.
+
+  Args:
+    device_kind: a ``jax.Device.device_kind``; unknown kinds (and None) get
+      the ``"default"`` entry.
+    overrides: field values that replace the result's (e.g. a
+      ``receive_bw`` measured on another interconnect).
+
+  Returns:
+    Built-in values, then the package's fitted file for that kind, then
+    ``overrides``, each replacing the previous field by field.
+  """
+  base = BUILTIN.get(device_kind or "default", BUILTIN["default"])
+  fitted = dict(_fitted(base.name)) if base.name != "default" else {}
+  params = _replace(base, fitted) if fitted else base
+  return _replace(params, overrides) if overrides else params

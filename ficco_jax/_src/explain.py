@@ -1,0 +1,193 @@
+"""``ficco_jax.explain``: which schedule ``schedule=None`` runs, and why."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from ficco_jax._src import autotune_cache
+from ficco_jax._src import cost_model
+from ficco_jax._src import device_params
+from ficco_jax._src import heuristics
+from ficco_jax._src import schedule as schedule_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Candidate:
+  """One candidate's prediction and, unless it was chosen, why it lost."""
+
+  prediction: cost_model.Prediction
+  verdict: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Explanation:
+  """The report `explain` returns; ``str()`` (or ``print``) renders it.
+
+  Attributes:
+    op, x_shape, w_shape, dtype, axis_size, axis: the problem (local shapes).
+    device_kind: the device planned for.
+    params: the cost-model constants used.
+    chosen: the schedule ``schedule=None`` resolves to.
+    source: ``"autotune cache"`` or ``"heuristic"``.
+    reason: why (the heuristic's words, or the cache's).
+    t_mm_s: one unsplit dot of all the op's rows.
+    t_comm_s: XLA's collective alone (what ``"none"`` exposes).
+    ideal_s: ``max(t_mm_s, t_comm_s)``.
+    chosen_prediction: the model's prediction for ``chosen``.
+    candidates: every candidate, fastest predicted first.
+  """
+
+  op: str
+  x_shape: tuple[int, ...]
+  w_shape: tuple[int, ...]
+  dtype: str
+  axis_size: int
+  axis: int
+  device_kind: str
+  params: device_params.DeviceParams
+  chosen: schedule_lib.Schedule
+  source: str
+  reason: str
+  t_mm_s: float
+  t_comm_s: float
+  ideal_s: float
+  chosen_prediction: cost_model.Prediction
+  candidates: tuple[Candidate, ...]
+
+  def __str__(self) -> str:
+    ms = lambda t: f"{t * 1e3:.3f}"  # noqa: E731
+    pr = self.chosen_prediction
+    lines = [
+        f"ficco_jax.explain: {self.op} x{list(self.x_shape)}"
+        f" w{list(self.w_shape)} {self.dtype}, axis {self.axis}, P="
+        f"{self.axis_size}, on {self.device_kind!r} (model params:"
+        f" {self.params.name!r})",
+        f"chosen: {self.chosen.short()}  [{self.source}: {self.reason}]",
+        f"T_mm {ms(self.t_mm_s)} ms, T_comm (XLA collective)"
+        f" {ms(self.t_comm_s)} ms, ideal max(T_mm, T_comm)"
+        f" {ms(self.ideal_s)} ms; chosen predicted {ms(pr.total)} ms"
+        f" (decomposition {ms(pr.decomposition)}, contention"
+        f" {ms(pr.contention)}, exposed comm {ms(pr.exposed_comm)} ms)",
+        "",
+        f"{'schedule':<26}{'total':>8}{'compute':>9}{'comm':>8}"
+        f"{'decomp':>8}{'content':>9}{'exposed':>9}{'links':>7}  verdict",
+    ]
+    for c in self.candidates:
+      p = c.prediction
+      lines.append(
+          f"{p.schedule.short():<26}{ms(p.total):>8}{ms(p.compute):>9}"
+          f"{ms(p.t_comm):>8}{ms(p.decomposition):>8}{ms(p.contention):>9}"
+          f"{ms(p.exposed_comm):>9}{p.links_used:>4}/{p.links_available:<2}"
+          f"  {c.verdict}")
+    lines.append("(times in ms; compute includes decomposition and"
+                 " contention; links: peers a device receives from at once)")
+    return "\n".join(lines)
+
+
+def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
+              none: cost_model.Prediction, gated: str | None) -> str:
+  """The main term that makes ``p`` slower than ``chosen``, in words."""
+  if p.schedule == chosen.schedule:
+    return "chosen"
+  slower = f"+{100 * (p.total / chosen.total - 1):.1f}%"
+  if gated is not None and p.schedule.overlapped:
+    return f"not considered ({gated})"
+  if p.total <= chosen.total:
+    if not chosen.schedule.overlapped:
+      gain = 100 * (1 - p.total / none.total)
+      return (f"{gain:.1f}% faster than none, below the"
+              f" {100 * cost_model.MIN_GAIN:.0f}% margin")
+    return "predicted no slower; the choice came from measurements"
+  if not p.schedule.overlapped:
+    return (f"{slower}: no overlap, the collective's"
+            f" {p.t_comm * 1e3:.3f} ms are all exposed")
+  links = (f"uses {p.links_used} of {p.links_available} links at"
+           f" {p.receive_bw / 1e9:.0f} GB/s in")
+  if p.bound == "comm":
+    return f"{slower}: comm-bound, {links}"
+  terms = {
+      "exposed comm": p.exposed_comm - chosen.exposed_comm,
+      "decomposition": p.decomposition - chosen.decomposition,
+      "contention": p.contention - chosen.contention,
+      "overhead": p.overhead - chosen.overhead,
+  }
+  what, extra = max(terms.items(), key=lambda kv: kv[1])
+  detail = {
+      "exposed comm": f"waits for transfers, {links}",
+      "decomposition": f"{p.pieces} smaller dots instead of one",
+      "contention": f"comm='{p.schedule.comm}' slows the overlapped dots",
+      "overhead": "fixed per-op cost",
+  }[what]
+  return f"{slower}: {what} +{extra * 1e3:.3f} ms ({detail})"
+
+
+def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
+            axis: int = 0, device_kind: str | None = None) -> Explanation:
+  """Explains the schedule ``schedule=None`` resolves to for one problem.
+
+  Follows the order of ``api._resolve`` (autotune cache, then heuristic) and
+  reports the cost model's prediction for every candidate.
+
+  Args:
+    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    x_shape: local shape of the first operand (as inside ``shard_map``).
+    w_shape: local shape of ``w``.
+    dtype: the first operand's dtype.
+    axis_size: devices along the axis.
+    axis: the gathered / scattered axis.
+    device_kind: the device to plan for. None: this process's default
+      backend, with its real platform and libraries. A named kind is
+      planned for as a GPU with the copy-engine library available.
+
+  Returns:
+    An `Explanation`; ``print`` it for the report.
+  """
+  if op not in cost_model.OPS:
+    raise ValueError(f"Unknown {op=}; expected one of {cost_model.OPS}.")
+  x_shape = tuple(int(d) for d in x_shape)
+  w_shape = tuple(int(d) for d in w_shape)
+  if device_kind is None:
+    device_kind = heuristics.default_device_kind()
+    platform, assume_dma = jax.default_backend(), False
+  else:
+    platform, assume_dma = "gpu", True
+  params = device_params.params_for(device_kind)
+  key = autotune_cache.Key.of(op, device_kind=device_kind,
+                              axis_size=axis_size, x_shape=x_shape,
+                              w_shape=w_shape, axis=axis, dtype=dtype)
+  cached = autotune_cache.lookup(key)
+  decided, reason = heuristics.decide(
+      op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
+      axis=axis, platform=platform, params=params, assume_dma=assume_dma)
+  gated = heuristics.gate(op, x_shape=x_shape, dtype=dtype,
+                          axis_size=axis_size, axis=axis, platform=platform)
+  if assume_dma and gated == heuristics.NO_DMA_LIBRARY:
+    gated = None
+  if cached is not None:
+    chosen, source = cached, "autotune cache"
+    reason = (f"measured fastest (the heuristic alone would pick"
+              f" {decided.short()})")
+    gated = None
+  else:
+    chosen, source = decided, "heuristic"
+  prob = cost_model.problem(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
+                            axis_size=axis_size, axis=axis)
+  preds = list(cost_model.rank(prob, params, comms=heuristics.COMMS))
+  if chosen not in [pr.schedule for pr in preds]:
+    # A cached schedule outside the heuristic's candidate set.
+    preds.append(cost_model.predict(prob, chosen, params))
+  chosen_pred = next(pr for pr in preds if pr.schedule == chosen)
+  none = next(pr for pr in preds if not pr.schedule.overlapped)
+  return Explanation(
+      op=op, x_shape=x_shape, w_shape=w_shape, dtype=np.dtype(dtype).name,
+      axis_size=axis_size, axis=axis, device_kind=device_kind, params=params,
+      chosen=chosen, source=source, reason=reason, t_mm_s=none.t_mm,
+      t_comm_s=none.t_comm, ideal_s=max(none.t_mm, none.t_comm),
+      chosen_prediction=chosen_pred,
+      candidates=tuple(Candidate(prediction=pr,
+                                 verdict=_why_lost(pr, chosen_pred, none,
+                                                   gated))
+                       for pr in sorted(preds, key=lambda pr: pr.total)))

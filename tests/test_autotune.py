@@ -1,0 +1,197 @@
+"""Autotune cache and the order schedule=None resolves in: explicit > cache > heuristic."""
+
+import functools
+import json
+import re
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import ficco_jax
+from ficco_jax import Schedule
+from ficco_jax._src import autotune_cache
+from ficco_jax._src import plan as plan_lib
+import util
+
+X_LOCAL, W_LOCAL = (6, 10), (10, 7)  # Per device on a 4-device axis.
+RING = Schedule(dataflow="ring", num_chunks=1, comm="xla")
+NONE = Schedule(dataflow="none")
+
+
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path):
+  """Every test reads and writes its own cache file, never ~/.cache."""
+  path = tmp_path / "autotune.json"
+  ficco_jax.set_autotune_cache(path)
+  yield path
+  ficco_jax.set_autotune_cache(None)
+
+
+def _key(x_shape=X_LOCAL, w_shape=W_LOCAL, dtype=np.float32, axis_size=4):
+  return autotune_cache.Key.of(
+      "all_gather_matmul", device_kind=util.test_devices()[0].device_kind,
+      axis_size=axis_size, x_shape=x_shape, w_shape=w_shape, axis=0,
+      dtype=dtype)
+
+
+def _count(text, op):
+  return len(re.findall(rf"\b{op}(?:-start)?\(", text))
+
+
+def _compiled(schedule=None, x_local=X_LOCAL, w_local=W_LOCAL):
+  """HLO of the public op inside shard_map, traced afresh (no jit cache)."""
+  mesh = util.mesh((4,), ("x",))
+  f = jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                        schedule=schedule),
+      mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
+  x = jax.ShapeDtypeStruct((4 * x_local[0], x_local[1]), np.float32,
+                           sharding=NamedSharding(mesh, P("x")))
+  w = jax.ShapeDtypeStruct((w_local[0], 4 * w_local[1]), np.float32,
+                           sharding=NamedSharding(mesh, P(None, "x")))
+  return f.lower(x, w).compile().as_text()
+
+
+def _ran(text):
+  """Which schedule the HLO shows: 'none' (one all-gather) or permutes."""
+  if _count(text, "all-gather") == 1 and _count(text, "collective-permute") == 0:
+    return "none"
+  assert _count(text, "all-gather") == 0
+  return _count(text, "collective-permute")
+
+
+def _permutes(schedule):
+  return len(plan_lib.gather_plan(schedule, axis_size=4,
+                                  shard_rows=X_LOCAL[0]).transfers)
+
+
+def test_cache_round_trip(user_cache):
+  key = _key()
+  assert autotune_cache.lookup(key) is None
+  path = autotune_cache.store(key, RING, timings_ms={"ring/c1/xla/xla": 1.5})
+  assert path == user_cache
+  assert autotune_cache.lookup(key) == RING
+  data = json.loads(user_cache.read_text())
+  assert data["format"] == 1 and len(data["entries"]) == 1
+  assert data["entries"][0]["timings_ms"] == {"ring/c1/xla/xla": 1.5}
+  # Storing again replaces the entry; other keys are kept.
+  other = _key(x_shape=(12, 10))
+  autotune_cache.store(other, NONE)
+  autotune_cache.store(key, Schedule(dataflow="direct", num_chunks=2))
+  assert autotune_cache.lookup(key) == Schedule(dataflow="direct", num_chunks=2)
+  assert autotune_cache.lookup(other) == NONE
+  assert len(json.loads(user_cache.read_text())["entries"]) == 2
+  # A different dtype, axis size or device kind is a different problem.
+  assert autotune_cache.lookup(_key(dtype=np.float64)) is None
+  assert autotune_cache.lookup(_key(axis_size=2)) is None
+
+
+def test_package_data_is_overlaid_by_the_user_file(tmp_path, monkeypatch):
+  key = _key()
+  pkg = tmp_path / "pkg"
+  pkg.mkdir()
+  name = autotune_cache.device_params.slug(key.device_kind) + ".json"
+  (pkg / name).write_text(json.dumps({"format": 1, "entries": [
+      {"key": key.to_json(),
+       "schedule": autotune_cache.schedule_to_json(RING)}]}))
+  monkeypatch.setattr(autotune_cache, "PACKAGE_DIR", pkg)
+  autotune_cache._package.cache_clear()  # pylint: disable=protected-access
+  try:
+    assert autotune_cache.lookup(key) == RING
+    autotune_cache.store(key, NONE)
+    assert autotune_cache.lookup(key) == NONE
+  finally:
+    autotune_cache._package.cache_clear()  # pylint: disable=protected-access
+
+
+def test_shipped_package_files_are_valid():
+  files = sorted(autotune_cache.PACKAGE_DIR.glob("*.json"))
+  assert any(f.name == "nvidia_h200.json" for f in files)
+  for f in files:
+    data = json.loads(f.read_text())
+    assert "comment" in data
+    autotune_cache._parse(data, str(f))  # pylint: disable=protected-access
+
+
+def test_malformed_cache_is_a_clear_error(user_cache):
+  user_cache.write_text('{"format": 1, "entries": [{"key": {}}]}')
+  with pytest.raises(ValueError, match="entry 0 is malformed"):
+    autotune_cache.lookup(_key())
+
+
+def test_precedence_heuristic_then_cache_then_explicit():
+  # 3. Heuristic: on CPU (and this small), no overlap.
+  assert _ran(_compiled()) == "none"
+  # 2. A cache entry for these local shapes on this device kind wins.
+  autotune_cache.store(_key(), RING)
+  assert _ran(_compiled()) == _permutes(RING)
+  # ... but only for its own shapes.
+  assert _ran(_compiled(x_local=(12, 10))) == "none"
+  # 1. An explicit schedule beats the cache.
+  assert _ran(_compiled(NONE)) == "none"
+  direct = Schedule(dataflow="direct", num_chunks=3)
+  assert _ran(_compiled(direct)) == _permutes(direct)
+
+
+def test_autotune_writes_an_entry_the_next_call_uses(user_cache):
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(0)
+  x = util.rand(rng, (4 * X_LOCAL[0], X_LOCAL[1]), np.float32)
+  w = util.rand(rng, (W_LOCAL[0], 4 * W_LOCAL[1]), np.float32)
+  bad = Schedule(dataflow="ring", num_chunks=4)  # 4 does not divide 6.
+  cands = [NONE, RING, Schedule(dataflow="direct", num_chunks=2), bad]
+  res = ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh,
+                           axis_name="x", candidates=cands, warmup=1,
+                           rounds=2, iters=2)
+  assert res.key == _key()
+  assert {label for label, _ in res.timings_ms} == {
+      s.short() for s in cands[:3]}
+  assert [label for label, _ in res.errors] == [bad.short()]
+  assert res.best == Schedule(**json.loads(user_cache.read_text())
+                              ["entries"][0]["schedule"])
+  assert res.timings_ms[0][0] == res.best.short()
+  expected = "none" if res.best == NONE else _permutes(res.best)
+  assert _ran(_compiled()) == expected
+  # Force a different winner through the cache: the next trace follows it.
+  other = RING if res.best != RING else NONE
+  autotune_cache.store(res.key, other)
+  assert _ran(_compiled()) == ("none" if other == NONE else _permutes(other))
+
+
+def test_autotune_result_is_correct_op_output():
+  # The cached schedule runs the same numbers as the reference.
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(1)
+  x = util.rand(rng, (24, 10), np.float32)
+  w = util.rand(rng, (10, 28), np.float32)
+  ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh, axis_name="x",
+                     candidates=[RING], warmup=1, rounds=1, iters=1)
+  out = ficco_jax.sharded.all_gather_matmul(x, w, mesh=mesh, axis_name="x")
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(
+      np.float32)
+
+
+def test_autotune_reduce_scatter_key_uses_local_shapes():
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(2)
+  h = util.rand(rng, (24, 40), np.float32)
+  w = util.rand(rng, (40, 9), np.float32)
+  res = ficco_jax.autotune("matmul_reduce_scatter", h, w, mesh=mesh,
+                           axis_name="x", candidates=[NONE, RING],
+                           warmup=1, rounds=1, iters=1, store=False)
+  assert res.key.x_shape == (24, 10) and res.key.w_shape == (10, 9)
+  assert res.cache_file is None
+  assert autotune_cache.lookup(res.key) is None
+
+
+def test_autotune_with_no_working_candidate_raises():
+  mesh = util.mesh((4,), ("x",))
+  x = np.ones((24, 10), np.float32)
+  w = np.ones((10, 28), np.float32)
+  with pytest.raises(RuntimeError, match="no candidate ran"):
+    ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh, axis_name="x",
+                       candidates=[Schedule(dataflow="ring", num_chunks=4)],
+                       warmup=1, rounds=1, iters=1)

@@ -1,0 +1,231 @@
+"""The cost model and the heuristic built on it (no devices needed)."""
+
+import dataclasses
+import logging
+
+import numpy as np
+import pytest
+
+import ficco_jax
+from ficco_jax import Schedule
+from ficco_jax._src import cost_model
+from ficco_jax._src import device_params
+from ficco_jax._src import heuristics
+from ficco_jax._src import plan as plan_lib
+
+H200 = device_params.params_for("NVIDIA H200")
+KINDS = ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "default"]
+OPS = ["all_gather_matmul", "matmul_reduce_scatter"]
+BF16 = "bfloat16"
+
+
+def _prob(op="all_gather_matmul", m=2048, k=8192, n=7168, p=4, dtype=BF16):
+  # AG: local x [m, k]; RS: local h [p * m, k] (m rows kept per device).
+  x = (m, k) if op == "all_gather_matmul" else (p * m, k)
+  return cost_model.problem(op, x_shape=x, w_shape=(k, n), dtype=dtype,
+                            axis_size=p)
+
+
+@pytest.fixture
+def gpu_with_dma(monkeypatch):
+  """Plan as on a GPU host whose install has the copy-engine library."""
+  monkeypatch.setattr(heuristics, "dma_available", lambda platform: True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matmul_time_increases_with_m_k_n(kind):
+  params = device_params.params_for(kind)
+  sizes = [64, 256, 1024, 4096, 16384]
+  for i in range(3):
+    times = []
+    for s in sizes:
+      mkn = [2048, 4096, 2048]
+      mkn[i] = s
+      times.append(cost_model.matmul_time(*mkn, params=params))
+    assert all(a < b for a, b in zip(times, times[1:])), (i, times)
+
+
+def test_matmul_time_matches_measured_h200_dots():
+  # measurements.md, "matmul only (gathered x)" on 4x H200: [M, K] @ [K, N/4].
+  for (m, k, n), measured_ms in [((8192, 8192, 7168), 1.41),
+                                 ((16384, 8192, 2048), 0.77),
+                                 ((4096, 8192, 2048), 0.21),
+                                 ((2048, 8192, 2048), 0.11)]:
+    t = cost_model.matmul_time(m, k, n, params=H200) * 1e3
+    assert abs(t / measured_ms - 1) < 0.1, (m, k, n, t, measured_ms)
+
+
+def test_comm_time_increases_with_bytes():
+  for df in ["direct", "ring", "bidirectional"]:
+    s = Schedule(dataflow=df, num_chunks=2, comm="dma")
+    t = [cost_model.predict(_prob(k=k), s, H200).t_comm
+         for k in (1024, 4096, 16384)]
+    assert t[0] < t[1] < t[2], (df, t)
+  none = [cost_model.predict(_prob(m=m), ficco_jax.Schedule(dataflow="none"),
+                             H200).t_comm for m in (512, 2048, 8192)]
+  assert none[0] < none[1] < none[2]
+
+
+def test_comm_time_decreases_with_links_used():
+  # Where every link adds its bandwidth, pulling from all peers at once
+  # (direct: 3 links) beats a ring (1 link) and the two half-rings (2).
+  linear = dataclasses.replace(H200, receive_bw=(100e9, 200e9, 300e9))
+  t = {df: cost_model.predict(_prob(), Schedule(dataflow=df, comm="dma"),
+                              linear).t_comm
+       for df in ["ring", "bidirectional", "direct"]}
+  assert t["direct"] < t["bidirectional"] < t["ring"], t
+  # And more receive bandwidth for the same links is faster.
+  slow = dataclasses.replace(H200, receive_bw=(100e9, 100e9, 100e9))
+  s = Schedule(dataflow="direct", comm="dma")
+  assert (cost_model.predict(_prob(), s, linear).t_comm
+          < cost_model.predict(_prob(), s, slow).t_comm)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dataflow", ["direct", "ring", "bidirectional"])
+@pytest.mark.parametrize("table", [False, True])
+def test_decomposition_loss_non_negative_and_grows_with_chunks(op, dataflow,
+                                                               table):
+  params = H200
+  if table:
+    # A measured table, noisy on purpose (512 < 256): it must still be monotone.
+    params = dataclasses.replace(
+        H200, decomposition=((128, 0.5), (256, 0.8), (512, 0.75), (4096, 1.0)))
+  for m in (512, 2048):
+    losses = [cost_model.predict(
+        _prob(op, m=m), Schedule(dataflow=dataflow, num_chunks=c, comm="dma"),
+        params).decomposition for c in (1, 2, 4, 8)]
+    assert losses[0] >= 0
+    assert all(a <= b + 1e-12 for a, b in zip(losses, losses[1:])), losses
+
+
+def test_none_has_no_decomposition_or_contention():
+  pr = cost_model.predict(_prob(), ficco_jax.Schedule(dataflow="none"), H200)
+  assert pr.decomposition == 0 and pr.contention == 0
+  assert pr.total == pytest.approx(pr.t_mm + pr.t_comm)
+
+
+def test_contention_costs_time():
+  s = Schedule(dataflow="direct", num_chunks=2, comm="dma")
+  calm = dataclasses.replace(H200, contention=(("dma", 0.0, 0.0),))
+  busy = dataclasses.replace(H200, contention=(("dma", 0.3, 0.3),))
+  a, b = (cost_model.predict(_prob(), s, p) for p in (calm, busy))
+  assert a.contention == 0 and b.contention > 0
+  assert b.total > a.total
+
+
+@pytest.mark.parametrize("split", [1, 6, 7, 12, 2048, 3 * 512])
+@pytest.mark.parametrize("op", OPS)
+def test_candidates_are_valid(split, op):
+  p = 4
+  x = (split, 64) if op == "all_gather_matmul" else (p * split, 64)
+  prob = cost_model.problem(op, x_shape=x, w_shape=(64, 32), dtype=BF16,
+                            axis_size=p)
+  cands = cost_model.candidates(prob, ("dma", "xla"))
+  assert cands[0] == ficco_jax.Schedule(dataflow="none")
+  assert len(set(cands)) == len(cands)
+  for s in cands:
+    assert split % s.num_chunks == 0, s
+    if s.overlapped:
+      plan_lib.gather_plan(s, axis_size=p, shard_rows=split)  # Does not raise.
+  # Every chunk count that divides is offered, for every dataflow and engine.
+  valid = [c for c in cost_model.CHUNK_COUNTS if split % c == 0]
+  assert len(cands) == 1 + 3 * 2 * len(valid)
+
+
+@pytest.mark.parametrize("rows", [2048, 6144, 3 * 1000, 8191])
+def test_choice_is_valid_for_odd_sizes(gpu_with_dma, rows):
+  s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(rows, 8192),
+                                w_shape=(8192, 7168), dtype=BF16, axis_size=4,
+                                platform="gpu", device_kind="NVIDIA H200")
+  assert rows % s.num_chunks == 0
+
+
+def test_tiny_ops_are_not_overlapped(gpu_with_dma):
+  for shape in [(6, 10), (64, 1024), (256, 2048)]:
+    s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=shape,
+                                  w_shape=(shape[1], 7), dtype=BF16,
+                                  axis_size=4, platform="gpu",
+                                  device_kind="NVIDIA H200")
+    assert s == ficco_jax.Schedule(dataflow="none"), shape
+
+
+def test_large_ops_on_gpu_params_overlap(gpu_with_dma):
+  for kind in ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]:
+    # llama3-70b, 8192 tokens, 4 GPUs; and the square 16384 case.
+    for x, w in [((2048, 8192), (8192, 7168)), ((4096, 8192), (8192, 2048))]:
+      s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=x, w_shape=w,
+                                    dtype=BF16, axis_size=4, platform="gpu",
+                                    device_kind=kind)
+      assert s.overlapped and s.comm == "dma", (kind, x, s)
+
+
+def test_non_gpu_platforms_do_not_overlap(gpu_with_dma):
+  s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(2048, 8192),
+                                w_shape=(8192, 7168), dtype=BF16, axis_size=4,
+                                platform="cpu", device_kind="NVIDIA H200")
+  assert not s.overlapped
+
+
+def test_reduce_scatter_switch(gpu_with_dma, monkeypatch):
+  kw = dict(x_shape=(8192, 7168), w_shape=(7168, 8192), dtype=BF16,
+            axis_size=4, platform="gpu", device_kind="NVIDIA H200")
+  assert not ficco_jax.choose_schedule("matmul_reduce_scatter", **kw).overlapped
+  monkeypatch.setattr(heuristics, "OVERLAP_REDUCE_SCATTER", True)
+  s = ficco_jax.choose_schedule("matmul_reduce_scatter", **kw)
+  assert s.overlapped and (8192 // 4) % s.num_chunks == 0
+
+
+def test_gpu_without_library_warns_and_does_not_overlap(monkeypatch, caplog):
+  monkeypatch.setattr(heuristics, "dma_available", lambda platform: False)
+  heuristics._warn_once.cache_clear()  # pylint: disable=protected-access
+  with caplog.at_level(logging.WARNING, logger="ficco_jax"):
+    s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(2048, 8192),
+                                  w_shape=(8192, 7168), dtype=BF16,
+                                  axis_size=4, platform="gpu",
+                                  device_kind="NVIDIA H200")
+  assert not s.overlapped
+  assert "copy-engine (CUDA) library" in caplog.text
+
+
+def test_overlap_must_win_by_the_margin():
+  preds = cost_model.rank(_prob(), H200, ("dma",))
+  none = next(p for p in preds if not p.schedule.overlapped)
+  over = next(p for p in preds if p.schedule.overlapped)
+  close = dataclasses.replace(over, total=none.total * 0.99)
+  clear = dataclasses.replace(over, total=none.total * 0.9)
+  assert cost_model.best((none, close)) is none
+  assert cost_model.best((none, clear)) is clear
+
+
+def test_device_params_lookup_and_overrides():
+  assert device_params.params_for("some future GPU").name == "default"
+  assert device_params.params_for(None).name == "default"
+  p = device_params.params_for("NVIDIA H200",
+                               overrides={"receive_bw": [1e9, 2e9]})
+  assert p.receive_bw == (1e9, 2e9) and p.receive(3) == 2e9
+  hash(p)  # Frozen and hashable, lists turned into tuples.
+  with pytest.raises(ValueError, match="Unknown DeviceParams"):
+    device_params.params_for("NVIDIA H200", overrides={"bogus": 1})
+  assert device_params.slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+
+
+def test_fitted_package_file_overrides_builtins(tmp_path, monkeypatch):
+  (tmp_path / "cost_model").mkdir()
+  (tmp_path / "cost_model" / "nvidia_h200.json").write_text(
+      '{"params": {"contention": [["dma", 0.2, 0.1]], "rows_half": 99}}')
+  monkeypatch.setattr(device_params, "DATA_DIR", tmp_path)
+  device_params._fitted.cache_clear()  # pylint: disable=protected-access
+  try:
+    p = device_params.params_for("NVIDIA H200")
+    assert p.contention_of("dma") == (0.2, 0.1) and p.rows_half == 99
+    assert p.matmul_flops == H200.matmul_flops
+  finally:
+    device_params._fitted.cache_clear()  # pylint: disable=protected-access
+
+
+def test_float32_costs_more_than_bf16():
+  s = Schedule(dataflow="none")
+  a = cost_model.predict(_prob(dtype=np.float32), s, H200)
+  b = cost_model.predict(_prob(dtype=BF16), s, H200)
+  assert a.t_mm > b.t_mm and a.t_comm > b.t_comm

@@ -1,0 +1,105 @@
+"""ficco_jax.explain: the schedule schedule=None runs, where it came from, why."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import ficco_jax
+from ficco_jax import Schedule
+from ficco_jax._src import autotune_cache
+from ficco_jax._src import heuristics
+
+H200 = "NVIDIA H200"
+BIG = dict(x_shape=(2048, 8192), w_shape=(8192, 7168), dtype="bfloat16",
+           axis_size=4)
+
+
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path):
+  ficco_jax.set_autotune_cache(tmp_path / "autotune.json")
+  yield
+  ficco_jax.set_autotune_cache(None)
+
+
+def test_large_op_on_h200_explains_an_overlapped_choice():
+  e = ficco_jax.explain("all_gather_matmul", device_kind=H200, **BIG)
+  assert e.source == "heuristic" and e.chosen.overlapped
+  assert e.candidates[0].prediction.schedule == e.chosen
+  assert e.candidates[0].verdict == "chosen"
+  assert e.chosen_prediction.total < e.t_mm_s + e.t_comm_s
+  assert e.ideal_s == max(e.t_mm_s, e.t_comm_s)
+  # Every runner-up says by how much and why it lost.
+  for c in e.candidates[1:]:
+    assert c.verdict.startswith("+"), c.verdict
+    assert c.prediction.total >= e.chosen_prediction.total
+  text = str(e)
+  assert e.chosen.short() in text and "T_mm" in text and "ideal" in text
+  assert text.count("\n") >= len(e.candidates) + 4
+  assert "heuristic" in text
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    e.source = "x"
+
+
+def test_same_choice_as_choose_schedule(monkeypatch):
+  monkeypatch.setattr(heuristics, "dma_available", lambda platform: True)
+  for x in [(2048, 8192), (512, 8192), (4096, 4096)]:
+    kw = dict(BIG, x_shape=x, w_shape=(x[1], 2048))
+    e = ficco_jax.explain("all_gather_matmul", device_kind=H200, **kw)
+    assert e.chosen == ficco_jax.choose_schedule(
+        "all_gather_matmul", platform="gpu", device_kind=H200, **kw)
+
+
+def test_comm_bound_runner_up_names_its_links():
+  # A tall contraction and few output columns: moving x dominates.
+  e = ficco_jax.explain("all_gather_matmul", x_shape=(2048, 16384),
+                        w_shape=(16384, 256), dtype="bfloat16", axis_size=4,
+                        device_kind=H200)
+  verdicts = [c.verdict for c in e.candidates]
+  assert any("comm-bound, uses 1 of 3 links" in v for v in verdicts), verdicts
+
+
+def test_tiny_op_is_not_overlapped_and_says_why():
+  e = ficco_jax.explain("all_gather_matmul", x_shape=(6, 10), w_shape=(10, 7),
+                        dtype=np.float32, axis_size=4, device_kind=H200)
+  assert e.chosen == Schedule(dataflow="none")
+  assert e.reason.startswith("tiny")
+  overlapped = [c for c in e.candidates if c.prediction.schedule.overlapped]
+  assert all(c.verdict.startswith("not considered (tiny")
+             for c in overlapped)
+
+
+def test_this_host_cpu_does_not_overlap():
+  e = ficco_jax.explain("all_gather_matmul", **BIG)
+  assert e.device_kind == "cpu" and not e.chosen.overlapped
+  assert "platform 'cpu'" in e.reason
+
+
+def test_cache_entry_is_reported_as_the_source():
+  ring = Schedule(dataflow="ring", num_chunks=8, comm="dma")
+  key = autotune_cache.Key.of("all_gather_matmul", device_kind=H200, axis=0,
+                              **BIG)
+  autotune_cache.store(key, ring)
+  e = ficco_jax.explain("all_gather_matmul", device_kind=H200, **BIG)
+  assert e.chosen == ring and e.source == "autotune cache"
+  assert "measured fastest" in e.reason
+  assert e.chosen_prediction.schedule == ring
+  # Candidates the model prefers are not called losers.
+  faster = [c for c in e.candidates
+            if c.prediction.total < e.chosen_prediction.total]
+  assert faster and all(c.verdict.startswith("predicted no slower")
+                        for c in faster)
+
+
+def test_reduce_scatter_is_explained():
+  e = ficco_jax.explain("matmul_reduce_scatter", x_shape=(8192, 7168),
+                        w_shape=(7168, 8192), dtype="bfloat16", axis_size=4,
+                        device_kind=H200)
+  assert not e.chosen.overlapped
+  assert "OVERLAP_REDUCE_SCATTER" in e.reason
+  assert len(e.candidates) > 1
+
+
+def test_unknown_op_is_rejected():
+  with pytest.raises(ValueError, match="Unknown op"):
+    ficco_jax.explain("all_to_all_matmul", **BIG)
