@@ -27,7 +27,8 @@ def with_comm(schedules, comm):
           for s in schedules if s.overlapped]
 
 
-def run_ag(mesh, x, w, *, axis="x", gather_axis=0, x_spec=None, **kw):
+def run_ag(mesh, x, w, *, axis="x", gather_axis=0, x_spec=None,
+           check_vma=True, **kw):
   x_spec = x_spec or P(*([None] * gather_axis), axis)
   out_spec = list(x_spec) + [None] * (x.ndim - len(x_spec))
   out_spec[gather_axis] = None
@@ -35,12 +36,14 @@ def run_ag(mesh, x, w, *, axis="x", gather_axis=0, x_spec=None, **kw):
   f = jax.jit(jax.shard_map(
       functools.partial(ficco_jax.all_gather_matmul, axis_name=axis,
                         gather_axis=gather_axis, **kw),
-      mesh=mesh, in_specs=(x_spec, P(None, axis)), out_specs=P(*out_spec)))
+      mesh=mesh, in_specs=(x_spec, P(None, axis)), out_specs=P(*out_spec),
+      check_vma=check_vma))
   return f(jax.device_put(x, NamedSharding(mesh, x_spec)),
            jax.device_put(w, NamedSharding(mesh, P(None, axis))))
 
 
-def run_rs(mesh, h, w, *, axis="x", scatter_axis=0, h_spec=None, **kw):
+def run_rs(mesh, h, w, *, axis="x", scatter_axis=0, h_spec=None,
+           check_vma=True, **kw):
   h_spec = h_spec or P(*([None] * (h.ndim - 1)), axis)
   out_spec = list(h_spec) + [None] * (h.ndim - len(h_spec))
   out_spec[-1] = None
@@ -48,7 +51,8 @@ def run_rs(mesh, h, w, *, axis="x", scatter_axis=0, h_spec=None, **kw):
   f = jax.jit(jax.shard_map(
       functools.partial(ficco_jax.matmul_reduce_scatter, axis_name=axis,
                         scatter_axis=scatter_axis, **kw),
-      mesh=mesh, in_specs=(h_spec, P(axis, None)), out_specs=P(*out_spec)))
+      mesh=mesh, in_specs=(h_spec, P(axis, None)), out_specs=P(*out_spec),
+      check_vma=check_vma))
   return f(jax.device_put(h, NamedSharding(mesh, h_spec)),
            jax.device_put(w, NamedSharding(mesh, P(axis, None))))
 
@@ -180,3 +184,32 @@ def test_matmul_reduce_scatter_dma_rank3_8_devices(dataflow):
   out = run_rs(mesh, h, w, scatter_axis=1,
                schedule=Schedule(dataflow=dataflow, num_chunks=3, comm="dma"))
   assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)
+
+
+PALLAS = [Schedule(dataflow=d, num_chunks=c, comm=comm, compute="pallas")
+          for d, c, comm in (("direct", 2, "xla"), ("ring", 3, "xla"),
+                             ("bidirectional", 1, "xla"), ("direct", 3, "dma"),
+                             ("ring", 2, "dma"))]
+
+
+@pytest.mark.parametrize("schedule", PALLAS, ids=_ids(PALLAS))
+def test_pallas_compute(schedule):
+  """Every dataflow with the Pallas chunk kernels (interpret mode on CPU).
+
+  On GPUs the Hopper kernel needs bf16/f16 and tile-sized pieces; on CPUs the
+  interpreter checks the offsets and in-place writes on small odd shapes.
+  The interpreter rejects check_vma=True (a jax limitation), the Hopper
+  kernel does not.
+  """
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(13)
+  if util.on_gpu():
+    dtype, (m, k, n) = jnp.bfloat16, (512, 256, 128)
+  else:
+    dtype, (m, k, n) = np.float32, (6, 10, 7)
+  x, w = util.rand(rng, (4 * m, k), dtype), util.rand(rng, (k, 4 * n), dtype)
+  out = run_ag(mesh, x, w, schedule=schedule, check_vma=util.on_gpu())
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(dtype)
+  h, w2 = util.rand(rng, (4 * m, 4 * n), dtype), util.rand(rng, (4 * n, k), dtype)
+  out = run_rs(mesh, h, w2, schedule=schedule, check_vma=util.on_gpu())
+  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w2)) < util.tol(dtype)

@@ -8,6 +8,7 @@ Shapes follow the public op after the gathered axis is moved first:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -38,14 +39,28 @@ def _dot(a, w, st: Static):
                          preferred_element_type=st.preferred_element_type)
 
 
+def dot_dtype(a, w, st: Static):
+  """The result dtype of ``a @ w`` under ``st`` (what the reference returns)."""
+  return jax.eval_shape(lambda a, b: _dot(a, b, st), a, w).dtype
+
+
+def _pallas_into(out, piece, w, row, st: Static):
+  """The Pallas kernel on the 2-D view: rows first, so ``rest`` folds into rows."""
+  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+  fold = math.prod(piece.shape[1:-1])
+  y = chunk_matmul.chunk_matmul_into(
+      out.reshape(-1, out.shape[-1]), piece.reshape(-1, piece.shape[-1]), w,
+      row * fold, num_sms=st.schedule.num_sms)
+  return y.reshape(out.shape)
+
+
 def _place(out, piece, w, row, st: Static):
   """Writes ``piece @ w`` into rows ``[row, row + len(piece))`` of ``out``."""
   if st.schedule.compute == "pallas":
-    from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
-
-    return chunk_matmul.chunk_matmul_into(
-        out, piece, w, row, num_sms=st.schedule.num_sms,
-        precision=st.precision)
+    # The kernel writes its tile rows straight into `out` (aliased): no
+    # update-slice copy follows it.
+    return _pallas_into(out, piece, w, row, st)
   y = _dot(piece, w, st).astype(out.dtype)
   return lax.dynamic_update_slice_in_dim(out, y, row, axis=0)
 
@@ -53,7 +68,7 @@ def _place(out, piece, w, row, st: Static):
 def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
   """``all_gather(x0, tiled) @ w`` with the schedule in ``st``."""
   p, m = st.axis_size, x0.shape[0]
-  out_dtype = jax.eval_shape(lambda a, b: _dot(a, b, st), x0, w).dtype
+  out_dtype = dot_dtype(x0, w, st)
   if not st.schedule.overlapped or p == 1:
     gathered = lax.all_gather(x0, st.axis_name, axis=0, tiled=True)
     return _dot(gathered, w, st).astype(out_dtype)

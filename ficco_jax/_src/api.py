@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from typing import Any
 
 import jax
@@ -19,7 +18,6 @@ from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
 from ficco_jax._src import vma
 
-log = logging.getLogger("ficco_jax")
 
 DEFAULT_TIMEOUT_S = 60.0
 Static = ag_matmul.Static
@@ -90,16 +88,12 @@ def _static(op, axis_name, axis_size, schedule, precision,
                 timeout_s=float(timeout_s))
 
 
-@functools.lru_cache(maxsize=None)
-def _note_once(message: str) -> None:
-  log.warning(message)
-
-
 def _backward_static(st: Static, op: str) -> Static:
   """The config of the collective matmuls that make up a gradient."""
-  schedule = st.schedule
-  if op == "matmul_reduce_scatter" and schedule.compute == "pallas":
-    schedule = dataclasses.replace(schedule, compute="xla")
+  # Gradients may arrive in float32 (preferred_element_type), which the
+  # Hopper kernels do not take, so the backward matmuls are XLA dots; they
+  # keep the forward schedule's dataflow, chunks and comm engine.
+  schedule = dataclasses.replace(st.schedule, compute="xla", num_sms=None)
   return dataclasses.replace(st, schedule=schedule, op_name=op,
                              preferred_element_type=None)
 
@@ -267,10 +261,6 @@ def matmul_reduce_scatter(
   validation.check_divisible(
       f"h.shape[{axis}] // axis size (the rows each device keeps, h is"
       f" {tuple(h.shape)})", m, schedule.num_chunks, "schedule.num_chunks")
-  if schedule.compute == "pallas":
-    raise NotImplementedError(
-        "matmul_reduce_scatter with compute='pallas' is not built yet; use"
-        " compute='xla'.")
   st = _static(op, axis_name, p, schedule, precision, preferred_element_type,
                timeout_s)
   return _rs(h, w, axis, st)

@@ -16,6 +16,15 @@ from ficco_jax._src import plan as plan_lib
 
 
 def _dot(a, w, st: ag_matmul.Static):
+  """One partial product; ``compute="pallas"`` runs it through ficco's kernel."""
+  if st.schedule.compute == "pallas" and st.schedule.overlapped:
+    from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+    out_dtype = ag_matmul.dot_dtype(a, w, st)
+    y = chunk_matmul.chunk_matmul(a.reshape(-1, a.shape[-1]), w,
+                                  num_sms=st.schedule.num_sms,
+                                  preferred_element_type=out_dtype)
+    return y.reshape(a.shape[:-1] + (w.shape[1],))
   return ag_matmul._dot(a, w, st)  # pylint: disable=protected-access
 
 
@@ -53,7 +62,7 @@ def _acc_dtype(dtype):
 
 
 def _out_dtype(h0, w, st):
-  return jax.eval_shape(lambda a, b: _dot(a, b, st), h0, w).dtype
+  return ag_matmul.dot_dtype(h0, w, st)
 
 
 def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:

@@ -23,12 +23,21 @@ Two formulations:
   offset costs nothing.
 
 ``interpret=None`` picks: interpret mode on CPU, the Hopper kernel on GPU.
+
+Hopper-path constraints (checked, with a ValueError/TypeError naming the
+argument): bf16/f16 operands (f32 operands only in interpret mode); the CTA
+tile must divide the chunk exactly -- mc and n multiples of 64 (128 for most
+tiles), K a multiple of 64 -- because a partial tile would be TMA-stored over
+the next chunk's rows (no masking); ``row_offset`` a multiple of 8. On an
+H200 the kernel matched or beat cuBLAS (XLA's dot) on the llama3/gpt3 chunk
+shapes with mc >= 512 (benchmarks/results/kernel_bench_nvidia_h200.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Literal
 
 import jax
@@ -72,13 +81,15 @@ class ChunkMatmulConfig:
     grid_tile_width: width of the bands of the snake tile order (L2 reuse).
   """
 
-  tile_m: int = 128
-  tile_n: int = 128
+  # Defaults: the 128x256 CTA tile (two 64x256 warpgroup tiles) that was best
+  # or tied on the H200 for the llama3-70b chunks.
+  tile_m: int = 64
+  tile_n: int = 256
   tile_k: int = 64
   max_concurrent_steps: int = 4
   epi_tile_m: int = 64
   epi_tile_n: int = 64
-  wg_dimension: Dim = "n"
+  wg_dimension: Dim = "m"
   grid_minor_dim: Dim = "n"
   grid_tile_width: int = 1
 
@@ -135,45 +146,66 @@ class ChunkMatmulConfig:
       raise ValueError(f"K={k} must be a multiple of {self.tile_k=}.")
 
 
-# Tuned on one H200 (benchmarks/kernel_bench.py), keyed by (mc, K, n); bf16.
-_TUNED: dict[tuple[int, int, int], ChunkMatmulConfig] = {}
+# CTA tile shapes the heuristic weighs, as (tile_m, tile_n, wg_dimension) per
+# warpgroup, with their throughput relative to the 128x256 tile when every SM
+# is busy: smaller tiles re-read more operand bytes per flop. The first four
+# are read off the H200 sweep (benchmarks/kernel_bench.py); the 64-row ones
+# are guesses that only matter for chunks no larger tile divides.
+_CANDIDATES = (
+    (64, 256, "m", 1.0),    # CTA 128x256
+    (128, 128, "m", 0.97),  # CTA 256x128
+    (64, 192, "m", 0.95),   # CTA 128x192
+    (64, 128, "m", 0.87),   # CTA 128x128
+    (64, 64, "m", 0.6),     # CTA 128x64
+    (64, 128, "n", 0.6),    # CTA 64x256
+    (64, 64, "n", 0.45),    # CTA 64x128
+)
 
 
 def default_config(mc: int, k: int, n: int, in_dtype=jnp.bfloat16,
-                   out_dtype=jnp.bfloat16) -> ChunkMatmulConfig:
-  """The config used when none is given.
+                   out_dtype=jnp.bfloat16,
+                   num_sms: int = 132) -> ChunkMatmulConfig:
+  """The config used when none is given (``config=None``).
 
-  Order: the tuned table (exact ``(mc, K, n)`` match) → the first candidate of
-  a fixed preference list whose tiles divide the shape and whose shared
-  memory fits. Raises ValueError if no candidate divides the shape (mc or n
-  not a multiple of 64, K not a multiple of 64 for 2-byte dtypes).
+  Order: an explicit ``config`` argument wins (in ``chunk_matmul_into``);
+  otherwise this heuristic. Among the CTA tiles of ``_CANDIDATES`` whose tiles
+  divide the shape, it picks the one with the least estimated time
+  ``ceil(tiles / num_sms) * tile_area / relative_throughput``: the kernel runs
+  in whole waves of ``num_sms`` tiles, so a tile that leaves most of the last
+  wave empty (e.g. 192 tiles of 128x256 on 132 SMs) loses to a smaller one
+  that fills the waves. Then the most pipeline stages (<= 4) that fit in
+  shared memory.
+
+  Raises:
+    ValueError: if no candidate divides the shape (mc not a multiple of 64
+      (128 for most tiles), n not a multiple of 64 / 128, K not a multiple
+      of 64 for 2-byte dtypes).
   """
-  if (cfg := _TUNED.get((mc, k, n))) is not None:
-    try:
-      cfg.check_shapes(mc, n, k)
-      return cfg
-    except ValueError:
-      pass
   tile_k = 128 // jnp.dtype(in_dtype).itemsize  # 128-byte swizzle rows.
   k_iters = max(1, k // tile_k)
-  # Large CTA tiles first: 128x256 keeps the wgmma busy and halves re-reads;
-  # then smaller ones for small or oddly sized chunks.
-  for tm, tn, wg in ((128, 128, "n"), (128, 128, "m"), (64, 128, "m"),
-                     (64, 128, "n"), (64, 64, "m"), (64, 64, "n")):
+  best, best_cost = None, math.inf
+  for tm, tn, wg, rel in _CANDIDATES:
     for steps in (4, 3, 2):
       cfg = ChunkMatmulConfig(
           tile_m=tm, tile_n=tn, tile_k=tile_k,
           max_concurrent_steps=min(steps, k_iters), epi_tile_m=64,
-          epi_tile_n=min(64, tn), wg_dimension=wg, grid_minor_dim="n",
+          epi_tile_n=64, wg_dimension=wg, grid_minor_dim="n",
           grid_tile_width=1)
       if (mc % cfg.cta_tile_m or n % cfg.cta_tile_n or k % cfg.tile_k
           or cfg.smem_bytes(in_dtype, out_dtype) > _SMEM_BUDGET):
         continue
-      return cfg
-  raise ValueError(
-      f"No Hopper tile config divides mc={mc}, n={n}, K={k}: the kernel needs"
-      f" mc and n multiples of 64 and K a multiple of {tile_k} (it does not"
-      " mask partial tiles). Use compute='xla' for this shape.")
+      tiles = (mc // cfg.cta_tile_m) * (n // cfg.cta_tile_n)
+      cost = (math.ceil(tiles / num_sms) * cfg.cta_tile_m * cfg.cta_tile_n
+              / rel)
+      if cost < best_cost:
+        best, best_cost = cfg, cost
+      break  # Most stages that fit.
+  if best is None:
+    raise ValueError(
+        f"No Hopper tile config divides mc={mc}, n={n}, K={k}: the kernel"
+        f" needs mc and n multiples of 64 and K a multiple of {tile_k} (it"
+        " does not mask partial tiles). Use compute='xla' for this shape.")
+  return best
 
 
 # ----------------------------------------------------------------------------
@@ -244,6 +276,21 @@ def _offset_operand(row_offset) -> jax.Array:
 # Portable formulation (interpret mode on CPU).
 
 
+def _out_type_like(out) -> jax.ShapeDtypeStruct:
+  # Inside shard_map with check_vma the result varies over the mesh axes that
+  # out varies over (jax >= 0.10: manual_axis_type; older: vma). Note that
+  # jax 0.10.2's Pallas interpreter rejects even trivial kernels under
+  # check_vma=True ("requires varying manual axes to match"), so interpret
+  # mode inside shard_map needs check_vma=False; the Hopper kernel does not.
+  aval = jax.typeof(out)
+  if getattr(aval, "manual_axis_type", None) is not None:
+    return jax.ShapeDtypeStruct(out.shape, out.dtype,
+                                manual_axis_type=aval.manual_axis_type)
+  if getattr(aval, "vma", None):
+    return jax.ShapeDtypeStruct(out.shape, out.dtype, vma=aval.vma)
+  return jax.ShapeDtypeStruct(out.shape, out.dtype)
+
+
 def _largest_divisor_at_most(v: int, cap: int) -> int:
   for d in range(min(v, cap), 0, -1):
     if v % d == 0:
@@ -276,7 +323,7 @@ def _portable_into(out, x, w, off, *, interpret):
   block_n = _largest_divisor_at_most(n, 256)
   return pl.pallas_call(
       functools.partial(_kernel, block_m=block_m, block_n=block_n),
-      out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
+      out_shape=_out_type_like(out),
       grid=(mc // block_m, n // block_n),
       in_specs=[
           pl.BlockSpec(memory_space=pl.ANY),
@@ -302,7 +349,7 @@ def _device_num_sms() -> int:
       return abstract_device.num_cores
   except AttributeError:
     pass
-  return jax.devices()[0].core_count
+  return getattr(jax.devices()[0], "core_count", None) or 1
 
 
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters):
@@ -420,7 +467,10 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters):
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None):
+def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
+               mosaic_interpret=None):
+  # mosaic_interpret: tests only; jax's Mosaic GPU interpreter params, which
+  # run this very kernel on CPU (simulated threads, TMA and wgmma).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
   mc, k = x.shape
@@ -429,8 +479,10 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None):
     raise TypeError(
         f"x.dtype={x.dtype}: the Hopper kernel takes bfloat16 or float16"
         " operands (wgmma from shared memory); use compute='xla' for float32.")
+  device_sms = _device_num_sms()
+  sms = min(num_sms, device_sms) if num_sms is not None else device_sms
   if config is None:
-    config = default_config(mc, k, n, x.dtype, out.dtype)
+    config = default_config(mc, k, n, x.dtype, out.dtype, num_sms=sms)
   elif not isinstance(config, ChunkMatmulConfig):
     raise TypeError(f"config must be a ChunkMatmulConfig, got {type(config)}.")
   config.check_shapes(mc, n, k)
@@ -439,8 +491,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None):
         f"row_offset={off_static} must be a multiple of 8 on the Hopper path"
         " (TMA stores of 8-row tiled shared memory).")
   num_tiles = (mc // config.cta_tile_m) * (n // config.cta_tile_n)
-  device_sms = _device_num_sms()
-  grid = min(num_sms if num_sms is not None else device_sms, device_sms, num_tiles)
+  grid = min(sms, num_tiles)
 
   kernel = pl.kernel(
       functools.partial(_mgpu_kernel, config=config, k_iters=k // config.tile_k),
@@ -450,6 +501,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None):
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       name="ficco_chunk_matmul_into",
+      interpret=mosaic_interpret or False,
   )
   # A Ref operand is aliased in and out of the kernel (input_output_aliases
   # after discharge): the kernel writes the chunk's rows of out in place.
@@ -491,14 +543,20 @@ def chunk_matmul_into(
       ``0 <= row_offset <= M - mc``) or an int32 scalar that may be traced
       (e.g. from ``lax.axis_index``; not checked: an out-of-range traced
       offset gives unspecified results). The Hopper kernel needs it to be a
-      multiple of 8 (checked when static).
+      multiple of 8: checked when static; a traced offset that is not left
+      rows unwritten on an H200 (the kernel tells the compiler the offset is
+      8-aligned). Chunk offsets ``c * mc`` with the kernel's ``mc`` (a
+      multiple of 64) always are.
     num_sms: Hopper kernel only: the most CTAs (one per SM) the persistent
-      kernel launches; each loops over output tiles. None: all SMs.
+      kernel launches; each loops over output tiles. None: all SMs. Time
+      goes in whole waves of ``ceil(tiles / num_sms)`` tiles, so a value just
+      under the tile count can double the time (e.g. 128 tiles on 112 SMs).
     preferred_element_type: None or ``out.dtype`` (accumulation is always
       f32; the result is rounded to ``out.dtype``).
     interpret: True runs the portable kernel in interpret mode; False compiles
       the Hopper kernel; None: interpret on CPU, compile on GPU.
-    config: Hopper tile config; None: ``default_config(mc, K, n)``.
+    config: Hopper tile config; None: ``default_config(mc, K, n, ...,
+      num_sms=num_sms or all SMs)``.
 
   Returns:
     ``[M, n]`` array of ``out.dtype``: ``out`` with the chunk's rows replaced.

@@ -1,0 +1,279 @@
+"""Tests of the Pallas chunk matmul, on CPU.
+
+The portable kernel runs in Pallas interpret mode; the Hopper kernel itself
+runs under jax's Mosaic GPU interpreter where this jax has one. They check the
+chunk/offset logic: the product lands in rows [row_offset, row_offset + mc) of
+out, every other row keeps its (poisoned) value, and a traced offset under jit
+and shard_map works. Single device only.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import pytest
+
+from ficco_jax._src.pallas import chunk_matmul as cm
+
+POISON = -12345.0  # Exactly representable in bf16, f16 and f32.
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2, jnp.float16: 2e-3}
+
+
+def _inputs(seed, m, mc, k, n, dtype, out_dtype=None):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((mc, k)), dtype)
+  w = jnp.asarray(rng.standard_normal((k, n)), dtype)
+  out = jnp.full((m, n), POISON, out_dtype or dtype)
+  return out, x, w
+
+
+def _check(result, out, x, w, off, tol):
+  result = np.asarray(result, np.float64)
+  mc = x.shape[0]
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  got = result[off:off + mc]
+  rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+  assert rel < tol, f"relative error {rel} >= {tol}"
+  # Untouched rows keep exactly their poisoned value.
+  np.testing.assert_array_equal(result[:off], np.asarray(out, np.float64)[:off])
+  np.testing.assert_array_equal(result[off + mc:],
+                                np.asarray(out, np.float64)[off + mc:])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize(
+    "m,mc,k,n,off",
+    [
+        (30, 6, 40, 24, 18),   # odd sizes, offset not a multiple of mc
+        (30, 6, 40, 24, 0),    # first rows
+        (30, 6, 40, 24, 24),   # last rows
+        (17, 17, 9, 5, 0),     # whole output, prime sizes
+        (64, 16, 8, 300, 37),  # n > one column block (two blocks of 150)
+        (300, 130, 16, 8, 150),  # mc > one row block (two blocks of 65)
+    ],
+)
+def test_into_static_offset(dtype, m, mc, k, n, off):
+  out, x, w = _inputs(0, m, mc, k, n, dtype)
+  result = cm.chunk_matmul_into(out, x, w, off, interpret=True)
+  assert result.shape == out.shape and result.dtype == out.dtype
+  _check(result, out, x, w, off, TOL[dtype])
+
+
+def test_interpret_none_is_interpret_on_cpu():
+  out, x, w = _inputs(1, 30, 6, 40, 24, jnp.float32)
+  _check(cm.chunk_matmul_into(out, x, w, 18), out, x, w, 18, TOL[jnp.float32])
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_out_dtype_differs_from_inputs(out_dtype):
+  out, x, w = _inputs(2, 30, 6, 40, 24, jnp.bfloat16, out_dtype)
+  result = cm.chunk_matmul_into(out, x, w, 12, interpret=True,
+                                preferred_element_type=out_dtype)
+  assert result.dtype == out_dtype
+  _check(result, out, x, w, 12, TOL[jnp.bfloat16])
+
+
+def test_traced_offset_under_jit():
+  m, mc, k, n = 30, 6, 40, 24
+  out, x, w = _inputs(3, m, mc, k, n, jnp.float32)
+
+  @jax.jit
+  def f(out, x, w, chunk):
+    return cm.chunk_matmul_into(out, x, w, chunk * mc, interpret=True)
+
+  for chunk in (0, 3, 4):
+    result = f(out, x, w, jnp.int32(chunk))
+    _check(result, out, x, w, chunk * mc, TOL[jnp.float32])
+
+
+def test_chunks_fill_output_in_a_loop():
+  # The way the dataflows use it: each chunk written in place into one buffer.
+  m, mc, k, n = 24, 6, 16, 8
+  rng = np.random.default_rng(4)
+  xs = jnp.asarray(rng.standard_normal((m // mc, mc, k)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+
+  @jax.jit
+  def f(xs, w):
+    def body(c, out):
+      return cm.chunk_matmul_into(out, xs[c], w, c * mc, interpret=True)
+    return jax.lax.fori_loop(0, m // mc, body,
+                             jnp.full((m, n), jnp.nan, jnp.float32))
+
+  ref = np.asarray(xs, np.float64).reshape(m, k) @ np.asarray(w, np.float64)
+  np.testing.assert_allclose(np.asarray(f(xs, w)), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_chunk_matmul_and_reference():
+  _, x, w = _inputs(5, 6, 6, 40, 24, jnp.float32)
+  y = cm.chunk_matmul(x, w, interpret=True)
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  assert y.shape == (6, 24) and y.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-4)
+  out = jnp.zeros((30, 24), jnp.float32)
+  r = cm._reference(out, x, w, 18)
+  np.testing.assert_allclose(np.asarray(r)[18:24], ref, rtol=1e-5, atol=1e-4)
+  assert not np.asarray(r)[:18].any() and not np.asarray(r)[24:].any()
+
+
+def test_lowers_with_aliasing():
+  # The kernel's result is out itself: one aliased operand, no extra
+  # dynamic_update_slice around the kernel.
+  out, x, w = _inputs(6, 30, 6, 40, 24, jnp.float32)
+  f = jax.jit(lambda o, x, w: cm.chunk_matmul_into(o, x, w, 18, interpret=True),
+              donate_argnums=0)
+  compiled = f.lower(out, x, w).compile()
+  assert compiled is not None  # Aliasing and donation lower and compile.
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    "shapes,off,exc,match",
+    [
+        (((30, 24), (6, 40), (41, 24)), 0, ValueError, "contracting"),
+        (((30, 25), (6, 40), (40, 24)), 0, ValueError, "columns"),
+        (((30, 24), (6, 40), (40, 24)), 25, ValueError, r"row_offset=25"),
+        (((30, 24), (6, 40), (40, 24)), -1, ValueError, r"row_offset=-1"),
+        (((4, 24), (6, 40), (40, 24)), 0, ValueError, "more than out"),
+        (((30, 24, 1), (6, 40), (40, 24)), 0, ValueError, "out must be 2-D"),
+    ],
+)
+def test_shape_errors(shapes, off, exc, match):
+  out, x, w = (jnp.zeros(s, jnp.float32) for s in shapes)
+  with pytest.raises(exc, match=match):
+    cm.chunk_matmul_into(out, x, w, off, interpret=True)
+
+
+def test_dtype_errors():
+  out = jnp.zeros((30, 24), jnp.float32)
+  x = jnp.zeros((6, 40), jnp.bfloat16)
+  w = jnp.zeros((40, 24), jnp.float32)
+  with pytest.raises(TypeError, match="must match"):
+    cm.chunk_matmul_into(out, x, w, 0, interpret=True)
+  with pytest.raises(TypeError, match="x.dtype=int32"):
+    cm.chunk_matmul_into(out, x.astype(jnp.int32), w.astype(jnp.int32), 0,
+                         interpret=True)
+  x = x.astype(jnp.float32)
+  with pytest.raises(TypeError, match="preferred_element_type"):
+    cm.chunk_matmul_into(out, x, w, 0, interpret=True,
+                         preferred_element_type=jnp.bfloat16)
+  with pytest.raises(TypeError, match="row_offset"):
+    cm.chunk_matmul_into(out, x, w, jnp.float32(0), interpret=True)
+  with pytest.raises(TypeError, match="row_offset"):
+    cm.chunk_matmul_into(out, x, w, jnp.zeros((2,), jnp.int32),
+                         interpret=True)
+  with pytest.raises(ValueError, match="num_sms"):
+    cm.chunk_matmul_into(out, x, w, 0, interpret=True, num_sms=0)
+
+
+def test_compiled_on_cpu_is_an_error():
+  if jax.default_backend() != "cpu":
+    pytest.skip("CPU-only check")
+  out, x, w = _inputs(7, 30, 6, 40, 24, jnp.float32)
+  with pytest.raises(ValueError, match="needs a GPU"):
+    cm.chunk_matmul_into(out, x, w, 0, interpret=False)
+
+
+# ------------------------------------------------------------------ config
+
+
+def test_config_is_frozen_hashable_and_validated():
+  cfg = cm.ChunkMatmulConfig()
+  assert hash(cfg) == hash(cm.ChunkMatmulConfig())
+  assert (cfg.cta_tile_m, cfg.cta_tile_n) == (128, 256)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.tile_m = 64  # type: ignore[misc]
+  with pytest.raises(TypeError):
+    cm.ChunkMatmulConfig(128)  # type: ignore[misc]  # keyword-only
+  with pytest.raises(ValueError, match="tile_m"):
+    cm.ChunkMatmulConfig(tile_m=96)
+  with pytest.raises(ValueError, match="epi_tile_n"):
+    cm.ChunkMatmulConfig(tile_n=128, epi_tile_n=48)
+  with pytest.raises(ValueError, match="tile_n"):
+    cm.ChunkMatmulConfig(tile_n=96)
+  with pytest.raises(ValueError, match="wg_dimension"):
+    cm.ChunkMatmulConfig(wg_dimension="k")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mc,k,n", [(512, 8192, 7168), (4096, 7168, 8192),
+                                    (128, 64, 64), (192, 128, 384)])
+def test_default_config_divides_and_fits(mc, k, n):
+  cfg = cm.default_config(mc, k, n)
+  cfg.check_shapes(mc, n, k)
+  assert cfg.smem_bytes(jnp.bfloat16, jnp.bfloat16) <= cm._SMEM_BUDGET
+
+
+def test_default_config_rejects_unaligned_shapes():
+  with pytest.raises(ValueError, match="mc=6"):
+    cm.default_config(6, 40, 24)
+  with pytest.raises(ValueError, match="mc=64"):
+    cm.default_config(64, 64, 64)
+  with pytest.raises(ValueError, match="mc=576"):
+    cm.ChunkMatmulConfig(tile_m=128, wg_dimension="m").check_shapes(512 + 64, 256, 64)
+
+
+# ------------------------------------------------- Hopper kernel, on CPU
+
+
+def _mosaic_gpu_interpret_params(monkeypatch):
+  """jax's Mosaic GPU interpreter (CPU), or skip where this jax lacks it."""
+  try:
+    # pylint: disable=g-import-not-at-top
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+  except ImportError:
+    pytest.skip("this jax has no Mosaic GPU interpret mode")
+  # The interpreter (jax 0.10.2) gives the aliased Ref operand no memory
+  # space; it is in GMEM like every other kernel operand.
+  is_gmem = gpu_callbacks.is_gmem_memory_space
+  monkeypatch.setattr(gpu_callbacks, "is_gmem_memory_space",
+                      lambda space: space is None or is_gmem(space))
+  return InterpretGPUParams()
+
+
+@pytest.mark.parametrize(
+    "tile_m,tile_n,wg,num_sms",
+    [(64, 256, "m", 3),   # the default 128x256 CTA tile; 4 tiles on 3 CTAs
+     (64, 192, "m", 2),   # 128x192 (the wave-filling tile for n % 256 != 0)
+     (128, 128, "n", 4)],  # warpgroups split along n
+)
+def test_hopper_kernel_in_mosaic_gpu_interpreter(monkeypatch, tile_m, tile_n,
+                                                 wg, num_sms):
+  # Runs the Hopper kernel itself (warp-specialized TMA/wgmma pipeline,
+  # persistent loop over tiles, TMA stores at a run-time row offset) under
+  # jax's Mosaic GPU interpreter on CPU.
+  params = _mosaic_gpu_interpret_params(monkeypatch)
+  cfg = cm.ChunkMatmulConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg,
+                             max_concurrent_steps=2)
+  mc, k, n = 2 * cfg.cta_tile_m, 128, 2 * cfg.cta_tile_n
+  out, x, w = _inputs(8, 3 * mc, mc, k, n, jnp.bfloat16)
+  out = out.at[:].set(jnp.nan)
+  result = cm._mgpu_into(out, x, w, cm._offset_operand(mc), num_sms=num_sms,
+                         config=cfg, mosaic_interpret=params)
+  result = np.asarray(result, np.float64)
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  rel = np.linalg.norm(result[mc:2 * mc] - ref) / np.linalg.norm(ref)
+  assert rel < 1e-2
+  assert np.isnan(result[:mc]).all() and np.isnan(result[2 * mc:]).all()
+
+
+def test_inside_shard_map_with_axis_index_offset():
+  # The dataflows' use: the offset comes from lax.axis_index inside
+  # shard_map. One device, so this does not depend on the device count.
+  # check_vma=False: jax 0.10.2's Pallas interpreter rejects any kernel under
+  # check_vma=True (the compiled Hopper kernel lowers either way).
+  mesh = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
+  m, mc, k, n = 30, 6, 40, 24
+  out, x, w = _inputs(9, m, mc, k, n, jnp.float32)
+
+  def body(out, x, w):
+    off = (jax.lax.axis_index("x") + 3) * mc
+    return cm.chunk_matmul_into(out, x, w, off, interpret=True)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()),
+                            out_specs=P(), check_vma=False))
+  _check(f(out, x, w), out, x, w, 18, TOL[jnp.float32])
