@@ -57,8 +57,12 @@ def library_path() -> pathlib.Path:
 
 
 def cuda_compiled() -> bool:
-  """Whether the CUDA handlers were compiled into the library."""
-  return bool(_library().FiccoCudaCompiled())
+  """Whether the CUDA handlers were compiled into the library (False when
+  the library itself is missing)."""
+  try:
+    return bool(_library().FiccoCudaCompiled())
+  except ImportError:
+    return False
 
 
 def _has_cuda_backend() -> bool:
@@ -75,7 +79,7 @@ def ensure_registered() -> None:
   with _lock:
     if _registered:
       return
-    lib = _library()
+    lib = _library()  # Raises ImportError with the fix if it is missing.
     platforms = [("cpu", "Cpu")]
     if cuda_compiled() and _has_cuda_backend():
       platforms.append(("CUDA", "Cuda"))

@@ -81,6 +81,12 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
   if first.shape[0] != plan.shard_rows:
     raise ValueError(
         f"sources[0] has {first.shape[0]} rows but {plan.shard_rows=}.")
+  if plan.axis_size == 1 or not plan.transfers:
+    # Nothing moves, and without a landing buffer nothing would order done
+    # after start: the caller skips the peer copy altogether.
+    raise ValueError(
+        f"{plan.axis_size=}: a plan with no transfers needs no peer copy;"
+        " skip start/wait/done.")
   axis_size = jax.lax.axis_size(axis_name)
   if plan.axis_size != axis_size:
     raise ValueError(

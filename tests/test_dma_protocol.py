@@ -1,0 +1,300 @@
+"""The peer-copy protocol (xla_ffi/PROTOCOL.md) end to end on its CPU twin.
+
+Gathers shards with start/wait/done inside jit(shard_map) on 8 virtual CPU
+devices and compares with lax.all_gather, bit for bit; checks that repeated
+calls reuse every event and free every invocation, and that a peer that never
+arrives fails the op within its timeout without breaking later calls. Where
+there are >= 4 GPUs and the CUDA handlers are compiled in, the same tests run
+on them too.
+"""
+
+import os
+import sys
+
+if "jax" not in sys.modules:  # Standalone runs; conftest.py does the same.
+  _flag = "--xla_force_host_platform_device_count=8"
+  if _flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
+                               _flag).strip()
+
+import time  # pylint: disable=g-import-not-at-top
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ficco_jax._src import plan as plan_lib
+from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src.dma import library
+from ficco_jax._src.dma import peer_copy
+
+TIMEOUT_S = 30.0
+SHARD_ROWS = 6  # divisible by 1 and 3 chunks, not a power of two
+
+
+def _devices(platform):
+  if platform == "cpu":
+    return jax.devices("cpu")
+  if not library.cuda_compiled():
+    pytest.skip("CUDA handlers not compiled in")
+  try:
+    return jax.devices("cuda")
+  except RuntimeError:
+    pytest.skip("no CUDA backend")
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def platform(request):
+  return request.param
+
+
+def _mesh(platform, layout):
+  """``layout``: "4" (1-D), "2x4" (gathered axis minor), "4x2" (major)."""
+  shape, names = {"4": ((4,), ("x",)), "2x4": ((2, 4), ("y", "x")),
+                  "4x2": ((4, 2), ("x", "y"))}[layout]
+  devices = _devices(platform)
+  need = int(np.prod(shape))
+  if len(devices) < need:
+    pytest.skip(f"needs {need} {platform} devices, has {len(devices)}")
+  return Mesh(np.asarray(devices[:need]).reshape(shape), names)
+
+
+def _plan(dataflow, num_chunks, axis_size=4, shard_rows=SHARD_ROWS):
+  schedule = schedule_lib.Schedule(dataflow=dataflow, num_chunks=num_chunks,
+                                   comm="dma")
+  return plan_lib.gather_plan(schedule, axis_size=axis_size,
+                              shard_rows=shard_rows)
+
+
+def _gather(x, plan, *, op_name="test_gather", timeout_s=TIMEOUT_S):
+  """all_gather(x, "x", tiled=True) through the protocol, used as the library
+  uses it: barriers order the waits, done keeps the peers' reads alive."""
+  landings = peer_copy.start([x], plan, axis_name="x", op_name=op_name,
+                             timeout_s=timeout_s)
+  x_ordered, landings = lax.optimization_barrier((x, list(landings)))
+  pieces = {0: [(0, x_ordered)]}  # owner offset -> [(owner row, rows)]
+  waited = []
+  for b, landing in enumerate(landings):
+    buf = peer_copy.wait(landing, op_name=op_name, timeout_s=timeout_s)
+    waited.append(buf)
+    for blk in plan.blocks_of(b):
+      pieces.setdefault(blk.owner_offset, []).append(
+          (blk.owner_row, buf[blk.landing_row:blk.landing_row + blk.rows]))
+  by_offset = jnp.stack([
+      jnp.concatenate([rows for _, rows in sorted(pieces[o],
+                                                  key=lambda t: t[0])])
+      for o in range(plan.axis_size)])
+  # Shard k of the result is owned by rank k, at offset (k - r) % P.
+  r = lax.axis_index("x")
+  order = (jnp.arange(plan.axis_size) - r) % plan.axis_size
+  gathered = by_offset[order].reshape((-1,) + x.shape[1:])
+  keepalive = [x] + [waited[b] for b in plan.forwarded_landings]
+  return peer_copy.done(gathered, keepalive, op_name=op_name,
+                        timeout_s=timeout_s)
+
+
+def _spec(mesh):
+  return P(tuple(mesh.axis_names)) if len(mesh.axis_names) > 1 else P("x")
+
+
+def _input(mesh, row_shape, scale=1):
+  rows = SHARD_ROWS * mesh.devices.size
+  x = scale * np.arange(rows * int(np.prod(row_shape)), dtype=np.float32)
+  x = x.reshape((rows,) + tuple(row_shape))
+  return jax.device_put(x, NamedSharding(mesh, _spec(mesh)))
+
+
+def _shard_map(mesh, body, num_outputs):
+  spec = _spec(mesh)
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec,
+                               out_specs=(spec,) * num_outputs))
+
+
+def _reference(x):
+  return lax.all_gather(x, "x", tiled=True)
+
+
+def _assert_gathered(out, x):
+  """On the 1-D mesh, out_specs=P("x") stacks every device's gathered copy."""
+  x = np.asarray(x)
+  np.testing.assert_array_equal(np.asarray(out), np.concatenate([x] * 4))
+
+
+def _assert_idle(platform):
+  # Peers' done calls may still be returning on their threads.
+  deadline = time.monotonic() + 5
+  while library.live_invocations(platform) and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert library.live_invocations(platform) == 0
+  assert library.pending_entries(platform) == 0
+
+
+@pytest.mark.parametrize("layout", ["4", "2x4", "4x2"])
+@pytest.mark.parametrize("dataflow", ["direct", "ring", "bidirectional"])
+@pytest.mark.parametrize("num_chunks", [1, 3])
+@pytest.mark.parametrize("row_shape", [(5,), (2, 3)])
+def test_gather_matches_all_gather(platform, layout, dataflow, num_chunks,
+                                   row_shape):
+  if layout == "4x2" and row_shape != (5,):
+    pytest.skip("one row shape is enough for the axis-major layout")
+  mesh = _mesh(platform, layout)
+  plan = _plan(dataflow, num_chunks)
+  f = _shard_map(mesh, lambda x: (_gather(x, plan), _reference(x)), 2)
+  out, ref = f(_input(mesh, row_shape))
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+  _assert_idle(platform)
+
+
+def test_compiled_program_aliases_and_keeps_ops(platform):
+  mesh = _mesh(platform, "4")
+  plan = _plan("ring", 3)
+  f = _shard_map(mesh, lambda x: (_gather(x, plan),), 1)
+  hlo = f.lower(_input(mesh, (5,))).compile().as_text()
+  assert hlo.count('custom_call_target="ficco_peer_copy_start"') == 1
+  assert hlo.count('custom_call_target="ficco_peer_copy_wait"') == len(
+      plan.landing_rows)
+  assert hlo.count('custom_call_target="ficco_peer_copy_done"') == 1
+  assert "output_to_operand_aliasing" in hlo
+
+
+def test_scan_runs_one_site_five_times(platform):
+  mesh = _mesh(platform, "4")
+  plan = _plan("ring", 3)
+
+  def body(x):
+    def step(carry, i):
+      y = x + i.astype(x.dtype)
+      return carry, (_gather(y, plan), _reference(y))
+    _, (outs, refs) = lax.scan(step, 0, jnp.arange(5))
+    return outs, refs
+
+  outs, refs = _shard_map(mesh, body, 2)(_input(mesh, (5,)))
+  assert outs.shape[0] == 5 * 4
+  np.testing.assert_array_equal(np.asarray(outs), np.asarray(refs))
+  _assert_idle(platform)
+
+
+def test_two_call_sites_in_one_program(platform):
+  mesh = _mesh(platform, "2x4")
+  direct, ring = _plan("direct", 3), _plan("ring", 1)
+
+  def body(x):
+    # The same operand gathered twice: both invocations have one sources[0],
+    # done must still pair each with its own start.
+    a = _gather(x, direct, op_name="first")
+    b = _gather(x, ring, op_name="second")
+    c = _gather(2 * x, direct, op_name="third")
+    ref = _reference(x)
+    return a, b, c, ref
+
+  a, b, c, ref = _shard_map(mesh, body, 4)(_input(mesh, (2, 3)))
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(ref))
+  np.testing.assert_array_equal(np.asarray(b), np.asarray(ref))
+  np.testing.assert_array_equal(np.asarray(c), 2 * np.asarray(ref))
+  _assert_idle(platform)
+
+
+def test_two_jitted_functions_alternating(platform):
+  mesh = _mesh(platform, "4")
+  f = _shard_map(mesh, lambda x: (_gather(x, _plan("direct", 3)),), 1)
+  g = _shard_map(mesh, lambda x: (_gather(x, _plan("bidirectional", 1)),), 1)
+  xs = [_input(mesh, (5,), scale=i + 1) for i in range(4)]
+  # Dispatched back to back without blocking, so executions may overlap.
+  outs = [(fn(x)[0], x) for x in xs for fn in (f, g)]
+  for out, x in outs:
+    _assert_gathered(out, x)
+  _assert_idle(platform)
+
+
+def test_1000_calls_allocate_nothing_new(platform):
+  mesh = _mesh(platform, "4")
+  plan = _plan("ring", 3)
+  f = _shard_map(mesh, lambda x: (_gather(x, plan),), 1)
+  x = _input(mesh, (5,))
+  ordinals = [d.local_hardware_id for d in mesh.devices.flat]
+  for _ in range(3):  # Warm up: fill the event pools.
+    f(x)[0].block_until_ready()
+  _assert_idle(platform)
+  created = [library.event_counts(o, platform)[0] for o in ordinals]
+  for i in range(1000):
+    out = f(x)[0]
+    if i % 100 == 99:
+      out.block_until_ready()  # Bounds the executions in flight.
+  _assert_gathered(out, x)
+  _assert_idle(platform)
+  for o, before in zip(ordinals, created):
+    now, pooled = library.event_counts(o, platform)
+    assert now == before, f"device {o} created {now - before} more events"
+    assert pooled == now, f"device {o}: {now - pooled} events not returned"
+
+
+def test_peer_that_never_arrives_times_out_then_recovers(platform):
+  mesh = _mesh(platform, "4")
+  plan = _plan("direct", 1)
+  timeout_s = 1.0
+  f = _shard_map(
+      mesh,
+      lambda x: (_gather(x, plan, op_name="stalled_op", timeout_s=timeout_s),),
+      1)
+  x = _input(mesh, (5,))
+  f(x)[0].block_until_ready()  # Compiled and warm: time only the stall.
+  missing = mesh.devices.flat[2].local_hardware_id
+  library.set_never_arrive(missing)
+  try:
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as info:
+      f(x)[0].block_until_ready()
+    elapsed = time.monotonic() - t0
+  finally:
+    library.clear_never_arrive()
+  message = str(info.value)
+  assert "stalled_op" in message
+  assert f"device {missing}" in message
+  assert elapsed < timeout_s + 10, elapsed
+  # The timed-out ranks abandoned their invocation: nothing stale is left to
+  # match, and the next execution works.
+  _assert_idle(platform)
+  _assert_gathered(f(x)[0], x)
+  _assert_idle(platform)
+
+
+def test_timeout_message_names_missing_rank(platform):
+  mesh = _mesh(platform, "4")
+  plan = _plan("ring", 1)
+  f = _shard_map(
+      mesh, lambda x: (_gather(x, plan, op_name="ring_op", timeout_s=0.5),), 1)
+  x = _input(mesh, (5,))
+  missing = mesh.devices.flat[1].local_hardware_id
+  library.set_never_arrive(missing)
+  try:
+    with pytest.raises(Exception) as info:
+      f(x)[0].block_until_ready()
+  finally:
+    library.clear_never_arrive()
+  # jax reports one device's error: the hooked device's own, or a peer's
+  # timeout, which names the missing rank.
+  message = str(info.value)
+  assert "ring_op" in message
+  assert (f"rank 1 (device {missing})" in message or
+          f"device {missing}: test hook" in message), message
+  _assert_idle(platform)
+
+
+def test_start_validates_its_operands():
+  mesh = _mesh("cpu", "4")
+  plan = _plan("direct", 1)
+
+  def mismatched(x):
+    return tuple(peer_copy.start([x, x.astype(jnp.int32)], plan,
+                                 axis_name="x", op_name="t", timeout_s=1))
+
+  with pytest.raises(ValueError, match="share dtype"):
+    _shard_map(mesh, mismatched, 1).lower(_input(mesh, (5,)))
+
+  wrong_size = _plan("direct", 1, axis_size=2)
+  with pytest.raises(ValueError, match="axis_size"):
+    _shard_map(mesh, lambda x: (_gather(x, wrong_size),), 1).lower(
+        _input(mesh, (5,)))

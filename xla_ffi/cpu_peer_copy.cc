@@ -1,0 +1,449 @@
+// CPU twin of the peer-copy protocol: copy queues are persistent worker
+// threads, one per (device, stream index); events are flags with condition
+// variables and callbacks; copies are memcpy between the virtual CPU
+// devices' buffers.
+//
+// It is asynchronous like the GPU: start returns once the copies are queued
+// (by the last rank to arrive). wait and done are asynchronous FFI handlers:
+// XLA:CPU runs handlers on a small shared thread pool, where a handler that
+// blocked for a peer could starve that peer's own start. They return a
+// future, completed when the awaited events are set, on a per-device
+// completion thread (XLA continues the execution on it), or with an error
+// when a watchdog finds the deadline passed.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "event_pool.h"
+#include "ficco_ffi.h"
+#include "peer_copy_plan.h"
+#include "peer_copy_protocol.h"
+#include "peer_copy_registry.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+namespace {
+
+class CpuEvent {
+ public:
+  enum State { kPending, kOk, kFailed };
+  using Callback = std::function<void(State)>;
+
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = kPending;
+    callbacks_.clear();
+  }
+  void Set(State s) {
+    std::vector<Callback> callbacks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      state_ = s;
+      callbacks.swap(callbacks_);
+    }
+    cv_.notify_all();
+    for (auto& callback : callbacks) callback(s);
+  }
+  // Calls `callback` once the event is set (now, if it is).
+  void OnSet(Callback callback) {
+    State s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (state_ == kPending) {
+        callbacks_.push_back(std::move(callback));
+        return;
+      }
+      s = state_;
+    }
+    callback(s);
+  }
+  // The state once set, or kPending if `deadline` passed first.
+  State WaitUntil(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, deadline, [&] { return state_ != kPending; });
+    return state_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = kPending;
+  std::vector<Callback> callbacks_;
+};
+
+// One copy queue: tasks run in order on a thread of their own, like the
+// operations of a CUDA stream. Never destroyed (see Queue()).
+class CopyQueue {
+ public:
+  CopyQueue() { std::thread([this] { Run(); }).detach(); }
+
+  void Push(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  [[noreturn]] void Run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !tasks_.empty(); });
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      // Destroying the task may drop the last reference to an invocation,
+      // which returns its events to the pools: do it outside the lock.
+      task();
+      task = nullptr;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+};
+
+// Queues are created on first use and leaked: their detached threads block
+// on their condition variable forever, which must never be destroyed under
+// them at interpreter exit. stream == -1 is the device's completion thread.
+CopyQueue& Queue(int32_t device, int64_t stream) {
+  static std::mutex* mu = new std::mutex();
+  static auto* queues = new std::map<std::pair<int32_t, int64_t>, CopyQueue*>();
+  std::lock_guard<std::mutex> lock(*mu);
+  CopyQueue*& q = (*queues)[{device, stream}];
+  if (q == nullptr) q = new CopyQueue();
+  return *q;
+}
+
+// XLA continues a device's execution on the thread that completes its
+// future; doing that on a copy queue would stall the device's incoming
+// copies (which peers forwarding from it wait for), so futures complete on a
+// thread of their own per device.
+CopyQueue& Completer(int32_t device) { return Queue(device, -1); }
+
+// Fires callbacks at deadlines: the bound of every asynchronous wait.
+class Watchdog {
+ public:
+  static Watchdog& Get() {
+    static Watchdog* watchdog = new Watchdog();  // Leaked, like the queues.
+    return *watchdog;
+  }
+  void At(Clock::time_point when, std::function<void()> callback) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      timers_.emplace(when, std::move(callback));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  Watchdog() { std::thread([this] { Run(); }).detach(); }
+  [[noreturn]] void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (timers_.empty()) {
+        cv_.wait(lock);
+      } else if (Clock::now() < timers_.begin()->first) {
+        cv_.wait_until(lock, timers_.begin()->first);
+      } else {
+        auto callback = std::move(timers_.begin()->second);
+        timers_.erase(timers_.begin());
+        lock.unlock();
+        callback();
+        callback = nullptr;
+        lock.lock();
+      }
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<Clock::time_point, std::function<void()>> timers_;
+};
+
+EventPools<CpuEvent>& Pools() {
+  static auto* pools = new EventPools<CpuEvent>();
+  return *pools;
+}
+
+struct CpuBackend {
+  using Event = CpuEvent;
+  using Inv = Invocation<CpuBackend>;
+
+  static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
+    auto e = Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
+      return new CpuEvent();
+    });
+    if (e.has_value()) (*e)->Reset();
+    return e;
+  }
+  static void ReleaseEvent(int32_t device, Event* e) {
+    Pools().Release(device, e);
+  }
+
+  // The handler runs when its operands are complete: the host thread is the
+  // compute stream.
+  ffi::Error RecordOnCompute(int32_t, Event* e) {
+    e->Set(CpuEvent::kOk);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error EnsurePeerAccess(int32_t, int32_t) {
+    return ffi::Error::Success();
+  }
+
+  // A queue blocks on the event like a stream would, but never for longer
+  // than the op's timeout: it then fails the invocation, so its later copies
+  // are skipped and every event it records reads "failed".
+  ffi::Error SideWait(const std::shared_ptr<Inv>& inv, int32_t device,
+                      int64_t stream, Event* e) {
+    Queue(device, stream).Push([inv, device, stream, e] {
+      if (inv->failed()) return;
+      const int64_t ms = inv->plan->timeout_ms;
+      if (e->WaitUntil(DeadlineAfter(ms)) == CpuEvent::kOk) return;
+      inv->Fail("ficco peer copy of '" + inv->plan->op_name + "' (site " +
+                std::to_string(inv->plan->site) + "): copy queue " +
+                std::to_string(stream) + " of device " + std::to_string(device) +
+                " waited more than " + std::to_string(ms) +
+                " ms for a peer's data, or that copy failed");
+    });
+    return ffi::Error::Success();
+  }
+
+  ffi::Error SideCopy(const std::shared_ptr<Inv>& inv, int32_t device,
+                      int64_t stream, char* dst, const char* src, int32_t,
+                      size_t bytes) {
+    Queue(device, stream).Push([inv, dst, src, bytes] {
+      if (!inv->failed() && bytes > 0) std::memcpy(dst, src, bytes);
+    });
+    return ffi::Error::Success();
+  }
+
+  ffi::Error SideRecord(const std::shared_ptr<Inv>& inv, int32_t device,
+                        int64_t stream, Event* e) {
+    Queue(device, stream).Push([inv, e] {
+      e->Set(inv->failed() ? CpuEvent::kFailed : CpuEvent::kOk);
+    });
+    return ffi::Error::Success();
+  }
+};
+
+// One asynchronous wait or done: completes its future exactly once, with
+// the first of success (every awaited event set), a failure, or the
+// deadline.
+struct Pending {
+  ffi::Promise promise;
+  int32_t device = 0;
+  int64_t timeout_ms = 0;
+  bool is_done = false;
+  std::mutex mu;
+  bool completed = false;
+  int64_t remaining = 0;
+  Found<CpuBackend> found;  // Released on completion (it holds the invocation).
+};
+
+// The wait or done whose handler is running on this thread. Only its own
+// future may complete inline (the handler then returns a ready future); any
+// other one, e.g. a peer's wait armed when this start issues the group,
+// completes on its device's completion thread, or that device's execution
+// would continue inside this handler and could block on this very device.
+thread_local const Pending* in_handler = nullptr;
+
+void Finish(const std::shared_ptr<Pending>& p, const std::string& failure) {
+  Found<CpuBackend> f;
+  {
+    std::lock_guard<std::mutex> lock(p->mu);
+    if (p->completed) return;
+    p->completed = true;
+    f = std::move(p->found);
+  }
+  std::optional<ffi::Error> error;
+  if (failure.empty()) {
+    if (p->is_done) MarkLeft(*f.inv, f.rank);
+  } else {
+    error = Abandon(f.inv, f.rank, p->device, f.where + ": " + failure);
+  }
+  f.inv.reset();
+  auto complete = [p, error] {
+    if (error) {
+      p->promise.SetError(*error);
+    } else {
+      p->promise.SetAvailable();
+    }
+  };
+  if (in_handler == p.get()) {
+    complete();
+  } else {
+    Completer(p->device).Push(std::move(complete));
+  }
+}
+
+std::string FailureOf(Invocation<CpuBackend>& inv, int64_t timeout_ms) {
+  std::lock_guard<std::mutex> lock(inv.mu);
+  return StallMessage(inv, timeout_ms);
+}
+
+// Completes once the invocation is issued and every event that `collect`
+// names is set.
+ffi::Future Await(Found<CpuBackend> found, int32_t device, int64_t timeout_ms,
+                  bool is_done,
+                  std::function<std::vector<CpuEvent*>(Invocation<CpuBackend>&,
+                                                       int64_t rank)> collect) {
+  auto p = std::make_shared<Pending>();
+  ffi::Future future(p->promise);
+  p->device = device;
+  p->timeout_ms = timeout_ms;
+  p->is_done = is_done;
+  auto inv = found.inv;
+  const int64_t rank = found.rank;
+  p->found = std::move(found);
+  auto arm = [p, inv, rank, collect] {
+    if (inv->failed()) return Finish(p, FailureOf(*inv, p->timeout_ms));
+    std::vector<CpuEvent*> events = collect(*inv, rank);
+    {
+      std::lock_guard<std::mutex> lock(p->mu);
+      p->remaining = static_cast<int64_t>(events.size());
+    }
+    if (events.empty()) return Finish(p, "");
+    for (CpuEvent* e : events) {
+      e->OnSet([p, inv](CpuEvent::State s) {
+        if (s == CpuEvent::kFailed) {
+          return Finish(p, FailureOf(*inv, p->timeout_ms));
+        }
+        bool last;
+        {
+          std::lock_guard<std::mutex> lock(p->mu);
+          last = --p->remaining == 0;
+        }
+        if (last) Finish(p, "");
+      });
+    }
+  };
+  bool now;
+  {
+    std::lock_guard<std::mutex> lock(inv->mu);
+    now = inv->issued || inv->failed();
+    if (!now) inv->on_issued.push_back(arm);
+  }
+  // Weak: a completed wait must not keep its invocation alive until the
+  // deadline (p->found, which holds it, is emptied on completion).
+  in_handler = p.get();
+  std::weak_ptr<Invocation<CpuBackend>> weak = inv;
+  Watchdog::Get().At(DeadlineAfter(timeout_ms), [p, weak] {
+    if (auto inv = weak.lock()) Finish(p, FailureOf(*inv, p->timeout_ms));
+  });
+  if (now) arm();
+  in_handler = nullptr;
+  return future;
+}
+
+ffi::Future Failed(ffi::Error error) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(std::move(error));
+  return future;
+}
+
+ffi::Error StartImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets, StartAttrs attrs) {
+  CpuBackend backend;
+  return Start(backend, run_id.run_id, device, args, rets, attrs);
+}
+
+ffi::Future WaitImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer buf,
+                     ffi::Result<ffi::AnyBuffer> out, SyncAttrs attrs) {
+  if (buf.untyped_data() != out->untyped_data()) {
+    return Failed(ffi::Error::Internal("ficco peer copy wait: output not aliased"));
+  }
+  auto f = FindWait<CpuBackend>(run_id.run_id, device, buf.untyped_data(),
+                                attrs.op_name);
+  if (!f.has_value()) return Failed(f.error());
+  const int64_t landing = f->landing;
+  return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/false,
+               [landing](Invocation<CpuBackend>& inv, int64_t rank) {
+                 std::vector<CpuEvent*> events;
+                 const auto& transfers = inv.plan->transfers;
+                 for (size_t i = 0; i < transfers.size(); ++i) {
+                   if (transfers[i].dst == landing) {
+                     events.push_back(inv.ranks[rank].arrival[i]);
+                   }
+                 }
+                 return events;
+               });
+}
+
+ffi::Future DoneImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer out_in,
+                     ffi::RemainingArgs keepalive,
+                     ffi::Result<ffi::AnyBuffer> out, SyncAttrs attrs) {
+  if (out_in.untyped_data() != out->untyped_data()) {
+    return Failed(ffi::Error::Internal("ficco peer copy done: output not aliased"));
+  }
+  std::vector<const void*> addresses;
+  for (size_t i = 0; i < keepalive.size(); ++i) {
+    auto b = keepalive.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return Failed(b.error());
+    addresses.push_back(b->untyped_data());
+  }
+  auto f = FindDone<CpuBackend>(run_id.run_id, device, addresses, attrs.op_name);
+  if (!f.has_value()) return Failed(f.error());
+  return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/true,
+               [](Invocation<CpuBackend>& inv, int64_t) {
+                 std::vector<CpuEvent*> events;
+                 for (const auto& r : inv.ranks) {
+                   events.insert(events.end(), r.finals.begin(), r.finals.end());
+                 }
+                 return events;
+               });
+}
+
+}  // namespace
+
+int64_t CpuLiveInvocations() { return Invocation<CpuBackend>::live.load(); }
+int64_t CpuPendingEntries() { return Registry<CpuBackend>::Get().Pending(); }
+void CpuEventCounts(int device, int64_t* created, int64_t* pooled) {
+  Pools().Counts(device, created, pooled);
+}
+
+}  // namespace ficco
+
+// Not command-buffer compatible (no ffi::Traits): the handlers rendezvous on
+// the host and read fresh buffer addresses on every call.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopyStartCpu, ficco::StartImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .RemainingArgs()                 // sources
+                                  .RemainingRets()                 // landings
+                                  .Attrs<ficco::StartAttrs>());    // plan
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopyWaitCpu, ficco::WaitImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Arg<xla::ffi::AnyBuffer>()      // landing
+                                  .Ret<xla::ffi::AnyBuffer>()      // aliased
+                                  .Attrs<ficco::SyncAttrs>());     // messages
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopyDoneCpu, ficco::DoneImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Arg<xla::ffi::AnyBuffer>()      // out
+                                  .RemainingArgs()                 // keepalive
+                                  .Ret<xla::ffi::AnyBuffer>()      // aliased
+                                  .Attrs<ficco::SyncAttrs>());     // messages

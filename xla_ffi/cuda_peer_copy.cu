@@ -1,0 +1,268 @@
+// CUDA handlers of the peer-copy protocol: copies are cudaMemcpyPeerAsync
+// on non-blocking side streams of the receiving device (copy engines, no SM
+// kernels); events are CUDA events from per-device pools; streams of
+// different devices wait on each other with cudaStreamWaitEvent.
+//
+// Host code only: nothing here runs on the GPU's SMs.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "event_pool.h"
+#include "ficco_ffi.h"
+#include "peer_copy_plan.h"
+#include "peer_copy_protocol.h"
+#include "peer_copy_registry.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+namespace {
+
+// Every CUDA call goes through Check, so a failure names the call.
+ffi::Error Check(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(call) + " failed: " +
+                              cudaGetErrorName(status) + " (" +
+                              cudaGetErrorString(status) + ")");
+}
+
+#define FICCO_CUDA_RETURN_IF_ERROR(expr)                      \
+  do {                                                        \
+    if (::xla::ffi::Error _err = Check((expr), #expr);        \
+        _err.failure()) {                                     \
+      return _err;                                            \
+    }                                                         \
+  } while (0)
+
+// Makes `device` current for the handler's lifetime: events and streams are
+// created on the current device, and XLA's thread may have another one set.
+class ScopedDevice {
+ public:
+  ffi::Error Set(int device) {
+    FICCO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous_));
+    FICCO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    restore_ = previous_ != device;
+    return ffi::Error::Success();
+  }
+  ~ScopedDevice() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+EventPools<CUevent_st>& Pools() {
+  static auto* pools = new EventPools<CUevent_st>();
+  return *pools;
+}
+
+// Side streams per (device, stream index), created once (with `device`
+// current) and never destroyed: destroying them at exit could race the
+// driver's own teardown.
+ffi::ErrorOr<cudaStream_t> SideStream(int32_t device, int64_t index) {
+  static std::mutex* mu = new std::mutex();
+  static auto* streams = new std::map<std::pair<int32_t, int64_t>, cudaStream_t>();
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = streams->find({device, index});
+  if (it != streams->end()) return it->second;
+  cudaStream_t stream = nullptr;
+  // Non-blocking: the side streams must not synchronize with the legacy
+  // default stream.
+  if (auto err = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags(cudaStreamNonBlocking)");
+      err.failure()) {
+    return ffi::Unexpected(err);
+  }
+  streams->emplace(std::make_pair(device, index), stream);
+  return stream;
+}
+
+// Peer access, checked and enabled once per (receiving, source) pair.
+ffi::Error EnablePeerAccess(int32_t device, int32_t peer) {
+  static std::mutex* mu = new std::mutex();
+  static auto* enabled = new std::map<std::pair<int32_t, int32_t>, bool>();
+  if (device == peer) return ffi::Error::Success();
+  std::lock_guard<std::mutex> lock(*mu);
+  if ((*enabled)[{device, peer}]) return ffi::Error::Success();
+  int can_access = 0;
+  FICCO_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can_access, device, peer));
+  if (!can_access) {
+    // Without peer access cudaMemcpyPeerAsync silently stages through host
+    // memory: slow enough to defeat the overlap, so refuse instead.
+    return ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        "GPU " + std::to_string(device) + " cannot access the memory of GPU " +
+            std::to_string(peer) +
+            " (cudaDeviceCanAccessPeer = 0): comm='dma' needs peer access"
+            " between every pair of devices on the axis; use"
+            " Schedule(comm=\"xla\") on this machine");
+  }
+  // The caller made `device` current; enabling maps `peer`'s memory into it.
+  cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+  if (status == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // XLA enabled it already; clear the sticky status.
+  } else {
+    FICCO_CUDA_RETURN_IF_ERROR(status);
+  }
+  (*enabled)[{device, peer}] = true;
+  return ffi::Error::Success();
+}
+
+struct CudaBackend {
+  using Event = CUevent_st;  // cudaEvent_t == Event*
+  using Inv = Invocation<CudaBackend>;
+
+  explicit CudaBackend(cudaStream_t compute) : compute(compute) {}
+
+  static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
+    return Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
+      cudaEvent_t event = nullptr;
+      // No timing: cheaper records and waits.
+      if (auto err = Check(cudaEventCreateWithFlags(&event,
+                                                    cudaEventDisableTiming),
+                           "cudaEventCreateWithFlags(cudaEventDisableTiming)");
+          err.failure()) {
+        return ffi::Unexpected(err);
+      }
+      return event;
+    });
+  }
+  // Re-recording a pooled event is safe even while earlier waits on it are
+  // pending: a wait captures the event's state at the time it is enqueued.
+  static void ReleaseEvent(int32_t device, Event* e) {
+    Pools().Release(device, e);
+  }
+
+  ffi::Error RecordOnCompute(int32_t, Event* e) {
+    FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, compute));
+    return ffi::Error::Success();
+  }
+
+  // Enqueued on the compute stream: the host does not block.
+  ffi::Error ComputeWait(Inv&, Event* e) {
+    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, e, 0));
+    return ffi::Error::Success();
+  }
+
+  // The Side* calls and peer access act for any rank's device (the last
+  // rank to arrive issues for all), so each makes that device current.
+  ffi::Error EnsurePeerAccess(int32_t device, int32_t peer) {
+    ScopedDevice scoped;
+    if (auto err = scoped.Set(device); err.failure()) return err;
+    return EnablePeerAccess(device, peer);
+  }
+
+  ffi::Error SideWait(const std::shared_ptr<Inv>&, int32_t device,
+                      int64_t stream, Event* e) {
+    ScopedDevice scoped;
+    if (auto err = scoped.Set(device); err.failure()) return err;
+    auto side = SideStream(device, stream);
+    if (!side.has_value()) return side.error();
+    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(*side, e, 0));
+    return ffi::Error::Success();
+  }
+
+  ffi::Error SideCopy(const std::shared_ptr<Inv>&, int32_t device,
+                      int64_t stream, char* dst, const char* src,
+                      int32_t src_device, size_t bytes) {
+    if (bytes == 0) return ffi::Error::Success();
+    ScopedDevice scoped;
+    if (auto err = scoped.Set(device); err.failure()) return err;
+    auto side = SideStream(device, stream);
+    if (!side.has_value()) return side.error();
+    FICCO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyPeerAsync(dst, device, src, src_device, bytes, *side));
+    return ffi::Error::Success();
+  }
+
+  ffi::Error SideRecord(const std::shared_ptr<Inv>&, int32_t device,
+                        int64_t stream, Event* e) {
+    ScopedDevice scoped;
+    if (auto err = scoped.Set(device); err.failure()) return err;
+    auto side = SideStream(device, stream);
+    if (!side.has_value()) return side.error();
+    FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, *side));
+    return ffi::Error::Success();
+  }
+
+  cudaStream_t compute;
+};
+
+ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
+                     ffi::RemainingArgs args, ffi::RemainingRets rets,
+                     StartAttrs attrs) {
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaBackend backend(stream);
+  return Start(backend, run_id.run_id, device, args, rets, attrs);
+}
+
+ffi::Error WaitImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
+                    ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
+                    SyncAttrs attrs) {
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaBackend backend(stream);
+  return BlockingWait(backend, run_id.run_id, device, buf, out, attrs);
+}
+
+ffi::Error DoneImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
+                    ffi::AnyBuffer out_in, ffi::RemainingArgs keepalive,
+                    ffi::Result<ffi::AnyBuffer> out, SyncAttrs attrs) {
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaBackend backend(stream);
+  return BlockingDone(backend, run_id.run_id, device, out_in, keepalive, out,
+                      attrs);
+}
+
+}  // namespace
+
+int64_t CudaLiveInvocations() { return Invocation<CudaBackend>::live.load(); }
+int64_t CudaPendingEntries() { return Registry<CudaBackend>::Get().Pending(); }
+void CudaEventCounts(int device, int64_t* created, int64_t* pooled) {
+  Pools().Counts(device, created, pooled);
+}
+
+}  // namespace ficco
+
+// Not command-buffer compatible (no ffi::Traits): a CUDA graph would freeze
+// the host rendezvous and the buffer addresses of the captured call.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoPeerCopyStartCuda, ficco::StartImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .RemainingArgs()                                // sources
+        .RemainingRets()                                // landings
+        .Attrs<ficco::StartAttrs>());                   // plan
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoPeerCopyWaitCuda, ficco::WaitImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // landing
+        .Ret<xla::ffi::AnyBuffer>()                     // aliased
+        .Attrs<ficco::SyncAttrs>());                    // messages
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoPeerCopyDoneCuda, ficco::DoneImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // out
+        .RemainingArgs()                                // keepalive
+        .Ret<xla::ffi::AnyBuffer>()                     // aliased
+        .Attrs<ficco::SyncAttrs>());                    // messages

@@ -1,0 +1,63 @@
+// The C API of ficco_ffi.h that is not a handler: what was compiled in,
+// per-platform counters, and the never-arrive test hook.
+
+#include <atomic>
+#include <cstdint>
+
+#include "ficco_ffi.h"
+#include "peer_copy_registry.h"
+
+namespace ficco {
+namespace {
+std::atomic<int32_t> never_arrive{-1};
+}  // namespace
+
+bool NeverArrives(int32_t device) { return never_arrive.load() == device; }
+
+}  // namespace ficco
+
+extern "C" {
+
+int FiccoCudaCompiled(void) {
+#ifdef FICCO_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+int64_t FiccoLiveInvocations(int platform) {
+  if (platform == kFiccoCpu) return ficco::CpuLiveInvocations();
+#ifdef FICCO_WITH_CUDA
+  if (platform == kFiccoCuda) return ficco::CudaLiveInvocations();
+#endif
+  return -1;
+}
+
+int64_t FiccoPendingEntries(int platform) {
+  if (platform == kFiccoCpu) return ficco::CpuPendingEntries();
+#ifdef FICCO_WITH_CUDA
+  if (platform == kFiccoCuda) return ficco::CudaPendingEntries();
+#endif
+  return -1;
+}
+
+int FiccoEventCounts(int platform, int device, int64_t* created,
+                     int64_t* pooled) {
+  if (platform == kFiccoCpu) {
+    ficco::CpuEventCounts(device, created, pooled);
+    return 0;
+  }
+#ifdef FICCO_WITH_CUDA
+  if (platform == kFiccoCuda) {
+    ficco::CudaEventCounts(device, created, pooled);
+    return 0;
+  }
+#endif
+  return -1;
+}
+
+void FiccoTestSetNeverArrive(int device) { ficco::never_arrive.store(device); }
+void FiccoTestClearNeverArrive(void) { ficco::never_arrive.store(-1); }
+
+}  // extern "C"

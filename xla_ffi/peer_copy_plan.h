@@ -1,0 +1,113 @@
+// The transfer plan a peer-copy start receives, decoded from its attributes.
+//
+// Platform independent: the CPU twin and the CUDA handlers decode and check
+// the same attributes (see PROTOCOL.md, "Attributes").
+
+#ifndef FICCO_XLA_FFI_PEER_COPY_PLAN_H_
+#define FICCO_XLA_FFI_PEER_COPY_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+
+namespace ffi = ::xla::ffi;
+
+// Attributes of ficco_peer_copy_start, decoded by XLA into one struct so both
+// backends bind exactly the same names (member order = decoding order).
+struct StartAttrs {
+  ffi::Span<const int64_t> devices;     // ordinals, group-major, rank-minor
+  int64_t axis_size;                    // P
+  ffi::Span<const int64_t> dst;         // landing buffer of each transfer
+  ffi::Span<const int64_t> dst_row;     // first row written there
+  ffi::Span<const int64_t> src_offset;  // source rank = (rank + offset) % P
+  ffi::Span<const int64_t> src;         // >= 0 operand, < 0 forwarded landing
+  ffi::Span<const int64_t> src_row;     // first row read
+  ffi::Span<const int64_t> rows;        // rows copied
+  ffi::Span<const int64_t> stream;      // copy queue on the receiver
+  int64_t num_streams;                  // queues per receiving device
+  int64_t site;                         // call-site id (trace time)
+  std::string_view op_name;             // for messages
+  int64_t timeout_ms;                   // bound of every host wait
+};
+
+// Attributes of ficco_peer_copy_wait and ficco_peer_copy_done.
+struct SyncAttrs {
+  std::string_view op_name;  // for messages
+  int64_t timeout_ms;        // bound of every host wait
+};
+
+struct Transfer {
+  int64_t dst, dst_row, src_offset, src, src_row, rows, stream;
+};
+
+// An owned, checked copy of StartAttrs: an invocation outlives the call frame
+// whose attribute memory the spans point into.
+struct Plan {
+  std::string op_name;
+  int64_t site = 0;
+  int64_t axis_size = 0;
+  int64_t num_streams = 0;
+  int64_t timeout_ms = 0;
+  std::vector<int64_t> devices;
+  std::vector<Transfer> transfers;
+  // last_into[b]: index of the last transfer into landing buffer b (-1: none).
+  // A forwarded copy of b may start once the source rank has issued it.
+  std::vector<int64_t> last_into;
+  // streams_used: the copy queues that carry at least one transfer.
+  std::vector<int64_t> streams_used;
+};
+
+// Shape of one buffer in rows of `row_bytes` bytes.
+struct BufferShape {
+  int64_t rows;
+  int64_t row_bytes;
+};
+
+// Where a device sits in the devices table.
+struct Position {
+  int64_t group;
+  int64_t rank;
+};
+
+// Copies and checks the attributes against the buffers' shapes.
+ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
+                            const std::vector<BufferShape>& sources,
+                            const std::vector<BufferShape>& landings);
+
+// Finds `device` in the plan's devices table.
+ffi::ErrorOr<Position> Locate(const Plan& plan, int32_t device);
+
+// "ficco peer copy of 'op' (site 3) on device 2 (group 0, rank 2)": the
+// prefix of every message of a handler that knows its invocation.
+std::string Where(std::string_view phase, const Plan& plan, int32_t device,
+                  Position pos);
+
+}  // namespace ficco
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::StartAttrs,
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("devices"),
+    ::xla::ffi::StructMember<int64_t>("axis_size"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst_row"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_offset"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_row"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("rows"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("stream"),
+    ::xla::ffi::StructMember<int64_t>("num_streams"),
+    ::xla::ffi::StructMember<int64_t>("site"),
+    ::xla::ffi::StructMember<std::string_view>("op_name"),
+    ::xla::ffi::StructMember<int64_t>("timeout_ms"));
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::SyncAttrs,
+    ::xla::ffi::StructMember<std::string_view>("op_name"),
+    ::xla::ffi::StructMember<int64_t>("timeout_ms"));
+
+#endif  // FICCO_XLA_FFI_PEER_COPY_PLAN_H_

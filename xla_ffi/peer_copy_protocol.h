@@ -1,0 +1,446 @@
+// The peer-copy protocol (PROTOCOL.md), written once over a Backend;
+// cpu_peer_copy.cc and cuda_peer_copy.cu supply the backend and bind the
+// handlers.
+//
+// start never blocks: it publishes its rank, and the last rank to arrive
+// issues every rank's copies. wait and done then wait for that issue and for
+// events: CUDA handlers block their (dedicated, per-device) host thread for
+// the issue, bounded, and enqueue stream waits (BlockingWait/BlockingDone);
+// the CPU twin returns futures instead, because XLA:CPU runs handlers on a
+// small shared pool where a blocked thread can starve a peer's start.
+//
+// Besides the Registry's requirements, a Backend instance (one per call; it
+// holds the compute stream) provides, each returning ffi::Error:
+//   RecordOnCompute(device, event)            event <- compute stream now
+//   ComputeWait(inv, event)                   compute stream waits for event
+//   EnsurePeerAccess(device, peer_device)     once per pair
+//   SideWait(inv, device, stream, event)      copy queue waits for event
+//   SideCopy(inv, device, stream, dst, src, src_device, bytes)
+//   SideRecord(inv, device, stream, event)    event <- copy queue now
+// The Side* calls may name any device: the last arriver issues for all.
+
+#ifndef FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
+#define FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "peer_copy_plan.h"
+#include "peer_copy_registry.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+
+inline ffi::ErrorOr<BufferShape> ShapeOf(const ffi::AnyBuffer& b) {
+  const auto dims = b.dimensions();
+  if (dims.size() < 1) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "ficco peer copy: buffers must have a leading (row) dimension"));
+  }
+  int64_t row_elems = 1;
+  for (size_t i = 1; i < dims.size(); ++i) row_elems *= dims[i];
+  return BufferShape{dims[0], row_elems * static_cast<int64_t>(
+                                              ffi::ByteWidth(b.element_type()))};
+}
+
+inline std::string RankList(const std::vector<int64_t>& ranks,
+                            const Plan& plan, int64_t group) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    os << (i ? ", " : "") << "rank " << ranks[i] << " (device "
+       << plan.devices[group * plan.axis_size + ranks[i]] << ")";
+  }
+  os << "]";
+  return os.str();
+}
+
+// Issues the copies of every rank, called once by the last rank to arrive.
+// Transfer-major order: when transfer i of any rank forwards a landing
+// buffer, the arrival events of the earlier transfers filling it are already
+// recorded on every rank (a CUDA wait on an unrecorded event is a no-op).
+// One invocation at a time, so every copy queue sees invocations in the same
+// order and queues of different devices can never wait on each other in a
+// cycle.
+template <class Backend>
+ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& inv) {
+  static std::mutex* issue_mu = new std::mutex();
+  std::lock_guard<std::mutex> issue_lock(*issue_mu);
+  const Plan& plan = *inv->plan;
+  const int64_t p = plan.axis_size;
+  auto& ranks = inv->ranks;
+  for (int64_t r = 0; r < p; ++r) {
+    for (const Transfer& t : plan.transfers) {
+      const int32_t peer = ranks[(r + t.src_offset) % p].device;
+      if (auto err = backend.EnsurePeerAccess(ranks[r].device, peer);
+          err.failure()) {
+        return err;
+      }
+    }
+    // XLA may have handed out the landing buffers' memory right after work
+    // still queued on that rank's compute stream: no copy may write there
+    // before it is done.
+    for (int64_t stream : plan.streams_used) {
+      if (auto err = backend.SideWait(inv, ranks[r].device, stream,
+                                      ranks[r].ready);
+          err.failure()) {
+        return err;
+      }
+    }
+  }
+  for (size_t i = 0; i < plan.transfers.size(); ++i) {
+    const Transfer& t = plan.transfers[i];
+    for (int64_t r = 0; r < p; ++r) {
+      const auto& me = ranks[r];
+      const auto& peer = ranks[(r + t.src_offset) % p];
+      ffi::Error err = backend.SideWait(inv, me.device, t.stream, peer.ready);
+      const char* src = nullptr;
+      if (t.src >= 0) {
+        src = peer.sources[t.src];
+      } else {
+        // Ring forwarding: read the landing buffer the peer receives itself,
+        // once every copy into it there has landed.
+        const int64_t forwarded = -1 - t.src;
+        for (size_t j = 0; err.success() && j < i; ++j) {
+          if (plan.transfers[j].dst == forwarded) {
+            err = backend.SideWait(inv, me.device, t.stream, peer.arrival[j]);
+          }
+        }
+        src = peer.landings[forwarded];
+      }
+      if (err.success()) {
+        err = backend.SideCopy(inv, me.device, t.stream,
+                               me.landings[t.dst] + t.dst_row * inv->row_bytes,
+                               src + t.src_row * inv->row_bytes, peer.device,
+                               static_cast<size_t>(t.rows * inv->row_bytes));
+      }
+      if (err.success()) {
+        err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
+      }
+      if (err.failure()) return err;
+    }
+  }
+  for (int64_t r = 0; r < p; ++r) {
+    for (size_t k = 0; k < plan.streams_used.size(); ++k) {
+      if (auto err = backend.SideRecord(inv, ranks[r].device,
+                                        plan.streams_used[k],
+                                        ranks[r].finals[k]);
+          err.failure()) {
+        return err;
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// Start: publish this rank; the last to arrive issues everyone's copies.
+// Returns at once either way, so no thread ever waits here for a peer.
+template <class Backend>
+ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
+                 ffi::RemainingArgs args, ffi::RemainingRets rets,
+                 const StartAttrs& attrs) {
+  using Inv = Invocation<Backend>;
+  using Rank = typename Inv::Rank;
+  if (NeverArrives(device)) {
+    return ffi::Error(ffi::ErrorCode::kAborted,
+                      "ficco peer copy start of '" + std::string(attrs.op_name) +
+                          "' on device " + std::to_string(device) +
+                          ": test hook: this device never arrives");
+  }
+
+  Rank mine;
+  mine.device = device;
+  std::vector<BufferShape> source_shapes, landing_shapes;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto b = args.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    auto shape = ShapeOf(*b);
+    if (!shape.has_value()) return shape.error();
+    source_shapes.push_back(*shape);
+    mine.sources.push_back(static_cast<const char*>(b->untyped_data()));
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto b = rets.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    auto shape = ShapeOf(**b);
+    if (!shape.has_value()) return shape.error();
+    landing_shapes.push_back(*shape);
+    mine.landings.push_back(static_cast<char*>((*b)->untyped_data()));
+  }
+  auto plan_or = MakePlan(attrs, source_shapes, landing_shapes);
+  if (!plan_or.has_value()) return plan_or.error();
+  auto plan = std::make_shared<const Plan>(std::move(*plan_or));
+  auto pos_or = Locate(*plan, device);
+  if (!pos_or.has_value()) return pos_or.error();
+  const Position pos = *pos_or;
+  const std::string where = Where("start", *plan, device, pos);
+
+  // Events come from this device's pool before joining, so a failure here
+  // leaves the peers to time out rather than half-publishing a rank.
+  {
+    auto acquire = [&](typename Backend::Event** e) -> ffi::Error {
+      auto ev = Backend::AcquireEvent(device);
+      if (!ev.has_value()) return ev.error();
+      *e = *ev;
+      return ffi::Error::Success();
+    };
+    ffi::Error err = acquire(&mine.ready);
+    for (size_t i = 0; err.success() && i < plan->transfers.size(); ++i) {
+      err = acquire(&mine.arrival.emplace_back(nullptr));
+    }
+    for (size_t i = 0; err.success() && i < plan->streams_used.size(); ++i) {
+      err = acquire(&mine.finals.emplace_back(nullptr));
+    }
+    // The sources are complete on the compute stream here, and the landing
+    // buffers free.
+    if (err.success()) err = backend.RecordOnCompute(device, mine.ready);
+    if (err.failure()) {
+      Inv::ReleaseEvents(mine);
+      return ffi::Error(err.errc().value_or(ffi::ErrorCode::kInternal),
+                        where + ": " + err.message());
+    }
+  }
+
+  auto& registry = Registry<Backend>::Get();
+  const Key key{run_id, plan->site, pos.group,
+                registry.NextSeq(device, run_id, plan->site)};
+  std::shared_ptr<Inv> inv =
+      registry.FindOrCreate(key, plan, source_shapes[0].row_bytes);
+  bool last = false;
+  {
+    std::unique_lock<std::mutex> lock(inv->mu);
+    if (inv->abandoned) {
+      // The peers gave up on this invocation: fail now rather than wait for
+      // ranks that are gone.
+      const bool forget = ++inv->arrived == ++inv->left;
+      const std::string why = inv->failure;
+      lock.unlock();
+      Inv::ReleaseEvents(mine);
+      if (forget) registry.Forget(key, inv.get());
+      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                        where + ": arrived after its peers gave up (" + why +
+                            ")");
+    }
+    inv->ranks[pos.rank] = std::move(mine);
+    inv->ranks[pos.rank].arrived = true;
+    last = ++inv->arrived == plan->axis_size;
+  }
+  // wait and done of this device run after start returns (they consume its
+  // outputs), so registering before the issue is early enough.
+  registry.Register(device, run_id, inv, pos.rank);
+  if (!last) return ffi::Error::Success();
+
+  registry.Forget(key, inv.get());
+  ffi::Error err = Issue(backend, inv);
+  std::string message;
+  if (err.failure()) {
+    message = where + ": issuing the group's copies: " + err.message();
+    inv->Fail(message);
+  }
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(inv->mu);
+    inv->issued = err.success();
+    callbacks.swap(inv->on_issued);  // They check inv->failed().
+  }
+  inv->cv.notify_all();
+  for (auto& callback : callbacks) callback();
+  if (err.failure()) return ffi::Error(ffi::ErrorCode::kInternal, message);
+  return ffi::Error::Success();
+}
+
+// The invocation a wait or done belongs to, and this device's rank in it.
+template <class Backend>
+struct Found {
+  std::shared_ptr<Invocation<Backend>> inv;
+  int64_t rank = 0;
+  int64_t landing = 0;  // wait only
+  std::string where;    // message prefix
+};
+
+template <class Backend>
+ffi::ErrorOr<Found<Backend>> FindWait(int64_t run_id, int32_t device,
+                                      const void* address,
+                                      std::string_view op_name) {
+  Found<Backend> f;
+  if (!Registry<Backend>::Get().TakeWait(device, run_id, address, &f.inv,
+                                         &f.landing)) {
+    return ffi::Unexpected(ffi::Error(
+        ffi::ErrorCode::kNotFound,
+        "ficco peer copy wait of '" + std::string(op_name) + "' on device " +
+            std::to_string(device) +
+            ": no pending start of this execution lands in this buffer; pass"
+            " each landing buffer of start, unchanged, to exactly one wait (a"
+            " copy of it would read unfinished data)"));
+  }
+  while (f.inv->ranks[f.rank].device != device) ++f.rank;
+  f.where = Where("wait", *f.inv->plan, device,
+                  Position{f.inv->key.group, f.rank}) +
+            ", landing buffer " + std::to_string(f.landing);
+  return f;
+}
+
+template <class Backend>
+ffi::ErrorOr<Found<Backend>> FindDone(int64_t run_id, int32_t device,
+                                      const std::vector<const void*>& keepalive,
+                                      std::string_view op_name) {
+  const std::string head = "ficco peer copy done of '" + std::string(op_name) +
+                           "' on device " + std::to_string(device);
+  if (keepalive.empty()) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(head + ": keepalive is empty"));
+  }
+  Found<Backend> f;
+  if (!Registry<Backend>::Get().TakeDone(device, run_id, keepalive, &f.inv,
+                                         &f.rank)) {
+    return ffi::Unexpected(ffi::Error(
+        ffi::ErrorCode::kNotFound,
+        head + ": no pending start of this execution has keepalive[0] as"
+               " sources[0] and its forwarded landing buffers (the outputs of"
+               " their waits) in keepalive"));
+  }
+  f.where = Where("done", *f.inv->plan, device,
+                  Position{f.inv->key.group, f.rank});
+  return f;
+}
+
+// Why an invocation did not complete in time. Caller holds inv.mu.
+template <class Backend>
+std::string StallMessage(const Invocation<Backend>& inv, int64_t timeout_ms) {
+  const Plan& plan = *inv.plan;
+  if (!inv.failure.empty()) return "a peer failed: " + inv.failure;
+  std::vector<int64_t> missing;
+  for (int64_t i = 0; i < plan.axis_size; ++i) {
+    if (!inv.ranks[i].arrived) missing.push_back(i);
+  }
+  const std::string after = "timed out after " + std::to_string(timeout_ms) +
+                            " ms ";
+  if (!missing.empty()) {
+    return after + "waiting for " + RankList(missing, plan, inv.key.group) +
+           " to start; a device that never reaches this op (an error or a"
+           " different program there) stalls the whole group";
+  }
+  return after + "waiting for the copies to land";
+}
+
+// Failure path of wait and done: this device's execution aborts, so its rank
+// leaves the invocation and drops its registrations. If the group never
+// assembled, the invocation is abandoned, so late arrivers fail at once.
+template <class Backend>
+ffi::Error Abandon(const std::shared_ptr<Invocation<Backend>>& inv,
+                   int64_t rank, int32_t device, const std::string& message) {
+  std::vector<std::function<void()>> dropped;
+  bool forget = false;
+  {
+    std::lock_guard<std::mutex> lock(inv->mu);
+    if (!inv->issued) inv->abandoned = true;
+    if (inv->failure.empty()) {
+      inv->failure = message;
+      inv->failed_at = Clock::now();
+    }
+    inv->has_failed.store(true);
+    // Pending waits of other ranks: run below, they see the failure and
+    // fail fast (and they hold `inv`, a cycle until run).
+    dropped.swap(inv->on_issued);
+    if (!inv->ranks[rank].left) {
+      inv->ranks[rank].left = true;
+      ++inv->left;
+    }
+    forget = inv->abandoned && inv->left == inv->arrived;
+  }
+  inv->cv.notify_all();
+  for (auto& callback : dropped) callback();
+  auto& registry = Registry<Backend>::Get();
+  registry.ForgetDevice(device, inv.get());
+  if (forget) registry.Forget(inv->key, inv.get());
+  return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, message);
+}
+
+template <class Backend>
+void MarkLeft(Invocation<Backend>& inv, int64_t rank) {
+  std::lock_guard<std::mutex> lock(inv.mu);
+  if (!inv.ranks[rank].left) {
+    inv.ranks[rank].left = true;
+    ++inv.left;
+  }
+}
+
+// Blocks (bounded) until the last rank has issued the group's copies.
+template <class Backend>
+ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
+                       int64_t timeout_ms) {
+  auto& inv = *f.inv;
+  std::unique_lock<std::mutex> lock(inv.mu);
+  inv.cv.wait_until(lock, DeadlineAfter(timeout_ms),
+                    [&] { return inv.issued || inv.failed(); });
+  if (inv.issued && !inv.failed()) return ffi::Error::Success();
+  const std::string message = f.where + ": " + StallMessage(inv, timeout_ms);
+  lock.unlock();
+  return Abandon(f.inv, f.rank, device, message);
+}
+
+// wait for backends whose handler may block its thread (CUDA): the compute
+// stream waits for every copy into the landing buffer.
+template <class Backend>
+ffi::Error BlockingWait(Backend& backend, int64_t run_id, int32_t device,
+                        ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
+                        const SyncAttrs& attrs) {
+  if (buf.untyped_data() != out->untyped_data()) {
+    return ffi::Error::Internal("ficco peer copy wait: output not aliased");
+  }
+  auto f = FindWait<Backend>(run_id, device, buf.untyped_data(), attrs.op_name);
+  if (!f.has_value()) return f.error();
+  if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
+    return err;
+  }
+  const Plan& plan = *f->inv->plan;
+  for (size_t i = 0; i < plan.transfers.size(); ++i) {
+    if (plan.transfers[i].dst != f->landing) continue;
+    if (auto err = backend.ComputeWait(*f->inv,
+                                       f->inv->ranks[f->rank].arrival[i]);
+        err.failure()) {
+      return Abandon(f->inv, f->rank, device, f->where + ": " + err.message());
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// done for backends whose handler may block its thread (CUDA): the compute
+// stream waits for every rank's queues to drain this invocation.
+template <class Backend>
+ffi::Error BlockingDone(Backend& backend, int64_t run_id, int32_t device,
+                        ffi::AnyBuffer out_in, ffi::RemainingArgs keepalive,
+                        ffi::Result<ffi::AnyBuffer> out,
+                        const SyncAttrs& attrs) {
+  if (out_in.untyped_data() != out->untyped_data()) {
+    return ffi::Error::Internal("ficco peer copy done: output not aliased");
+  }
+  std::vector<const void*> addresses;
+  for (size_t i = 0; i < keepalive.size(); ++i) {
+    auto b = keepalive.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    addresses.push_back(b->untyped_data());
+  }
+  auto f = FindDone<Backend>(run_id, device, addresses, attrs.op_name);
+  if (!f.has_value()) return f.error();
+  if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
+    return err;
+  }
+  for (const auto& r : f->inv->ranks) {
+    for (auto* e : r.finals) {
+      if (auto err = backend.ComputeWait(*f->inv, e); err.failure()) {
+        return Abandon(f->inv, f->rank, device, f->where + ": " + err.message());
+      }
+    }
+  }
+  MarkLeft(*f->inv, f->rank);
+  return ffi::Error::Success();
+}
+
+}  // namespace ficco
+
+#endif  // FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_

@@ -1,0 +1,316 @@
+// Host-side state of the peer-copy protocol, shared by the CPU twin and the
+// CUDA handlers: invocations, the rendezvous that matches the P starts of one
+// invocation, and the indexes through which wait and done find it again.
+//
+// Templated over a Backend that supplies the "event" (a CUDA event, or a flag
+// with a condition variable on CPU) and per-device event pools:
+//   using Event = ...;
+//   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device);
+//   static void ReleaseEvent(int32_t device, Event* event);
+
+#ifndef FICCO_XLA_FFI_PEER_COPY_REGISTRY_H_
+#define FICCO_XLA_FFI_PEER_COPY_REGISTRY_H_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "peer_copy_plan.h"
+
+namespace ficco {
+
+using Clock = std::chrono::steady_clock;
+
+inline Clock::time_point DeadlineAfter(int64_t ms) {
+  return Clock::now() + std::chrono::milliseconds(ms);
+}
+
+// Test hook (peer_copy_hooks.cc): true if `device` must behave as a rank that
+// never arrives, so the timeout path can be exercised.
+bool NeverArrives(int32_t device);
+
+// Identifies one invocation: the same on the P devices of a group.
+struct Key {
+  int64_t run_id, site, group, seq;
+  bool operator<(const Key& o) const {
+    return std::tie(run_id, site, group, seq) <
+           std::tie(o.run_id, o.site, o.group, o.seq);
+  }
+};
+
+template <class Backend>
+struct Invocation {
+  using Event = typename Backend::Event;
+
+  // What one rank publishes at start; read-only once it counts as arrived
+  // (`left` is guarded by the invocation's mutex).
+  struct Rank {
+    bool arrived = false;
+    int32_t device = -1;
+    std::vector<const char*> sources;
+    std::vector<char*> landings;
+    Event* ready = nullptr;         // sources complete on the compute stream
+    std::vector<Event*> arrival;    // per transfer: its copy has landed
+    std::vector<Event*> finals;     // per plan.streams_used: queue drained
+    bool left = false;              // passed done or gave up
+  };
+
+  Invocation(Key key, std::shared_ptr<const Plan> plan, int64_t row_bytes)
+      : key(key), plan(std::move(plan)), row_bytes(row_bytes),
+        ranks(this->plan->axis_size) {
+    live.fetch_add(1);
+  }
+  ~Invocation() {
+    // Every queue that used these events has drained (done waited for the
+    // finals, or the invocation failed), so they can be recycled.
+    for (Rank& r : ranks) ReleaseEvents(r);
+    live.fetch_sub(1);
+  }
+  Invocation(const Invocation&) = delete;
+  Invocation& operator=(const Invocation&) = delete;
+
+  static void ReleaseEvents(Rank& r) {
+    if (r.device < 0) return;
+    if (r.ready) Backend::ReleaseEvent(r.device, r.ready);
+    for (Event* e : r.arrival) if (e) Backend::ReleaseEvent(r.device, e);
+    for (Event* e : r.finals) if (e) Backend::ReleaseEvent(r.device, e);
+    r.ready = nullptr;
+    r.arrival.clear();
+    r.finals.clear();
+  }
+
+  // Records the first failure and wakes every host wait on this invocation,
+  // so peers fail fast instead of running into their own timeouts.
+  void Fail(const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failure.empty()) {
+        failure = message;
+        failed_at = Clock::now();
+      }
+      has_failed.store(true);
+    }
+    cv.notify_all();
+  }
+  bool failed() const { return has_failed.load(); }
+
+  const Key key;
+  const std::shared_ptr<const Plan> plan;
+  const int64_t row_bytes;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Rank> ranks;
+  int64_t arrived = 0;
+  int64_t left = 0;
+  // Every rank's copies and events are issued (by the last rank to arrive).
+  bool issued = false;
+  // Run once issued, or once a rank gave up (CPU waits that block no
+  // thread; they check failed()).
+  std::vector<std::function<void()>> on_issued;
+  // Set when a rank gave up waiting for its peers: a late arriver must fail
+  // at once instead of waiting for ranks that are gone.
+  bool abandoned = false;
+  std::string failure;
+  Clock::time_point failed_at;
+  std::atomic<bool> has_failed{false};
+
+  static inline std::atomic<int64_t> live{0};
+};
+
+template <class Backend>
+class Registry {
+ public:
+  using Inv = Invocation<Backend>;
+
+  // Leaked on purpose: copy-queue threads may still touch invocations while
+  // the interpreter exits, after static destructors would have run.
+  static Registry& Get() {
+    static Registry* registry = new Registry();
+    return *registry;
+  }
+
+  // seq of a start: how many starts of `site` this device ran before in this
+  // execution. A scan runs one site many times under one run id.
+  int64_t NextSeq(int32_t device, int64_t run_id, int64_t site) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& runs = seqs_[device];
+    auto it = std::find_if(runs.begin(), runs.end(),
+                           [&](const auto& r) { return r.first == run_id; });
+    if (it == runs.end()) {
+      // Executions of one device may overlap on the CPU runtime, so a few
+      // run ids are kept; older ones are finished and forgotten, which bounds
+      // the map across runs.
+      runs.emplace_front(run_id, std::unordered_map<int64_t, int64_t>());
+      if (runs.size() > kRunsKept) runs.pop_back();
+      it = runs.begin();
+    }
+    return it->second[site]++;
+  }
+
+  // The invocation of `key`, created by the first rank to arrive.
+  std::shared_ptr<Inv> FindOrCreate(const Key& key,
+                                    const std::shared_ptr<const Plan>& plan,
+                                    int64_t row_bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end()) return it->second;
+    SweepLocked();
+    auto inv = std::make_shared<Inv>(key, plan, row_bytes);
+    pending_.emplace(key, inv);
+    return inv;
+  }
+
+  // Drops `key` from the rendezvous once every rank arrived, or once every
+  // rank that arrived at an abandoned invocation has left.
+  void Forget(const Key& key, const Inv* inv) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end() && it->second.get() == inv) pending_.erase(it);
+  }
+
+  // At start: wait finds the invocation by the address of a landing buffer,
+  // done by the address of sources[0].
+  void Register(int32_t device, int64_t run_id,
+                const std::shared_ptr<Inv>& inv, int64_t rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto& r = inv->ranks[rank];
+    for (size_t b = 0; b < r.landings.size(); ++b) {
+      waits_[{device, run_id, Addr(r.landings[b])}].push_back(
+          {inv, static_cast<int64_t>(b)});
+    }
+    dones_[{device, run_id, Addr(r.sources[0])}].push_back({inv, rank});
+  }
+
+  // The oldest pending start of this device and execution whose landing
+  // buffer `b` is at `address`; removes it.
+  bool TakeWait(int32_t device, int64_t run_id, const void* address,
+                std::shared_ptr<Inv>* inv, int64_t* landing) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waits_.find({device, run_id, Addr(address)});
+    if (it == waits_.end()) return false;
+    *inv = it->second.front().first;
+    *landing = it->second.front().second;
+    it->second.pop_front();
+    if (it->second.empty()) waits_.erase(it);
+    return true;
+  }
+
+  // The oldest pending start of this device and execution whose sources[0]
+  // is keepalive[0] and whose forwarded landing buffers are all kept alive.
+  // Matching the forwarded buffers too tells apart two invocations that
+  // gather the same operand.
+  bool TakeDone(int32_t device, int64_t run_id,
+                const std::vector<const void*>& keepalive,
+                std::shared_ptr<Inv>* inv, int64_t* rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = dones_.find({device, run_id, Addr(keepalive[0])});
+    if (it == dones_.end()) return false;
+    auto& candidates = it->second;
+    for (auto c = candidates.begin(); c != candidates.end(); ++c) {
+      if (!KeepsForwardedAlive(*c->first, c->second, keepalive)) continue;
+      *inv = c->first;
+      *rank = c->second;
+      candidates.erase(c);
+      if (candidates.empty()) dones_.erase(it);
+      return true;
+    }
+    return false;
+  }
+
+  // Removes what `device` registered for `inv`: its execution failed, so its
+  // waits and done will never run.
+  void ForgetDevice(int32_t device, const Inv* inv) {
+    std::lock_guard<std::mutex> lock(mu_);
+    EraseIf(waits_, [&](const auto& key, const auto& e) {
+      return std::get<0>(key) == device && e.first.get() == inv;
+    });
+    EraseIf(dones_, [&](const auto& key, const auto& e) {
+      return std::get<0>(key) == device && e.first.get() == inv;
+    });
+  }
+
+  int64_t Pending() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = pending_.size();
+    for (const auto& [k, v] : waits_) n += v.size();
+    for (const auto& [k, v] : dones_) n += v.size();
+    return static_cast<int64_t>(n);
+  }
+
+ private:
+  static constexpr size_t kRunsKept = 64;
+  using AddrKey = std::tuple<int32_t, int64_t, uintptr_t>;
+  template <class T>
+  using Index = std::map<AddrKey, std::deque<std::pair<std::shared_ptr<Inv>, T>>>;
+
+  static uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+  static bool KeepsForwardedAlive(const Inv& inv, int64_t rank,
+                                  const std::vector<const void*>& keepalive) {
+    const auto& r = inv.ranks[rank];
+    for (const Transfer& t : inv.plan->transfers) {
+      if (t.src >= 0) continue;
+      const void* forwarded = r.landings[-1 - t.src];
+      if (std::find(keepalive.begin(), keepalive.end(), forwarded) ==
+          keepalive.end()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  template <class Map, class Pred>
+  static void EraseIf(Map& map, Pred pred) {
+    for (auto it = map.begin(); it != map.end();) {
+      auto& q = it->second;
+      q.erase(std::remove_if(q.begin(), q.end(),
+                             [&](const auto& e) { return pred(it->first, e); }),
+              q.end());
+      it = q.empty() ? map.erase(it) : std::next(it);
+    }
+  }
+
+  // Entries of failed invocations whose device's execution aborted before
+  // reaching wait/done (an error elsewhere in the program) would stay
+  // forever; drop them once every bounded wait on them has expired.
+  void SweepLocked() {
+    const auto now = Clock::now();
+    auto stale = [&](const Inv& inv) {
+      return inv.failed() &&
+             now - inv.failed_at >
+                 std::chrono::milliseconds(2 * inv.plan->timeout_ms);
+    };
+    auto stale_entry = [&](const auto&, const auto& e) { return stale(*e.first); };
+    EraseIf(waits_, stale_entry);
+    EraseIf(dones_, stale_entry);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      it = stale(*it->second) ? pending_.erase(it) : std::next(it);
+    }
+  }
+
+  std::mutex mu_;
+  std::map<Key, std::shared_ptr<Inv>> pending_;
+  Index<int64_t> waits_;  // -> landing buffer index
+  Index<int64_t> dones_;  // -> rank
+  std::unordered_map<int32_t,
+                     std::deque<std::pair<int64_t,
+                                          std::unordered_map<int64_t, int64_t>>>>
+      seqs_;
+};
+
+}  // namespace ficco
+
+#endif  // FICCO_XLA_FFI_PEER_COPY_REGISTRY_H_
