@@ -184,6 +184,9 @@ EventPools<CpuEvent>& Pools() {
 struct CpuBackend {
   using Event = CpuEvent;
   using Inv = Invocation<CpuBackend>;
+  // XLA:CPU runs handlers on a small shared pool: a start that blocked for
+  // its peers could starve them, so the last rank to arrive issues for all.
+  static constexpr bool kParallelIssue = false;
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
     auto e = Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {

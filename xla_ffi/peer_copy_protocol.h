@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,146 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
   return ffi::Error::Success();
 }
 
+// Issues the copies rank `r` receives (kParallelIssue), on r's own thread.
+// A forwarded copy waits, bounded, until the peer has recorded the arrival
+// events of the landing buffer it forwards: the peer issues in plan order
+// on its own thread, and a CUDA wait on an unrecorded event is a no-op.
+template <class Backend>
+ffi::Error IssueRank(Backend& backend,
+                     const std::shared_ptr<Invocation<Backend>>& inv,
+                     int64_t r, int64_t timeout_ms) {
+  const Plan& plan = *inv->plan;
+  const int64_t p = plan.axis_size;
+  const auto& ranks = inv->ranks;
+  const auto& me = ranks[r];
+  bool forwards = false;
+  for (const Transfer& t : plan.transfers) {
+    forwards |= t.src < 0;
+    const int32_t peer = ranks[(r + t.src_offset) % p].device;
+    if (auto err = backend.EnsurePeerAccess(me.device, peer); err.failure()) {
+      return err;
+    }
+  }
+  // XLA may have handed out the landing buffers' memory right after work
+  // still queued on this rank's compute stream.
+  for (int64_t stream : plan.streams_used) {
+    if (auto err = backend.SideWait(inv, me.device, stream, me.ready);
+        err.failure()) {
+      return err;
+    }
+  }
+  std::set<std::pair<int64_t, int64_t>> ready_waited;  // (stream, peer rank)
+  const auto deadline = DeadlineAfter(timeout_ms);
+  for (size_t i = 0; i < plan.transfers.size(); ++i) {
+    const Transfer& t = plan.transfers[i];
+    const int64_t peer_rank = (r + t.src_offset) % p;
+    const auto& peer = ranks[peer_rank];
+    ffi::Error err = ffi::Error::Success();
+    if (ready_waited.insert({t.stream, peer_rank}).second) {
+      err = backend.SideWait(inv, me.device, t.stream, peer.ready);
+    }
+    const char* src = nullptr;
+    if (t.src >= 0) {
+      src = peer.sources[t.src];
+    } else {
+      const int64_t forwarded = -1 - t.src;
+      int64_t need = 0;  // Transfers [0, need) of the peer fill `forwarded`.
+      for (size_t j = 0; j < i; ++j) {
+        if (plan.transfers[j].dst == forwarded) need = j + 1;
+      }
+      {
+        std::unique_lock<std::mutex> lock(inv->mu);
+        if (!inv->cv.wait_until(lock, deadline, [&] {
+              return inv->recorded[peer_rank] >= need || inv->failed();
+            }) || inv->failed()) {
+          return ffi::Error(
+              ffi::ErrorCode::kDeadlineExceeded,
+              inv->failed() ? "a peer failed: " + inv->failure
+                            : "timed out after " + std::to_string(timeout_ms) +
+                                  " ms waiting for rank " +
+                                  std::to_string(peer_rank) +
+                                  " to issue the copies it forwards");
+        }
+      }
+      for (int64_t j = 0; err.success() && j < need; ++j) {
+        if (plan.transfers[j].dst == forwarded) {
+          err = backend.SideWait(inv, me.device, t.stream, peer.arrival[j]);
+        }
+      }
+      src = peer.landings[forwarded];
+    }
+    if (err.success()) {
+      err = backend.SideCopy(inv, me.device, t.stream,
+                             me.landings[t.dst] + t.dst_row * inv->row_bytes,
+                             src + t.src_row * inv->row_bytes, peer.device,
+                             static_cast<size_t>(t.rows * inv->row_bytes));
+    }
+    if (err.success()) {
+      err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
+    }
+    if (err.failure()) return err;
+    if (forwards) {
+      {
+        std::lock_guard<std::mutex> lock(inv->mu);
+        inv->recorded[r] = static_cast<int64_t>(i) + 1;
+      }
+      inv->cv.notify_all();
+    }
+  }
+  for (size_t k = 0; k < plan.streams_used.size(); ++k) {
+    if (auto err = backend.SideRecord(inv, me.device, plan.streams_used[k],
+                                      me.finals[k]);
+        err.failure()) {
+      return err;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// The rest of start with kParallelIssue: wait (bounded) for every rank to
+// publish, then enqueue this rank's copies; the last rank to finish marks
+// the invocation issued for the waits and dones of every rank.
+template <class Backend>
+ffi::Error StartParallel(Backend& backend,
+                         const std::shared_ptr<Invocation<Backend>>& inv,
+                         const Key& key, int64_t rank, int32_t device,
+                         bool last, const std::string& where,
+                         int64_t timeout_ms) {
+  const int64_t p = inv->plan->axis_size;
+  auto& registry = Registry<Backend>::Get();
+  if (last) {
+    registry.Forget(key, inv.get());
+    inv->cv.notify_all();
+  } else {
+    std::unique_lock<std::mutex> lock(inv->mu);
+    if (!inv->cv.wait_until(lock, DeadlineAfter(timeout_ms), [&] {
+          return inv->arrived == p || inv->failed();
+        }) || inv->failed()) {
+      const std::string message = where + ": " + StallMessage(*inv, timeout_ms);
+      lock.unlock();
+      return Abandon(inv, rank, device, message);
+    }
+  }
+  ffi::Error err = IssueRank(backend, inv, rank, timeout_ms);
+  if (err.failure()) {
+    const std::string message =
+        where + ": issuing this rank's copies: " + err.message();
+    inv->Fail(message);
+    return Abandon(inv, rank, device, message);
+  }
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(inv->mu);
+    if (++inv->issued_ranks == p) {
+      inv->issued = true;
+      callbacks.swap(inv->on_issued);
+    }
+  }
+  inv->cv.notify_all();
+  for (auto& callback : callbacks) callback();
+  return ffi::Error::Success();
+}
+
 // Start: publish this rank; the last to arrive issues everyone's copies.
 // Returns at once either way, so no thread ever waits here for a peer.
 template <class Backend>
@@ -233,6 +374,10 @@ ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
   // wait and done of this device run after start returns (they consume its
   // outputs), so registering before the issue is early enough.
   registry.Register(device, run_id, inv, pos.rank);
+  if constexpr (Backend::kParallelIssue) {
+    return StartParallel(backend, inv, key, pos.rank, device, last, where,
+                         attrs.timeout_ms);
+  }
   if (!last) return ffi::Error::Success();
 
   registry.Forget(key, inv.get());

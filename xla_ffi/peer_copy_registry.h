@@ -69,7 +69,7 @@ struct Invocation {
 
   Invocation(Key key, std::shared_ptr<const Plan> plan, int64_t row_bytes)
       : key(key), plan(std::move(plan)), row_bytes(row_bytes),
-        ranks(this->plan->axis_size) {
+        ranks(this->plan->axis_size), recorded(this->plan->axis_size, 0) {
     live.fetch_add(1);
   }
   ~Invocation() {
@@ -115,8 +115,15 @@ struct Invocation {
   std::vector<Rank> ranks;
   int64_t arrived = 0;
   int64_t left = 0;
-  // Every rank's copies and events are issued (by the last rank to arrive).
+  // Every rank's copies and events are issued (by the last rank to arrive,
+  // or, with Backend::kParallelIssue, by each rank for the copies it
+  // receives; `issued` is then set by the last rank to finish).
   bool issued = false;
+  // kParallelIssue only: per rank, how many of its transfers have their
+  // arrival events recorded (ring forwarding waits on these), and how many
+  // ranks have issued everything.
+  std::vector<int64_t> recorded;
+  int64_t issued_ranks = 0;
   // Run once issued, or once a rank gave up (CPU waits that block no
   // thread; they check failed()).
   std::vector<std::function<void()>> on_issued;
