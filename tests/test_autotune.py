@@ -122,6 +122,8 @@ def test_malformed_cache_is_a_clear_error(user_cache):
     autotune_cache.lookup(_key())
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="reads permute counts from CPU HLO (XLA:GPU combines permutes)")
 def test_precedence_heuristic_then_cache_then_explicit():
   # 3. Heuristic: on CPU (and this small), no overlap.
   assert _ran(_compiled()) == "none"

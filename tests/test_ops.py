@@ -204,7 +204,8 @@ def test_pallas_compute(schedule):
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(13)
   if util.on_gpu():
-    dtype, (m, k, n) = jnp.bfloat16, (512, 256, 128)
+    # Pieces must be whole Hopper tiles (multiples of 64 rows): 768 / 3.
+    dtype, (m, k, n) = jnp.bfloat16, (768, 256, 128)
   else:
     dtype, (m, k, n) = np.float32, (6, 10, 7)
   x, w = util.rand(rng, (4 * m, k), dtype), util.rand(rng, (k, 4 * n), dtype)

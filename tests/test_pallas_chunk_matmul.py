@@ -18,7 +18,9 @@ import pytest
 from ficco_jax._src.pallas import chunk_matmul as cm
 
 POISON = -12345.0  # Exactly representable in bf16, f16 and f32.
-TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2, jnp.float16: 2e-3}
+# On a GPU host the interpreter's f32 dots run on the GPU, as tf32.
+_F32 = 1e-5 if jax.default_backend() == "cpu" else 1e-3
+TOL = {jnp.float32: _F32, jnp.bfloat16: 1e-2, jnp.float16: 2e-3}
 
 
 def _inputs(seed, m, mc, k, n, dtype, out_dtype=None):
@@ -61,6 +63,8 @@ def test_into_static_offset(dtype, m, mc, k, n, off):
   _check(result, out, x, w, off, TOL[dtype])
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="interpret=None compiles the Hopper kernel off CPU")
 def test_interpret_none_is_interpret_on_cpu():
   out, x, w = _inputs(1, 30, 6, 40, 24, jnp.float32)
   _check(cm.chunk_matmul_into(out, x, w, 18), out, x, w, 18, TOL[jnp.float32])
@@ -103,7 +107,7 @@ def test_chunks_fill_output_in_a_loop():
                              jnp.full((m, n), jnp.nan, jnp.float32))
 
   ref = np.asarray(xs, np.float64).reshape(m, k) @ np.asarray(w, np.float64)
-  np.testing.assert_allclose(np.asarray(f(xs, w)), ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(f(xs, w)), ref, rtol=_F32, atol=_F32)
 
 
 def test_chunk_matmul_and_reference():
@@ -111,10 +115,10 @@ def test_chunk_matmul_and_reference():
   y = cm.chunk_matmul(x, w, interpret=True)
   ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   assert y.shape == (6, 24) and y.dtype == jnp.float32
-  np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(y), ref, rtol=_F32, atol=10 * _F32)
   out = jnp.zeros((30, 24), jnp.float32)
   r = cm._reference(out, x, w, 18)
-  np.testing.assert_allclose(np.asarray(r)[18:24], ref, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(r)[18:24], ref, rtol=_F32, atol=10 * _F32)
   assert not np.asarray(r)[:18].any() and not np.asarray(r)[24:].any()
 
 

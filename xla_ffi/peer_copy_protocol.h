@@ -188,7 +188,7 @@ ffi::Error IssueRank(Backend& backend,
       }
       {
         std::unique_lock<std::mutex> lock(inv->mu);
-        if (!inv->cv.wait_until(lock, deadline, [&] {
+        if (!SpinThenWait(lock, inv->cv, deadline, [&] {
               return inv->recorded[peer_rank] >= need || inv->failed();
             }) || inv->failed()) {
           return ffi::Error(
@@ -251,7 +251,7 @@ ffi::Error StartParallel(Backend& backend,
     inv->cv.notify_all();
   } else {
     std::unique_lock<std::mutex> lock(inv->mu);
-    if (!inv->cv.wait_until(lock, DeadlineAfter(timeout_ms), [&] {
+    if (!SpinThenWait(lock, inv->cv, DeadlineAfter(timeout_ms), [&] {
           return inv->arrived == p || inv->failed();
         }) || inv->failed()) {
       const std::string message = where + ": " + StallMessage(*inv, timeout_ms);
@@ -520,7 +520,7 @@ ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
                        int64_t timeout_ms) {
   auto& inv = *f.inv;
   std::unique_lock<std::mutex> lock(inv.mu);
-  inv.cv.wait_until(lock, DeadlineAfter(timeout_ms),
+  SpinThenWait(lock, inv.cv, DeadlineAfter(timeout_ms),
                     [&] { return inv.issued || inv.failed(); });
   if (inv.issued && !inv.failed()) return ffi::Error::Success();
   const std::string message = f.where + ": " + StallMessage(inv, timeout_ms);
@@ -539,8 +539,12 @@ ffi::Error BlockingWait(Backend& backend, int64_t run_id, int32_t device,
   }
   auto f = FindWait<Backend>(run_id, device, buf.untyped_data(), attrs.op_name);
   if (!f.has_value()) return f.error();
-  if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
-    return err;
+  // With parallel issue this rank recorded its own arrival events before its
+  // start returned; only a last-arriver issue must be awaited here.
+  if constexpr (!Backend::kParallelIssue) {
+    if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
+      return err;
+    }
   }
   const Plan& plan = *f->inv->plan;
   for (size_t i = 0; i < plan.transfers.size(); ++i) {

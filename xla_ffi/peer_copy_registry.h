@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -32,6 +33,26 @@
 namespace ficco {
 
 using Clock = std::chrono::steady_clock;
+
+// Waits for `pred` under `lock`, spinning (with yields) for a short while
+// before sleeping on `cv`. The CUDA handlers hand off to each other several
+// times per op (rendezvous, ring forwarding, issue complete); a sleeping
+// thread takes tens of microseconds to wake, which made sub-millisecond ops
+// host-bound. The spin is bounded, so an absent peer still costs no more
+// than a short burst of CPU before the thread sleeps until the deadline.
+template <class Pred>
+bool SpinThenWait(std::unique_lock<std::mutex>& lock,
+                  std::condition_variable& cv, Clock::time_point deadline,
+                  Pred pred) {
+  const auto spin_until = Clock::now() + std::chrono::microseconds(300);
+  while (!pred()) {
+    if (Clock::now() >= spin_until) return cv.wait_until(lock, deadline, pred);
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
+  return true;
+}
 
 inline Clock::time_point DeadlineAfter(int64_t ms) {
   return Clock::now() + std::chrono::milliseconds(ms);
