@@ -97,6 +97,8 @@ def load(paths) -> tuple[list[Case], str | None]:
     meta = data.get("meta", {})
     kind = kind or meta.get("device_kind")
     op = data.get("op") or meta.get("op") or "all_gather_matmul"
+    # ag_bench.py / rs_bench.py write the short names.
+    op = {"ag": "all_gather_matmul", "rs": "matmul_reduce_scatter"}.get(op, op)
     for c in data.get("cases", []):
       times = {}
       if "schedules" in c:

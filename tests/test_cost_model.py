@@ -170,6 +170,7 @@ def test_non_gpu_platforms_do_not_overlap(gpu_with_dma):
 def test_reduce_scatter_switch(gpu_with_dma, monkeypatch):
   kw = dict(x_shape=(8192, 7168), w_shape=(7168, 8192), dtype=BF16,
             axis_size=4, platform="gpu", device_kind="NVIDIA H200")
+  monkeypatch.setattr(heuristics, "OVERLAP_REDUCE_SCATTER", False)
   assert not ficco_jax.choose_schedule("matmul_reduce_scatter", **kw).overlapped
   monkeypatch.setattr(heuristics, "OVERLAP_REDUCE_SCATTER", True)
   s = ficco_jax.choose_schedule("matmul_reduce_scatter", **kw)
