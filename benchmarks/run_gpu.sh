@@ -23,7 +23,9 @@ REPO=$PWD
 OUT=${OUT:-$REPO/gpu_out}
 mkdir -p "$OUT"
 RES=${RES:-/tmp/ficco_results}
-rm -rf "$RES"; mkdir -p "$RES"
+# KEEP_RES=1 keeps what an earlier step of the same call wrote there.
+[[ -n ${KEEP_RES:-} ]] || rm -rf "$RES"
+mkdir -p "$RES"
 LOG=$OUT/log.txt
 : > "$LOG"
 
@@ -103,7 +105,9 @@ EOF
 cat "$OUT/env.txt" | tee -a "$LOG" | head -40
 
 INSTALL=${INSTALL:-1}            # 0: use the source tree (e.g. CPU tests).
-if [[ $INSTALL == 0 ]]; then
+if [[ $INSTALL == skip ]]; then
+  log "INSTALL=skip: using the package installed earlier in this call"
+elif [[ $INSTALL == 0 ]]; then
   log "INSTALL=0: using the source tree on PYTHONPATH"
   export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 elif log "pip install" && \
