@@ -197,3 +197,29 @@ def test_autotune_with_no_working_candidate_raises():
     ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh, axis_name="x",
                        candidates=[Schedule(dataflow="ring", num_chunks=4)],
                        warmup=1, rounds=1, iters=1)
+
+
+def test_shipped_h200_cache_is_what_schedule_none_uses(tmp_path):
+  """Every entry shipped for the H200 resolves, for its own shapes, to itself."""
+  import json
+  import pathlib
+  from ficco_jax._src import api
+  path = (pathlib.Path(ficco_jax.__file__).parent / "data" / "autotune" /
+          "nvidia_h200.json")
+  entries = json.loads(path.read_text())["entries"]
+  assert entries, "the shipped H200 cache is empty"
+  ficco_jax.set_autotune_cache(tmp_path / "empty.json")
+  try:
+    for e in entries:
+      k = e["key"]
+      got, source = api.default_schedule(
+          k["op"], x_shape=tuple(k["x_shape"]), w_shape=tuple(k["w_shape"]),
+          dtype=k["dtype"], axis_size=k["axis_size"], axis=k["axis"],
+          device_kind=k["device_kind"])
+      assert source == "autotune cache", k
+      assert got == autotune_cache.schedule_from_json(e["schedule"]), k
+      # The shipped winner is never slower than XLA's collective + dot.
+      t = e["timings_ms"]
+      assert t[got.short()] <= t["none/c1/xla/xla"], (k, t)
+  finally:
+    ficco_jax.set_autotune_cache(None)

@@ -17,7 +17,10 @@ BIG = dict(x_shape=(2048, 8192), w_shape=(8192, 7168), dtype="bfloat16",
 
 
 @pytest.fixture(autouse=True)
-def user_cache(tmp_path):
+def user_cache(tmp_path, monkeypatch):
+  # These tests are about the heuristic: the shipped H200 cache covers some
+  # of their shapes, so it is left out here (test_autotune checks it).
+  monkeypatch.setattr(autotune_cache, "_package", lambda device_kind: {})
   ficco_jax.set_autotune_cache(tmp_path / "autotune.json")
   yield
   ficco_jax.set_autotune_cache(None)

@@ -107,7 +107,10 @@ def test_chunks_fill_output_in_a_loop():
                              jnp.full((m, n), jnp.nan, jnp.float32))
 
   ref = np.asarray(xs, np.float64).reshape(m, k) @ np.asarray(w, np.float64)
-  np.testing.assert_allclose(np.asarray(f(xs, w)), ref, rtol=_F32, atol=_F32)
+  got = np.asarray(f(xs, w), np.float64)
+  # Relative norm: on GPU hosts the interpreter's f32 dot is tf32, whose
+  # rounding an elementwise bound on near-zero entries cannot absorb.
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < _F32
 
 
 def test_chunk_matmul_and_reference():
