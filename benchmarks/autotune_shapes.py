@@ -27,7 +27,7 @@ from absl import flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.append(os.path.dirname(HERE))  # After the installed package.
 
 import heuristic_accuracy  # noqa: E402  (defines --results, --device_kind)
 

@@ -28,7 +28,7 @@ from absl import app
 from absl import flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.append(os.path.dirname(HERE))  # After the installed package.
 
 from ficco_jax._src import device_params  # noqa: E402
 
@@ -172,8 +172,11 @@ def main(argv):
   with open(FLAGS.characterization) as f:
     char = json.load(f)
   result = fit(char)
-  out = FLAGS.out or str(device_params.DATA_DIR / "cost_model" /
-                         f"{device_params.slug(result['device_kind'])}.json")
+  # Default: the source tree's package data (to commit), not the package
+  # that happens to be imported (an install in site-packages).
+  out = FLAGS.out or os.path.join(
+      os.path.dirname(HERE), "ficco_jax", "data", "cost_model",
+      f"{device_params.slug(result['device_kind'])}.json")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   with open(out, "w") as f:
     json.dump(result, f, indent=1)

@@ -36,7 +36,7 @@ from absl import app
 from absl import flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.append(os.path.dirname(HERE))  # After the installed package.
 
 from ficco_jax._src import cost_model  # noqa: E402
 from ficco_jax._src import device_params  # noqa: E402

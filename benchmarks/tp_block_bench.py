@@ -61,7 +61,7 @@ from absl import flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.append(os.path.join(HERE, ".."))  # After the installed package.
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("d_model", 8192, "Model width.")
