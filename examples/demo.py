@@ -65,9 +65,9 @@ def main() -> int:
   failures = 0
   for op, (fn, a, b, ref, a_local, b_local) in cases.items():
     schedules = [None, Schedule(dataflow="direct", num_chunks=4),
-                 Schedule(dataflow="bidirectional", num_chunks=2)]
-    if op == "all_gather_matmul":
-      schedules.append(Schedule(dataflow="direct", num_chunks=4, comm=comm))
+                 Schedule(dataflow="bidirectional", num_chunks=2),
+                 Schedule(dataflow="ring", num_chunks=2, comm=comm),
+                 Schedule(dataflow="direct", num_chunks=4, comm=comm)]
     for schedule in schedules:
       ran = schedule or ficco_jax.choose_schedule(
           op, x_shape=a_local, w_shape=b_local, dtype=dtype, axis_size=p)
