@@ -61,6 +61,44 @@ inline std::string RankList(const std::vector<int64_t>& ranks,
   return os.str();
 }
 
+// Copies transfer `i` into rank `r`'s landing buffer on r's copy queue and
+// records its arrival. A forwarded piece (ring) is read from the landing
+// buffer the source rank receives itself, after the queue waits for that
+// buffer's arrival events there; the caller ensures they are recorded (a
+// CUDA wait on an unrecorded event is a no-op). Both issue strategies use it.
+template <class Backend>
+ffi::Error CopyTransfer(Backend& backend,
+                        const std::shared_ptr<Invocation<Backend>>& inv,
+                        int64_t r, size_t i) {
+  const Plan& plan = *inv->plan;
+  const Transfer& t = plan.transfers[i];
+  const auto& me = inv->ranks[r];
+  const auto& peer = inv->ranks[(r + t.src_offset) % plan.axis_size];
+  ffi::Error err = ffi::Error::Success();
+  const char* src = nullptr;
+  if (t.src >= 0) {
+    src = peer.sources[t.src];
+  } else {
+    const int64_t forwarded = -1 - t.src;
+    for (size_t j = 0; err.success() && j < i; ++j) {
+      if (plan.transfers[j].dst == forwarded) {
+        err = backend.SideWait(inv, me.device, t.stream, peer.arrival[j]);
+      }
+    }
+    src = peer.landings[forwarded];
+  }
+  if (err.success()) {
+    err = backend.SideCopy(inv, me.device, t.stream,
+                           me.landings[t.dst] + t.dst_row * inv->row_bytes,
+                           src + t.src_row * inv->row_bytes, peer.device,
+                           static_cast<size_t>(t.rows * inv->row_bytes));
+  }
+  if (err.success()) {
+    err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
+  }
+  return err;
+}
+
 // Issues the copies of every rank, called once by the last rank to arrive.
 // Transfer-major order: when transfer i of any rank forwards a landing
 // buffer, the arrival events of the earlier transfers filling it are already
@@ -97,32 +135,10 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
   for (size_t i = 0; i < plan.transfers.size(); ++i) {
     const Transfer& t = plan.transfers[i];
     for (int64_t r = 0; r < p; ++r) {
-      const auto& me = ranks[r];
       const auto& peer = ranks[(r + t.src_offset) % p];
-      ffi::Error err = backend.SideWait(inv, me.device, t.stream, peer.ready);
-      const char* src = nullptr;
-      if (t.src >= 0) {
-        src = peer.sources[t.src];
-      } else {
-        // Ring forwarding: read the landing buffer the peer receives itself,
-        // once every copy into it there has landed.
-        const int64_t forwarded = -1 - t.src;
-        for (size_t j = 0; err.success() && j < i; ++j) {
-          if (plan.transfers[j].dst == forwarded) {
-            err = backend.SideWait(inv, me.device, t.stream, peer.arrival[j]);
-          }
-        }
-        src = peer.landings[forwarded];
-      }
-      if (err.success()) {
-        err = backend.SideCopy(inv, me.device, t.stream,
-                               me.landings[t.dst] + t.dst_row * inv->row_bytes,
-                               src + t.src_row * inv->row_bytes, peer.device,
-                               static_cast<size_t>(t.rows * inv->row_bytes));
-      }
-      if (err.success()) {
-        err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
-      }
+      ffi::Error err =
+          backend.SideWait(inv, ranks[r].device, t.stream, peer.ready);
+      if (err.success()) err = CopyTransfer(backend, inv, r, i);
       if (err.failure()) return err;
     }
   }
@@ -177,10 +193,7 @@ ffi::Error IssueRank(Backend& backend,
     if (ready_waited.insert({t.stream, peer_rank}).second) {
       err = backend.SideWait(inv, me.device, t.stream, peer.ready);
     }
-    const char* src = nullptr;
-    if (t.src >= 0) {
-      src = peer.sources[t.src];
-    } else {
+    if (t.src < 0) {
       const int64_t forwarded = -1 - t.src;
       int64_t need = 0;  // Transfers [0, need) of the peer fill `forwarded`.
       for (size_t j = 0; j < i; ++j) {
@@ -200,22 +213,8 @@ ffi::Error IssueRank(Backend& backend,
                                   " to issue the copies it forwards");
         }
       }
-      for (int64_t j = 0; err.success() && j < need; ++j) {
-        if (plan.transfers[j].dst == forwarded) {
-          err = backend.SideWait(inv, me.device, t.stream, peer.arrival[j]);
-        }
-      }
-      src = peer.landings[forwarded];
     }
-    if (err.success()) {
-      err = backend.SideCopy(inv, me.device, t.stream,
-                             me.landings[t.dst] + t.dst_row * inv->row_bytes,
-                             src + t.src_row * inv->row_bytes, peer.device,
-                             static_cast<size_t>(t.rows * inv->row_bytes));
-    }
-    if (err.success()) {
-      err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
-    }
+    if (err.success()) err = CopyTransfer(backend, inv, r, i);
     if (err.failure()) return err;
     if (forwards) {
       {
