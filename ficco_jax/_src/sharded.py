@@ -44,8 +44,9 @@ def _place(a, mesh, spec):
   """Puts ``a`` in the layout shard_map expects, under jit or eagerly."""
   sharding = NamedSharding(mesh, spec)
   if isinstance(a, jax.core.Tracer):
-    if hasattr(jax, "reshard") and any(
-        str(t).endswith("Explicit") for t in getattr(mesh, "axis_types", ())):
+    # Explicit mesh axes reject sharding constraints; they take a reshard.
+    explicit = getattr(jax.sharding.AxisType, "Explicit", None)
+    if explicit is not None and explicit in getattr(mesh, "axis_types", ()):
       return jax.reshard(a, sharding)
     return jax.lax.with_sharding_constraint(a, sharding)
   return jax.device_put(a, sharding)
