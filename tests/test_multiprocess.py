@@ -1,0 +1,40 @@
+"""Several JAX processes on one machine, started by ficco_jax.launch."""
+
+import os
+import time
+
+import pytest
+
+from ficco_jax import launch
+
+WORKER = os.path.join(os.path.dirname(__file__), "mp_worker.py")
+# Each worker is a fresh interpreter: it must not inherit this process's
+# 8-device flag (the launcher sizes it).
+ENV = {"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+
+
+def _launch(mode, **kw):
+  return launch.launch([WORKER, mode], 2, devices_per_process=2, gpus=0,
+                       env=ENV, **kw)
+
+
+def test_ops_across_processes_with_comm_xla():
+  assert _launch("ops", timeout_s=240) == 0
+
+
+def test_dma_across_processes_is_refused_naming_comm_xla():
+  # mp_worker exits 0 only if the ValueError names comm='xla'.
+  assert _launch("dma", timeout_s=240) == 0
+
+
+def test_a_dead_process_does_not_hang_the_others():
+  start = time.monotonic()
+  assert _launch("die", timeout_s=240) == 7
+  assert time.monotonic() - start < 120
+
+
+def test_launch_checks_its_arguments():
+  with pytest.raises(ValueError, match="num_processes=0 must be >= 1"):
+    launch.launch([WORKER, "ops"], 0, gpus=0)
+  with pytest.raises(ValueError, match="need more than the 2 GPUs"):
+    launch.launch([WORKER, "ops"], 2, devices_per_process=2, gpus=2)
