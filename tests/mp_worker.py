@@ -7,6 +7,7 @@
                (the launcher must stop them).
 """
 
+import os
 import sys
 
 from ficco_jax import launch
@@ -71,7 +72,9 @@ def main(mode: str) -> int:
     return 4  # comm="dma" must not run across processes.
   if mode == "die":
     if jax.process_index() == 1:
-      return 7
+      # Die like a crashed process: no exit handlers, so no distributed
+      # shutdown barrier that would hold this process until the peers leave.
+      os._exit(7)
     # Waits for process 1 forever: the launcher has to stop it.
     _run(ficco_jax.all_gather_matmul, mesh, x, w, P("x"), P(None, "x"),
          P(None, "x"), Schedule(dataflow="none")).block_until_ready()
