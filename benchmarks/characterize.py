@@ -30,7 +30,6 @@ Fit the cost model from the result with benchmarks/fit_cost_model.py.
 from __future__ import annotations
 
 import datetime
-import functools
 import gc
 import json
 import os
@@ -201,7 +200,8 @@ def decomposition(rec: Recorder) -> None:
           rec.measure("decomposition", {
               "kind": "split", "P": p, "model": name, "M": m_glob, "rows": m,
               "K": k, "n": n, "chunks": c, "piece_rows": m // c},
-              lambda c=c: timing.time_jax(_split_dot(c), args, **_tk()))
+              lambda c=c, args=args: timing.time_jax(_split_dot(c), args,
+                                                  **_tk()))
         # The direct dataflow multiplies (P - 1) * m / c rows at a time.
         for c in chunks:
           rows = (p - 1) * m // c

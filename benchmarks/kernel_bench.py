@@ -146,7 +146,6 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax import lax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
   cm = _load_chunk_matmul()
   start = time.time()

@@ -7,7 +7,7 @@ mesh axes (data parallelism) pass through untouched.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 from jax.sharding import NamedSharding
