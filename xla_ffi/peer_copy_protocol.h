@@ -99,6 +99,49 @@ ffi::Error CopyTransfer(Backend& backend,
   return err;
 }
 
+// Before rank `r`'s first copy: peer access from r's device to each of its
+// sources, and every side stream of r waits for r's `ready`: XLA may have
+// handed out the landing buffers' memory right after work still queued on
+// r's compute stream, so no copy may write there before it is done.
+template <class Backend>
+ffi::Error PrepareRank(Backend& backend,
+                       const std::shared_ptr<Invocation<Backend>>& inv,
+                       int64_t r) {
+  const Plan& plan = *inv->plan;
+  const auto& me = inv->ranks[r];
+  for (const Transfer& t : plan.transfers) {
+    const int32_t peer =
+        inv->ranks[(r + t.src_offset) % plan.axis_size].device;
+    if (auto err = backend.EnsurePeerAccess(me.device, peer); err.failure()) {
+      return err;
+    }
+  }
+  for (int64_t stream : plan.streams_used) {
+    if (auto err = backend.SideWait(inv, me.device, stream, me.ready);
+        err.failure()) {
+      return err;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// After rank `r`'s last copy: one `final` event per side stream it used.
+template <class Backend>
+ffi::Error RecordFinals(Backend& backend,
+                        const std::shared_ptr<Invocation<Backend>>& inv,
+                        int64_t r) {
+  const Plan& plan = *inv->plan;
+  const auto& me = inv->ranks[r];
+  for (size_t k = 0; k < plan.streams_used.size(); ++k) {
+    if (auto err = backend.SideRecord(inv, me.device, plan.streams_used[k],
+                                      me.finals[k]);
+        err.failure()) {
+      return err;
+    }
+  }
+  return ffi::Error::Success();
+}
+
 // Issues the copies of every rank, called once by the last rank to arrive.
 // Transfer-major order: when transfer i of any rank forwards a landing
 // buffer, the arrival events of the earlier transfers filling it are already
@@ -114,23 +157,7 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
   const int64_t p = plan.axis_size;
   auto& ranks = inv->ranks;
   for (int64_t r = 0; r < p; ++r) {
-    for (const Transfer& t : plan.transfers) {
-      const int32_t peer = ranks[(r + t.src_offset) % p].device;
-      if (auto err = backend.EnsurePeerAccess(ranks[r].device, peer);
-          err.failure()) {
-        return err;
-      }
-    }
-    // XLA may have handed out the landing buffers' memory right after work
-    // still queued on that rank's compute stream: no copy may write there
-    // before it is done.
-    for (int64_t stream : plan.streams_used) {
-      if (auto err = backend.SideWait(inv, ranks[r].device, stream,
-                                      ranks[r].ready);
-          err.failure()) {
-        return err;
-      }
-    }
+    if (auto err = PrepareRank(backend, inv, r); err.failure()) return err;
   }
   for (size_t i = 0; i < plan.transfers.size(); ++i) {
     const Transfer& t = plan.transfers[i];
@@ -143,14 +170,7 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
     }
   }
   for (int64_t r = 0; r < p; ++r) {
-    for (size_t k = 0; k < plan.streams_used.size(); ++k) {
-      if (auto err = backend.SideRecord(inv, ranks[r].device,
-                                        plan.streams_used[k],
-                                        ranks[r].finals[k]);
-          err.failure()) {
-        return err;
-      }
-    }
+    if (auto err = RecordFinals(backend, inv, r); err.failure()) return err;
   }
   return ffi::Error::Success();
 }
@@ -168,21 +188,8 @@ ffi::Error IssueRank(Backend& backend,
   const auto& ranks = inv->ranks;
   const auto& me = ranks[r];
   bool forwards = false;
-  for (const Transfer& t : plan.transfers) {
-    forwards |= t.src < 0;
-    const int32_t peer = ranks[(r + t.src_offset) % p].device;
-    if (auto err = backend.EnsurePeerAccess(me.device, peer); err.failure()) {
-      return err;
-    }
-  }
-  // XLA may have handed out the landing buffers' memory right after work
-  // still queued on this rank's compute stream.
-  for (int64_t stream : plan.streams_used) {
-    if (auto err = backend.SideWait(inv, me.device, stream, me.ready);
-        err.failure()) {
-      return err;
-    }
-  }
+  for (const Transfer& t : plan.transfers) forwards |= t.src < 0;
+  if (auto err = PrepareRank(backend, inv, r); err.failure()) return err;
   std::set<std::pair<int64_t, int64_t>> ready_waited;  // (stream, peer rank)
   const auto deadline = DeadlineAfter(timeout_ms);
   for (size_t i = 0; i < plan.transfers.size(); ++i) {
@@ -224,14 +231,7 @@ ffi::Error IssueRank(Backend& backend,
       inv->cv.notify_all();
     }
   }
-  for (size_t k = 0; k < plan.streams_used.size(); ++k) {
-    if (auto err = backend.SideRecord(inv, me.device, plan.streams_used[k],
-                                      me.finals[k]);
-        err.failure()) {
-      return err;
-    }
-  }
-  return ffi::Error::Success();
+  return RecordFinals(backend, inv, r);
 }
 
 // The rest of start with kParallelIssue: wait (bounded) for every rank to
