@@ -260,7 +260,8 @@ def _gather_fn(mesh, engine: str, mm: bool):
                                     consume=consume, carry=init,
                                     op_name="characterize", timeout_s=60.0)
     total = gather.finish(total.reshape(1), keep, comm=engine,
-                          op_name="characterize", timeout_s=60.0)
+                          axis_name="x", op_name="characterize",
+                          timeout_s=60.0)
     return total, out[None]
 
   return jax.jit(jax.shard_map(body, mesh=mesh,

@@ -1,14 +1,25 @@
 """A process of a multi-process test, started by ficco_jax.launch.
 
-  mode "ops":  both ops with comm="xla" over an axis that spans every
-               process, checked against a float64 reference.
-  mode "dma":  comm="dma" on such an axis must be refused, naming comm='xla'.
-  mode "die":  process 1 exits at once; the others block in a collective
-               (the launcher must stop them).
+  mode "ops":   both ops with comm="xla" over an axis that spans every
+                process, checked against a float64 reference.
+  mode "dma":   both ops with comm="dma" over such an axis (the window
+                transport: windows exchanged through the distributed
+                key-value store), every dataflow, checked the same way; and
+                a dp x tp mesh whose tp groups span processes.
+  mode "otherhost": as if each process ran on a host of its own
+                (FICCO_HOSTNAME): comm="dma" must be refused, naming
+                comm='xla'.
+  mode "stall": process 1 lowers and runs once, then stops taking part
+                (it sleeps); process 0's next calls must fail with a
+                timeout that names the missing rank, within bounds.
+  mode "die":   process 1 exits at once; the others block in a collective
+                (the launcher must stop them).
+
 """
 
 import os
 import sys
+import time
 
 from ficco_jax import launch
 
@@ -46,6 +57,8 @@ def _run(op, mesh, a, w, a_spec, w_spec, out_spec, schedule):
 
 
 def main(mode: str) -> int:
+  # The float64 reference is compared at 1e-5: no TF32 on GPUs.
+  jax.config.update("jax_default_matmul_precision", "highest")
   p = jax.device_count()
   mesh = jax.make_mesh((p,), ("x",))
   rng = np.random.default_rng(0)  # Same data in every process.
@@ -64,12 +77,71 @@ def main(mode: str) -> int:
       _check(out, h.astype(np.float64) @ w2)
     return 0
   if mode == "dma":
+    for df, c in (("direct", 1), ("direct", 2), ("ring", 3),
+                  ("bidirectional", 1), ("bidirectional", 2)):
+      schedule = Schedule(dataflow=df, num_chunks=c, comm="dma")
+      for _ in range(3):  # Epochs advance; windows are reused.
+        out = _run(ficco_jax.all_gather_matmul, mesh, x, w, P("x"),
+                   P(None, "x"), P(None, "x"), schedule)
+        _check(out, x.astype(np.float64) @ w)
+        out = _run(ficco_jax.matmul_reduce_scatter, mesh, h, w2,
+                   P(None, "x"), P("x"), P("x"), schedule)
+        _check(out, h.astype(np.float64) @ w2)
+    # dp x tp with tp groups spanning processes (devices are numbered
+    # process-major, so a (2, P/2) mesh puts each tp group across them).
+    if p % 2 == 0 and p >= 4:
+      mesh2 = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(p // 2, 2).T,
+                                ("dp", "x"))
+      f = jax.jit(jax.shard_map(
+          functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                            schedule=Schedule(dataflow="ring", comm="dma")),
+          mesh=mesh2, in_specs=(P(("dp", "x")), P(None, "x")),
+          out_specs=P("dp", "x")))
+      xs = rng.standard_normal((4 * p, 10)).astype(np.float32)
+      out = f(_global(mesh2, P(("dp", "x")), xs), _global(mesh2, P(None, "x"), w))
+      ref = np.concatenate([xs[k * 2 * len(xs) // p:(k + 1) * 2 * len(xs) // p]
+                            for k in range(p // 2)]).astype(np.float64) @ w
+      _check(out, ref)
+    return 0
+  if mode == "otherhost":
+    os.environ["FICCO_HOSTNAME"] = f"host{jax.process_index()}"
     try:
       _run(ficco_jax.all_gather_matmul, mesh, x, w, P("x"), P(None, "x"),
            P(None, "x"), Schedule(dataflow="ring", comm="dma"))
     except ValueError as e:
-      return 0 if "use comm='xla'" in str(e) else 3
-    return 4  # comm="dma" must not run across processes.
+      return 0 if "Schedule(comm='xla')" in str(e) else 3
+    return 4  # comm="dma" must not run across hosts.
+  if mode == "stall":
+    f = jax.jit(jax.shard_map(
+        functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                          schedule=Schedule(dataflow="direct", comm="dma"),
+                          timeout_s=3.0),
+        mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
+    args = (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w))
+    f(*args).block_until_ready()
+    flag = os.environ["FICCO_TEST_STALL_FILE"]
+    if jax.process_index() == 1:
+      # Never arrives again; leaves once process 0 has seen its error.
+      deadline = time.monotonic() + 120
+      while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+      os._exit(0 if os.path.exists(flag) else 5)
+    start = time.monotonic()
+    try:
+      # On CUDA the failure surfaces at the next call (the watchdog poisons
+      # the window after the deadline), so allow a few.
+      for _ in range(3):
+        f(*args).block_until_ready()
+    except Exception as e:  # pylint: disable=broad-except
+      took = time.monotonic() - start
+      msg = str(e)
+      print(f"stall: failed after {took:.1f}s: {msg[:300]}", flush=True)
+      late = [r for r, d in enumerate(mesh.devices.flat) if d.process_index == 1]
+      ok = any(f"rank {r} " in msg for r in late) and took < 30
+      with open(flag, "w") as fh:
+        fh.write(msg)
+      os._exit(0 if ok else 6)  # Skip the distributed shutdown barrier.
+    return 7  # No error: the missing peer went unnoticed.
   if mode == "die":
     if jax.process_index() == 1:
       # Die like a crashed process: no exit handlers, so no distributed

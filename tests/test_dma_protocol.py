@@ -72,13 +72,15 @@ def _plan(dataflow, num_chunks, axis_size=4, shard_rows=SHARD_ROWS):
 def _gather(x, plan, *, op_name="test_gather", timeout_s=TIMEOUT_S):
   """all_gather(x, "x", tiled=True) through the protocol, used as the library
   uses it: barriers order the waits, done keeps the peers' reads alive."""
-  landings = peer_copy.start([x], plan, axis_name="x", op_name=op_name,
-                             timeout_s=timeout_s)
+  site = peer_copy.new_site()
+  landings = peer_copy.start([x], plan, axis_name="x", site=site,
+                             op_name=op_name, timeout_s=timeout_s)
   x_ordered, landings = lax.optimization_barrier((x, list(landings)))
   pieces = {0: [(0, x_ordered)]}  # owner offset -> [(owner row, rows)]
   waited = []
   for b, landing in enumerate(landings):
-    buf = peer_copy.wait(landing, op_name=op_name, timeout_s=timeout_s)
+    buf = peer_copy.wait(landing, axis_name="x", site=site, op_name=op_name,
+                         timeout_s=timeout_s)
     waited.append(buf)
     for blk in plan.blocks_of(b):
       pieces.setdefault(blk.owner_offset, []).append(
@@ -92,8 +94,8 @@ def _gather(x, plan, *, op_name="test_gather", timeout_s=TIMEOUT_S):
   order = (jnp.arange(plan.axis_size) - r) % plan.axis_size
   gathered = by_offset[order].reshape((-1,) + x.shape[1:])
   keepalive = [x] + [waited[b] for b in plan.forwarded_landings]
-  return peer_copy.done(gathered, keepalive, op_name=op_name,
-                        timeout_s=timeout_s)
+  return peer_copy.done(gathered, keepalive, axis_name="x", site=site,
+                        op_name=op_name, timeout_s=timeout_s)
 
 
 def _spec(mesh):
@@ -289,7 +291,7 @@ def test_start_validates_its_operands():
 
   def mismatched(x):
     return tuple(peer_copy.start([x, x.astype(jnp.int32)], plan,
-                                 axis_name="x", op_name="t", timeout_s=1))
+                                 axis_name="x", site=peer_copy.new_site(), op_name="t", timeout_s=1))
 
   with pytest.raises(ValueError, match="share dtype"):
     _shard_map(mesh, mismatched, 1).lower(_input(mesh, (5,)))

@@ -22,9 +22,26 @@ def test_ops_across_processes_with_comm_xla():
   assert _launch("ops", timeout_s=240) == 0
 
 
-def test_dma_across_processes_is_refused_naming_comm_xla():
-  # mp_worker exits 0 only if the ValueError names comm='xla'.
-  assert _launch("dma", timeout_s=240) == 0
+def test_dma_across_processes_matches_the_reference():
+  # The window transport: every dataflow, both ops, repeated calls, and a
+  # dp x tp mesh whose tp groups span the processes.
+  assert _launch("dma", timeout_s=300) == 0
+
+
+def test_dma_across_hosts_is_refused_naming_comm_xla():
+  # mp_worker exits 0 only if the ValueError names Schedule(comm='xla').
+  assert _launch("otherhost", timeout_s=240) == 0
+
+
+def test_a_stalled_peer_process_fails_the_others_by_timeout(tmp_path):
+  # Process 0 exits 0 only if its call failed within bounds naming rank 1;
+  # it then leaves a file that lets the stalled process 1 exit.
+  start = time.monotonic()
+  flag = str(tmp_path / "stalled")
+  assert launch.launch([WORKER, "stall"], 2, devices_per_process=2, gpus=0,
+                       env=dict(ENV, FICCO_TEST_STALL_FILE=flag),
+                       timeout_s=240) == 0
+  assert time.monotonic() - start < 150
 
 
 def test_a_dead_process_does_not_hang_the_others():

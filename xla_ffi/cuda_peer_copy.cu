@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda_util.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
 #include "peer_copy_plan.h"
@@ -24,96 +25,9 @@
 namespace ficco {
 namespace {
 
-// Every CUDA call goes through Check, so a failure names the call.
-ffi::Error Check(cudaError_t status, const char* call) {
-  if (status == cudaSuccess) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string(call) + " failed: " +
-                              cudaGetErrorName(status) + " (" +
-                              cudaGetErrorString(status) + ")");
-}
-
-#define FICCO_CUDA_RETURN_IF_ERROR(expr)                      \
-  do {                                                        \
-    if (::xla::ffi::Error _err = Check((expr), #expr);        \
-        _err.failure()) {                                     \
-      return _err;                                            \
-    }                                                         \
-  } while (0)
-
-// Makes `device` current for the handler's lifetime: events and streams are
-// created on the current device, and XLA's thread may have another one set.
-class ScopedDevice {
- public:
-  ffi::Error Set(int device) {
-    FICCO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous_));
-    FICCO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    restore_ = previous_ != device;
-    return ffi::Error::Success();
-  }
-  ~ScopedDevice() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
-
 EventPools<CUevent_st>& Pools() {
   static auto* pools = new EventPools<CUevent_st>();
   return *pools;
-}
-
-// Side streams per (device, stream index), created once (with `device`
-// current) and never destroyed: destroying them at exit could race the
-// driver's own teardown.
-ffi::ErrorOr<cudaStream_t> SideStream(int32_t device, int64_t index) {
-  static std::mutex* mu = new std::mutex();
-  static auto* streams = new std::map<std::pair<int32_t, int64_t>, cudaStream_t>();
-  std::lock_guard<std::mutex> lock(*mu);
-  auto it = streams->find({device, index});
-  if (it != streams->end()) return it->second;
-  cudaStream_t stream = nullptr;
-  // Non-blocking: the side streams must not synchronize with the legacy
-  // default stream.
-  if (auto err = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                       "cudaStreamCreateWithFlags(cudaStreamNonBlocking)");
-      err.failure()) {
-    return ffi::Unexpected(err);
-  }
-  streams->emplace(std::make_pair(device, index), stream);
-  return stream;
-}
-
-// Peer access, checked and enabled once per (receiving, source) pair.
-ffi::Error EnablePeerAccess(int32_t device, int32_t peer) {
-  static std::mutex* mu = new std::mutex();
-  static auto* enabled = new std::map<std::pair<int32_t, int32_t>, bool>();
-  if (device == peer) return ffi::Error::Success();
-  std::lock_guard<std::mutex> lock(*mu);
-  if ((*enabled)[{device, peer}]) return ffi::Error::Success();
-  int can_access = 0;
-  FICCO_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can_access, device, peer));
-  if (!can_access) {
-    // Without peer access cudaMemcpyPeerAsync silently stages through host
-    // memory: slow enough to defeat the overlap, so refuse instead.
-    return ffi::Error(
-        ffi::ErrorCode::kFailedPrecondition,
-        "GPU " + std::to_string(device) + " cannot access the memory of GPU " +
-            std::to_string(peer) +
-            " (cudaDeviceCanAccessPeer = 0): comm='dma' needs peer access"
-            " between every pair of devices on the axis; use"
-            " Schedule(comm=\"xla\") on this machine");
-  }
-  // The caller made `device` current; enabling maps `peer`'s memory into it.
-  cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
-  if (status == cudaErrorPeerAccessAlreadyEnabled) {
-    cudaGetLastError();  // XLA enabled it already; clear the sticky status.
-  } else {
-    FICCO_CUDA_RETURN_IF_ERROR(status);
-  }
-  (*enabled)[{device, peer}] = true;
-  return ffi::Error::Success();
 }
 
 struct CudaBackend {

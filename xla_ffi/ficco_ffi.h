@@ -13,12 +13,18 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyStartCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyWaitCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyDoneCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowStartCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCpu);
 
 #ifdef FICCO_WITH_CUDA
 // CUDA (cuda_peer_copy.cu): cudaMemcpyPeerAsync on side streams.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyWaitCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyDoneCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowStartCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCuda);
 #endif
 
 // Platforms of the diagnostics below.
@@ -45,6 +51,34 @@ int FiccoEventCounts(int platform, int device, int64_t* created,
 // peers, which then run into their timeout. -1 (or the clear call) disables.
 void FiccoTestSetNeverArrive(int device);
 void FiccoTestClearNeverArrive(void);
+
+// --- The window transport (WINDOWS.md), driven from Python at lowering. ---
+// Every call returns 0, or 1 with a message in `error` (NUL-terminated).
+
+// Creates `device`'s window of `family` for `rank` of `size` (`group_ids`:
+// the global device id of each rank, for messages) with two slots of
+// `slot_bytes`; writes a handle that other processes can map (at most
+// *handle_len bytes; *handle_len becomes its length).
+int FiccoWindowCreate(int platform, int64_t family, int device, int64_t rank,
+                      int64_t size, const int64_t* group_ids,
+                      int64_t slot_bytes, char* handle,
+                      int64_t* handle_len, char* error, int64_t error_len);
+
+// Maps rank `peer`'s window into `device`'s: from this process when
+// `peer_device` >= 0 (its local ordinal), else from `handle`.
+int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
+                   int peer_device, const char* handle, int64_t handle_len,
+                   char* error, int64_t error_len);
+
+// Every peer has mapped this window: drop its name (CPU shared memory).
+void FiccoWindowSealed(int platform, int64_t family, int device);
+
+// Starts so far on the window (-1: none), whether a failure poisoned it
+// (1, 0, or -1: none), windows alive, and wait/done entries pending.
+int64_t FiccoWindowEpoch(int platform, int64_t family, int device);
+int FiccoWindowPoisoned(int platform, int64_t family, int device);
+int64_t FiccoWindowCount(int platform);
+int64_t FiccoWindowPending(int platform);
 
 }  // extern "C"
 

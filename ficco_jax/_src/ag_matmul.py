@@ -102,7 +102,8 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
                               carry=out, op_name=st.op_name,
                               timeout_s=st.timeout_s)
   return gather.finish(out, keepalive, comm=st.schedule.comm,
-                       op_name=st.op_name, timeout_s=st.timeout_s)
+                       axis_name=st.axis_name, op_name=st.op_name,
+                       timeout_s=st.timeout_s)
 
 
 def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
@@ -163,4 +164,5 @@ def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
                               comm=schedule.comm, consume=consume, carry=acc,
                               op_name=st.op_name, timeout_s=st.timeout_s)
   return gather.finish(acc, keepalive, comm=schedule.comm,
-                       op_name=st.op_name, timeout_s=st.timeout_s)
+                       axis_name=st.axis_name, op_name=st.op_name,
+                       timeout_s=st.timeout_s)

@@ -3,7 +3,8 @@
 The model (FiCCO's two losses on top of a pipeline):
 
 * ``T_mm(rows, K, n)``: roofline ``max(flops / (peak * eff), bytes / hbm)``
-  plus a launch cost, where ``eff`` falls for short dots (`_row_eff`). The
+  plus a launch cost, where ``eff`` falls for dots with few output tiles
+  (`_dot_eff`: too few to fill the SMs). The
   sum over a schedule's pieces minus one unsplit dot is the *decomposition*
   loss.
 * Transfers: the schedule's own `plan.GatherPlan` (the same plan the engines
@@ -13,6 +14,16 @@ The model (FiCCO's two losses on top of a pipeline):
 * Pipeline: compute consumes pieces in plan order, each once it has landed;
   while transfers are in flight the matmul is ``1 + alpha`` slower and the
   transfers ``1 + beta`` slower (*contention*, per comm engine).
+* Fixed costs of comm='dma': every copy-engine op (one start / wait / done
+  of the peer-copy protocol) costs ``dma_op_s`` on the device (the
+  cross-device event waits of its start and done) and ``host_op_s`` on the
+  host (the rendezvous of the device threads in start and done). An
+  all-gather is one such op; a reduce-scatter is one per chunk (direct) or
+  one per ring hop (``c (P - 1)`` per ring).
+* Host: an op cannot finish before the host has issued it, so ``total =
+  max(device time, host time)``, the host time being ``host_call_s`` (one
+  dispatch of the op's program) plus ``host_op_s`` per copy-engine op.
+  Copy-engine ops with many hops on small shapes are host-bound.
 * ``dataflow="none"``: one XLA collective, then one dot.
 
 All times are seconds. `predict` reports each term so that `explain` can say
@@ -85,16 +96,27 @@ def problem(op: str, *, x_shape, w_shape, dtype, axis_size: int,
 # ---------------------------------------------------------------- matmul
 
 
-def _row_eff(rows: float, params: device_params.DeviceParams) -> float:
-  """Efficiency of a dot ``rows`` tall relative to a very tall one."""
+TILE = 128
+"""Side of the output tile `decomposition` counts a dot's parallelism in."""
+
+
+def _dot_eff(rows: float, n: int, params: device_params.DeviceParams) -> float:
+  """Efficiency of a dot ``[rows, k] @ [k, n]`` relative to a very large one.
+
+  With a measured ``decomposition`` table, by the dot's output tiles
+  (``rows * n / TILE**2``): a GPU runs a dot with too few tiles to fill its
+  SMs in partial waves, whatever the contraction. Without one,
+  ``r / (r + rows_half)`` for each of rows and columns.
+  """
   table = params.decomposition
   if not table:
-    return rows / (rows + params.rows_half)
-  xs = [math.log2(max(r, 1)) for r, _ in table]
-  # Cumulative max: a measured table is noisy, and a taller dot never runs
+    return rows / (rows + params.rows_half) * n / (n + params.rows_half)
+  xs = [math.log2(max(t, 1)) for t, _ in table]
+  # Cumulative max: a measured table is noisy, and a larger dot never runs
   # at lower efficiency in this model (decomposition loss stays monotone).
   ys = list(np.maximum.accumulate([min(e, 1.0) for _, e in table]))
-  return float(np.interp(math.log2(max(rows, 1)), xs, ys))
+  tiles = rows * n / TILE**2
+  return float(np.interp(math.log2(max(tiles, 1)), xs, ys))
 
 
 def matmul_time(rows: float, k: int, n: int, *, itemsize: int = 2,
@@ -103,8 +125,7 @@ def matmul_time(rows: float, k: int, n: int, *, itemsize: int = 2,
   """One dot ``[rows, k] @ [k, n]``: roofline with a size-dependent efficiency."""
   if rows <= 0:
     return 0.0
-  eff = params.matmul_eff * _row_eff(rows, params) * (
-      n / (n + params.rows_half))
+  eff = params.matmul_eff * _dot_eff(rows, n, params)
   t_flops = 2.0 * rows * k * n / (params.matmul_flops * flops_scale * eff)
   t_bytes = (rows * k + k * n + rows * n) * itemsize / params.hbm_bw
   return max(t_flops, t_bytes) + params.launch_s
@@ -131,8 +152,12 @@ class Prediction:
     compute: the schedule's dots, decomposition and contention included.
     decomposition: ``sum(piece dots) - t_mm``.
     contention: what contention adds to ``total``.
-    overhead: fixed per-op costs (DMA rendezvous).
-    exposed_comm: ``total - compute - overhead``: communication not hidden.
+    overhead: fixed device-side costs of the copy-engine ops.
+    host: time the host needs to issue the op (``total`` is at least this).
+    device: time the devices need (``total`` is at least this too).
+    dma_ops: copy-engine ops (start / wait / done) the schedule runs.
+    exposed_comm: ``total - compute - overhead``: communication not hidden
+      (and host time the device waits for).
     links_used: peers a device receives from at once.
     links_available: ``P - 1``.
     receive_bw: bytes/s into a device while its transfers run.
@@ -147,6 +172,9 @@ class Prediction:
   decomposition: float
   contention: float
   overhead: float
+  host: float
+  device: float
+  dma_ops: int
   exposed_comm: float
   links_used: int
   links_available: int
@@ -160,7 +188,10 @@ class Prediction:
 
   @property
   def bound(self) -> str:
-    """``"comm"`` when the transfers alone take longer than the dots."""
+    """``"host"`` when issuing takes longer than running; else ``"comm"``
+    when the transfers alone take longer than the dots; else ``"compute"``."""
+    if self.host >= self.total:
+      return "host"
     return "comm" if self.t_comm > self.compute else "compute"
 
 
@@ -179,21 +210,68 @@ def _link_model(comm: str, streams: int, params):
 
 def _gather_arrivals(gplan: plan_lib.GatherPlan, row_bytes: float, comm: str,
                      params, beta: float) -> tuple[list[float], int, float]:
-  """Time each landing buffer is complete, transfers as the plan orders them."""
-  per_byte, latency, links, bw = _link_model(comm, gplan.num_streams, params)
-  queue_free: dict[int, float] = {}
+  """Time each landing buffer is complete, transfers as the plan orders them.
+
+  comm='dma': each queue runs its transfers in plan order, each starting
+  ``ce_latency_s`` after the previous one on its queue ended (and, when it
+  forwards a piece, after that piece landed); the queues moving bytes at a
+  moment share the receive bandwidth of that many peers, so a queue that
+  runs alone (the long chain of a bidirectional ring) gets all of it.
+  comm='xla': the permutes run one after another.
+  """
+  transfers = gplan.transfers
   arrival = [0.0] * len(gplan.landing_rows)
-  for t in gplan.transfers:
-    q = t.stream if comm == "dma" else 0
-    start = queue_free.get(q, 0.0)
-    if t.src < 0:
-      # By symmetry the neighbour's copy of this piece landed when ours of
-      # the same buffer index did.
-      start = max(start, arrival[-1 - t.src])
-    end = start + latency + t.rows * row_bytes * per_byte * (1 + beta)
-    queue_free[q] = end
-    arrival[t.dst] = max(arrival[t.dst], end)
-  return arrival, links, bw
+  if comm != "dma":
+    per_byte, latency, links, bw = _link_model(comm, gplan.num_streams, params)
+    t = 0.0
+    for tr in transfers:
+      if tr.src < 0:
+        t = max(t, arrival[-1 - tr.src])
+      t += latency + tr.rows * row_bytes * per_byte * (1 + beta)
+      arrival[tr.dst] = max(arrival[tr.dst], t)
+    return arrival, links, bw
+  n = len(transfers)
+  left = [tr.rows * row_bytes * (1 + beta) for tr in transfers]
+  into = [0] * len(gplan.landing_rows)  # Transfers still to land, per buffer.
+  for tr in transfers:
+    into[tr.dst] += 1
+  queues: dict[int, list[int]] = {}
+  for i, tr in enumerate(transfers):
+    queues.setdefault(tr.stream, []).append(i)
+  free = {q: 0.0 for q in queues}  # When each queue's last transfer ended.
+  active: set[int] = set()
+  now, done = 0.0, 0
+  while done < n:
+    # When each idle queue's next transfer can start moving bytes.
+    starts = {}
+    for q, todo in queues.items():
+      if todo and todo[0] not in active:
+        tr = transfers[todo[0]]
+        if tr.src < 0 and into[-1 - tr.src]:
+          continue  # The piece it forwards has not landed yet.
+        dep = arrival[-1 - tr.src] if tr.src < 0 else 0.0
+        starts[todo[0]] = max(free[q], dep) + params.ce_latency_s
+    rate = (params.receive(len(active)) / len(active)) if active else 0.0
+    finish = min((now + left[i] / rate for i in active), default=math.inf)
+    begin = min(starts.values(), default=math.inf)
+    step = max(min(finish, begin), now)
+    for i in active:
+      left[i] -= rate * (step - now)
+    now = step
+    for i in sorted(active):
+      if left[i] <= 1e-9 * (1 + transfers[i].rows * row_bytes):
+        tr = transfers[i]
+        active.discard(i)
+        queues[tr.stream].pop(0)
+        free[tr.stream] = now
+        into[tr.dst] -= 1
+        arrival[tr.dst] = max(arrival[tr.dst], now)
+        done += 1
+    for i, t0 in starts.items():
+      if t0 <= now:
+        active.add(i)
+  links = gplan.num_streams
+  return arrival, links, params.receive(links)
 
 
 def _run_pieces(pieces, alpha: float) -> tuple[float, float]:
@@ -238,51 +316,100 @@ def _ag_timeline(prob: Problem, sched, params, alpha, beta):
 def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   """Partials computed piece by piece, each sent once computed.
 
-  direct: per chunk, ``P - 1`` partial dots each sent to its owner on its own
-  queue, then the own dot. ring / bidirectional: ``P`` accumulate-and-forward
-  steps per chunk (two half-rings for bidirectional), each step's send
-  waiting for the neighbour's previous step.
+  Follows the program order of ``rs_matmul``. ring / bidirectional: per
+  chunk and ring (the two rings of bidirectional one after the other, half
+  of the rows each), ``P`` accumulate-and-forward steps: the running sum
+  goes to the neighbour while the next partial is multiplied, then the
+  compute stream waits for the neighbour's sum and adds it. direct: per
+  chunk, ``P - 1`` partial dots sent at once, one queue per peer; the next
+  chunk's partials and the own rows' dot run while they travel, then the
+  pulled partials are summed. A dot is ``1 + alpha`` slower for as long as
+  a transfer is in flight.
   """
   p, c = prob.axis_size, sched.num_chunks
   mc = prob.split / c
   out_row_bytes = prob.rows * prob.n * prob.itemsize
-  rings = {"direct": 0, "ring": 1, "bidirectional": 2}[sched.dataflow]
-  streams = p - 1 if rings == 0 else rings
+  direct = sched.dataflow == "direct"
+  rings = 2 if sched.dataflow == "bidirectional" and mc >= 2 else 1
+  # The two rings of bidirectional run one after the other: one queue busy.
+  streams = p - 1 if direct else 1
   per_byte, latency, links, bw = _link_model(sched.comm, streams, params)
-  t = busy = dots = 0.0
-  queue_free: dict[int, float] = {}
-  last = 0.0
-  pieces_rows = []  # (rows, stream or None, waits_for_previous_send)
-  for _ in range(c):
-    if rings == 0:
-      pieces_rows += [(mc, q, False) for q in range(p - 1)] + [(mc, None, False)]
-    else:
-      part = mc / rings
-      for step in range(p):
-        for r in range(rings):
-          pieces_rows.append((part, r if step < p - 1 else None, step > 0))
-  prev_arrival: dict[int, float] = {}
-  for rows, q, chained in pieces_rows:
+  state = {"t": 0.0, "busy": 0.0, "dots": 0.0, "comm_end": 0.0, "last": 0.0,
+           "pieces": 0}
+
+  def dot(rows):
     d = _mm(prob, rows, params)
-    dots += d
-    d += alpha * d  # Transfers run through nearly all of the compute.
-    t += d
-    busy += d
-    ready = t
-    if chained:
-      ready = max(ready, prev_arrival.get(q if q is not None else -1, 0.0))
-    if q is None:
-      continue
-    qq = q if sched.comm == "dma" else 0
-    start = max(queue_free.get(qq, 0.0), ready)
+    overlap = min(d, max(0.0, state["comm_end"] - state["t"]))
+    state["dots"] += d
+    state["pieces"] += 1
+    d += alpha * overlap
+    state["t"] += d
+    state["busy"] += d
+
+  def send(rows, start, queues=1):
+    # ``queues`` copies of ``rows`` rows each, concurrently on their queues.
+    del queues
     end = start + latency + rows * out_row_bytes * per_byte * (1 + beta)
-    queue_free[qq] = end
-    prev_arrival[q] = end
-    last = max(last, end)
-  # Received partials are summed once they land (one pass over the output).
-  add = prob.split * out_row_bytes * (p - 1) / params.hbm_bw
-  end = max(t, last) + add
-  return end, busy, dots, last, links, bw, len(pieces_rows)
+    state["comm_end"] = max(state["comm_end"], end)
+    state["last"] = max(state["last"], end)
+    return end
+
+  def add(rows, parts):
+    # Summing landed partials into the result: one pass over them.
+    state["t"] += rows * out_row_bytes * (parts + 1) / params.hbm_bw
+
+  if direct:
+    pending = None
+    for chunk in range(c + 1):
+      if chunk == c - 1:
+        # The last chunk's own dot: nothing in the program orders it after
+        # that chunk's start (earlier chunks' own dots are ordered by the
+        # barrier that issues the next chunk), and XLA runs it first, so
+        # the last transfers are not hidden behind it. Measured: direct
+        # c=1 is as slow as its transfer exposed (benchmarks/results).
+        dot(mc)
+      if chunk < c:
+        for _ in range(p - 1):
+          dot(mc)
+        issued = send(mc, state["t"])
+      if pending is not None:
+        if chunk < c:
+          dot(mc)  # The own rows of the previous chunk.
+        state["t"] = max(state["t"], pending)
+        add(mc, p - 1)
+      pending = issued if chunk < c else None
+  else:
+    part = mc / rings
+    for _ in range(c):
+      for _ in range(rings):
+        dot(part)
+        for _ in range(1, p):
+          arrival = send(part, state["t"])
+          dot(part)
+          state["t"] = max(state["t"], arrival)
+          add(part, 1)
+  return (state["t"], state["busy"], state["dots"], state["last"], links, bw,
+          state["pieces"])
+
+
+def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
+  """Copy-engine ops (start / wait / done) a comm='dma' schedule runs.
+
+  The all-gather issues its whole plan in one start. The reduce-scatter
+  starts once per chunk (direct) or once per ring hop: ``P - 1`` hops per
+  chunk and ring, two rings for bidirectional (one when a chunk has a
+  single row).
+  """
+  if schedule.comm != "dma" or not schedule.overlapped or prob.axis_size < 2:
+    return 0
+  if prob.op == "all_gather_matmul":
+    return 1
+  c, p = schedule.num_chunks, prob.axis_size
+  if schedule.dataflow == "direct":
+    return c
+  rings = 2 if (schedule.dataflow == "bidirectional"
+                and prob.split // c >= 2) else 1
+  return c * rings * (p - 1)
 
 
 def predict(prob: Problem, schedule: schedule_lib.Schedule,
@@ -298,9 +425,13 @@ def predict(prob: Problem, schedule: schedule_lib.Schedule,
     bytes_in = (p - 1) * prob.split * prob.rows * prob.n * prob.itemsize
   if not schedule.overlapped or p == 1:
     t_comm = collective_time(bytes_in, params) if p > 1 else 0.0
-    return Prediction(schedule=schedule, total=t_mm + t_comm, t_mm=t_mm,
+    host = params.host_call_s
+    total = max(t_mm + t_comm, host)
+    return Prediction(schedule=schedule, total=total, t_mm=t_mm,
                       t_comm=t_comm, compute=t_mm, decomposition=0.0,
-                      contention=0.0, overhead=0.0, exposed_comm=t_comm,
+                      contention=0.0, overhead=0.0, host=host,
+                      device=t_mm + t_comm, dma_ops=0,
+                      exposed_comm=total - t_mm,
                       links_used=p - 1, links_available=p - 1,
                       receive_bw=params.collective_bw, pieces=1)
   timeline = (_ag_timeline if prob.op == "all_gather_matmul"
@@ -309,12 +440,15 @@ def predict(prob: Problem, schedule: schedule_lib.Schedule,
   end, busy, dots, _, links, bw, pieces = timeline(prob, schedule, params,
                                                   alpha, beta)
   free_end, _, _, t_comm, _, _, _ = timeline(prob, schedule, params, 0.0, 0.0)
-  overhead = params.dma_op_s if schedule.comm == "dma" else 0.0
-  total = end + overhead
+  ops = dma_ops(prob, schedule)
+  overhead = params.dma_op_s * ops
+  host = params.host_call_s + params.host_op_s * ops
+  total = max(end + overhead, host)
   return Prediction(
       schedule=schedule, total=total, t_mm=t_mm, t_comm=t_comm, compute=busy,
       decomposition=max(0.0, dots - t_mm), contention=max(0.0, end - free_end),
-      overhead=overhead, exposed_comm=max(0.0, total - busy - overhead),
+      overhead=overhead, host=host, device=end + overhead, dma_ops=ops,
+      exposed_comm=max(0.0, total - busy - overhead),
       links_used=links, links_available=p - 1, receive_bw=bw, pieces=pieces)
 
 
@@ -336,11 +470,18 @@ def candidates(prob: Problem, comms: tuple[str, ...]) -> tuple[
   return tuple(out)
 
 
+def _order(pr: Prediction):
+  # Ties (several schedules waiting on the host alike): less device time
+  # first, then fewer chunks.
+  return (pr.total, pr.device, pr.schedule.num_chunks)
+
+
 def rank(prob: Problem, params: device_params.DeviceParams,
          comms: tuple[str, ...]) -> tuple[Prediction, ...]:
-  """Every candidate's prediction, fastest first (ties: fewer chunks first)."""
+  """Every candidate's prediction, fastest first (ties: less device time,
+  then fewer chunks)."""
   preds = [predict(prob, s, params) for s in candidates(prob, comms)]
-  return tuple(sorted(preds, key=lambda pr: (pr.total, pr.schedule.num_chunks)))
+  return tuple(sorted(preds, key=_order))
 
 
 MIN_GAIN = 0.03
@@ -352,7 +493,7 @@ compile time and, for comm='dma', host rendezvous that can stall."""
 def best(preds: tuple[Prediction, ...], min_gain: float = MIN_GAIN) -> Prediction:
   """The fastest prediction, or ``"none"``'s unless overlap wins by ``min_gain``."""
   none = next(pr for pr in preds if not pr.schedule.overlapped)
-  top = min(preds, key=lambda pr: (pr.total, pr.schedule.num_chunks))
+  top = min(preds, key=_order)
   if top.schedule.overlapped and top.total <= none.total * (1 - min_gain):
     return top
   return none

@@ -1,13 +1,14 @@
 """Per-device-kind constants of the cost model, and where they come from.
 
 Every number a prediction uses lives in one frozen `DeviceParams`, looked up
-by ``jax.Device.device_kind``. The built-in values come from
-/work/shared/reference/measurements.md (4x H200, NVSwitch) where a number
-was measured, and are marked "guess" where it was not. A fitted file in the
-package data, ``ficco_jax/data/cost_model/<device_kind_slug>.json`` (written
-by ``benchmarks/fit_cost_model.py`` from ``benchmarks/characterize.py``
-output), overrides the built-ins field by field when it exists; a caller
-overrides further with `params_for(..., overrides=...)`.
+by ``jax.Device.device_kind``. The built-in H200 values come
+from /work/shared/reference/measurements.md (4x H200, NVSwitch) and from a
+fit to the committed characterisation and benchmarks (see ``_H200``). A
+fitted file in the package data,
+``ficco_jax/data/cost_model/<device_kind_slug>.json`` (e.g. written by
+``benchmarks/fit_cost_model.py --params_out=...``), overrides the built-ins
+field by field when it exists; a caller overrides further with
+`params_for(..., overrides=...)`.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ class DeviceParams:
       tensor-parallel shape reaches (the tail of the efficiency curve).
     rows_half: rows (and columns) at which a dot runs at half of its
       large-shape efficiency; sets the default decomposition-loss curve
-      ``eff(r) = r / (r + rows_half)``.
-    decomposition: measured ``(rows, relative efficiency)`` points that
-      replace the default row curve (efficiency relative to a large dot,
-      <= 1, non-decreasing in rows); empty: use ``rows_half``.
+      ``eff(r) = r / (r + rows_half)`` (used without ``decomposition``).
+    decomposition: measured ``(output tiles, relative efficiency)`` points,
+      tiles being ``rows * n / 128**2`` of a dot ``[rows, k] @ [k, n]``
+      (efficiency relative to a large dot, <= 1, non-decreasing); they
+      replace the ``rows_half`` curve. Empty: use ``rows_half``.
     launch_s: fixed cost of one dot of a piece (kernel launch, the
       update-slice that places it).
     hbm_bw: local memory bandwidth (read + write), the roofline's other arm.
@@ -46,7 +48,13 @@ class DeviceParams:
       every device of the axis receives from ``k`` peers at once, indexed
       ``k - 1``. Longer axes reuse the last entry.
     ce_latency_s: per copy-engine transfer (issue + completion event).
-    dma_op_s: per op using comm='dma' (host rendezvous in start and done).
+    dma_op_s: device time of each copy-engine op (start / wait / done of
+      the peer-copy protocol: cross-device event waits), on top of its copies.
+    host_op_s: host time of each copy-engine op (the device threads'
+      rendezvous in start and done); see `host_call_s`.
+    host_call_s: host time to dispatch one op as its own program. An op
+      takes at least ``host_call_s + host_op_s * (copy-engine ops)``: the
+      device cannot run what the host has not issued yet.
     collective_bw: per-device receive bandwidth of XLA's (NCCL) all-gather /
       reduce-scatter, what ``dataflow="none"`` uses.
     collective_latency_s: fixed cost of one such collective.
@@ -69,6 +77,8 @@ class DeviceParams:
   receive_bw: tuple[float, ...]
   ce_latency_s: float
   dma_op_s: float
+  host_op_s: float = 0.0
+  host_call_s: float = 0.0
   collective_bw: float
   collective_latency_s: float
   p2p_bw: float
@@ -83,7 +93,7 @@ class DeviceParams:
       raise ValueError(f"{self.matmul_eff=} must be in (0, 1].")
     rows = [r for r, _ in self.decomposition]
     if rows != sorted(rows):
-      raise ValueError(f"{self.decomposition=} must be sorted by rows.")
+      raise ValueError(f"{self.decomposition=} must be sorted by tiles.")
 
   def receive(self, peers: int) -> float:
     """Per-device receive bandwidth with ``peers`` concurrent senders."""
@@ -96,32 +106,47 @@ class DeviceParams:
     return 0.0, 0.0
 
 
-# 4x H200 (measurements.md): cuBLAS 8192^3 796 TFLOP/s; XLA dots of the
-# benchmark shapes fit flops / 729 TFLOP/s + 16 us (hence matmul_eff ~0.92,
-# launch); local copy 4.1 TB/s; cudaMemcpyPeerAsync one way 384 GB/s, all 12
-# pairs 893 GB/s total (223 GB/s into each GPU); NCCL all-gather fits
-# 25 us + bytes_in / 326 GB/s. Receiving from two peers was not measured
-# (interpolated). The comm='xla' contention and p2p latency are fitted to the
-# shard_map ppermute ring (2.05/1.87/0.67/0.40 ms measured, 2.03/1.93/0.63/
-# 0.41 predicted): NCCL send/recv on SMs slows the overlapped dot ~2.3x.
+# 4x H200. From /work/shared/reference/measurements.md: cuBLAS 8192^3
+# 796 TFLOP/s; XLA dots of the benchmark shapes fit flops / 729 TFLOP/s +
+# 16 us (hence matmul_eff ~0.92, launch); local copy 4.1 TB/s; NCCL
+# all-gather fits 25 us + bytes_in / 326 GB/s.
+# Fitted by `pip install . && python3 benchmarks/heuristic_accuracy.py`
+# (the values are in benchmarks/results/heuristic_accuracy.json, "fit"), in
+# two stages (benchmarks/fit_cost_model.py):
+# 1. from the characterisation (benchmarks/results/characterize_h200x4_merged
+#    .json): copy-engine receive bandwidth with 1/2/3 peers sending (slope of
+#    time vs bytes, P = 2/3/4 devices all copying), the ppermute bandwidth and
+#    latency, the contention of each engine, and the efficiency of one dot by
+#    its output tiles (single dots, relative to the largest);
+# 2. from the AG/RS benchmarks of runs 2-4 (benchmarks/results/h200x4_run*),
+#    fit split only (the gpt3-175b family and M=4096 are held out): the
+#    per-op terms host_call_s, host_op_s, dma_op_s, ce_latency_s and the
+#    copy-engine contention, by least squares on log time ratios within
+#    each case.
 _H200 = DeviceParams(
     name="NVIDIA H200",
     matmul_flops=796e12,
     matmul_eff=0.92,
-    rows_half=32.0,  # guess: 2048-row dots measured within ~3% of 16384.
+    rows_half=32.0,  # Unused: `decomposition` is measured.
+    decomposition=((64, 0.385), (128, 0.6669), (256, 0.8634), (512, 0.8701),
+                   (1024, 0.9567), (2048, 0.9966), (4096, 0.9966)),
     launch_s=10e-6,
     hbm_bw=4.1e12,
-    receive_bw=(384e9, 300e9, 223e9),
-    ce_latency_s=8e-6,  # guess
-    dma_op_s=20e-6,  # guess
+    receive_bw=(365.7e9, 373.2e9, 338.8e9),
+    ce_latency_s=27.3e-6,
+    dma_op_s=0.937e-6,
+    host_op_s=61.3e-6,
+    host_call_s=221e-6,
     collective_bw=326e9,
     collective_latency_s=25e-6,
-    p2p_bw=300e9,  # guess
-    p2p_latency_s=60e-6,
-    contention=(("dma", 0.05, 0.05), ("xla", 1.3, 1.3)),  # dma: guess
-    measured=("matmul_flops", "matmul_eff", "hbm_bw", "receive_bw[0]",
-              "receive_bw[2]", "collective_bw", "collective_latency_s",
-              "contention[xla]", "p2p_latency_s"),
+    p2p_bw=296.6e9,
+    p2p_latency_s=75.5e-6,
+    contention=(("dma", 0.0979, 0.122), ("xla", 0.74, 0.74)),
+    measured=("matmul_flops", "matmul_eff", "hbm_bw", "decomposition",
+              "receive_bw", "collective_bw", "collective_latency_s",
+              "contention[dma]", "contention[xla]", "p2p_bw",
+              "p2p_latency_s", "ce_latency_s", "dma_op_s", "host_op_s",
+              "host_call_s"),
 )
 
 # H100 SXM: the same NVLink4/NVSwitch fabric and SMs as H200 and slower HBM

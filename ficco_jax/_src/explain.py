@@ -70,7 +70,8 @@ class Explanation:
         f" {ms(self.t_comm_s)} ms, ideal max(T_mm, T_comm)"
         f" {ms(self.ideal_s)} ms; chosen predicted {ms(pr.total)} ms"
         f" (decomposition {ms(pr.decomposition)}, contention"
-        f" {ms(pr.contention)}, exposed comm {ms(pr.exposed_comm)} ms)",
+        f" {ms(pr.contention)}, exposed comm {ms(pr.exposed_comm)} ms;"
+        f" host issues it in {ms(pr.host)} ms)",
         "",
         f"{'schedule':<26}{'total':>8}{'compute':>9}{'comm':>8}"
         f"{'decomp':>8}{'content':>9}{'exposed':>9}{'links':>7}  verdict",
@@ -106,6 +107,9 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
             f" {p.t_comm * 1e3:.3f} ms are all exposed")
   links = (f"uses {p.links_used} of {p.links_available} links at"
            f" {p.receive_bw / 1e9:.0f} GB/s in")
+  if p.bound == "host" and p.host > chosen.total:
+    return (f"{slower}: host-bound, issuing the call and its {p.dma_ops}"
+            f" copy-engine ops takes {p.host * 1e3:.3f} ms")
   if p.bound == "comm":
     return f"{slower}: comm-bound, {links}"
   terms = {
@@ -119,7 +123,7 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
       "exposed comm": f"waits for transfers, {links}",
       "decomposition": f"{p.pieces} smaller dots instead of one",
       "contention": f"comm='{p.schedule.comm}' slows the overlapped dots",
-      "overhead": "fixed per-op cost",
+      "overhead": f"fixed cost of {p.dma_ops} copy-engine ops",
   }[what]
   return f"{slower}: {what} +{extra * 1e3:.3f} ms ({detail})"
 

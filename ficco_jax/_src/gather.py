@@ -10,6 +10,7 @@ where it belongs, to a consumer.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
@@ -17,6 +18,15 @@ from jax import lax
 import jax.numpy as jnp
 
 from ficco_jax._src import plan as plan_lib
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+  """What `finish` needs from `run`: the buffers peers may still read, and
+  the peer-copy call site (None for comm="xla")."""
+
+  arrays: tuple[jax.Array, ...]
+  site: int | None
+
 
 # consume(carry, data, placements) -> carry. `data` is [rows, ...]; each
 # placement says which of its rows hold which rows of which rank's shard.
@@ -63,7 +73,8 @@ def _run_xla(x0, gplan, axis_name, consume, carry):
 def _run_dma(x0, gplan, axis_name, consume, carry, op_name, timeout_s):
   from ficco_jax._src.dma import peer_copy  # Loads the FFI library lazily.
 
-  landings = peer_copy.start([x0], gplan, axis_name=axis_name,
+  site = peer_copy.new_site()
+  landings = peer_copy.start([x0], gplan, axis_name=axis_name, site=site,
                              op_name=op_name, timeout_s=timeout_s)
   # Tie the local matmul to start so XLA issues every copy first: the copies
   # then run on the copy engines while the local shard is multiplied.
@@ -76,13 +87,14 @@ def _run_dma(x0, gplan, axis_name, consume, carry, op_name, timeout_s):
     # would sit idle until the last piece landed. Waiting for piece b after
     # the work on piece b - 1 was issued keeps one piece of lookahead.
     carry, landing = lax.optimization_barrier((carry, landing))
-    buf = peer_copy.wait(landing, op_name=op_name, timeout_s=timeout_s)
+    buf = peer_copy.wait(landing, axis_name=axis_name, site=site,
+                         op_name=op_name, timeout_s=timeout_s)
     carry = consume(carry, buf, gplan.blocks_of(b))
     waited.append(buf)
   # Peers read our shard (and, in rings, the pieces we forward) until their
   # copies finish; `finish` keeps these buffers alive until then.
   keepalive = (x0,) + tuple(waited[j] for j in gplan.forwarded_landings)
-  return carry, keepalive
+  return carry, Pending(arrays=keepalive, site=site)
 
 
 def run(
@@ -110,22 +122,24 @@ def run(
     timeout_s: DMA only, how long to wait for peers.
 
   Returns:
-    ``(carry, keepalive)``. Pass the result that depends on every piece and
-    ``keepalive`` to `finish` before using it.
+    ``(carry, pending)``. Pass the result that depends on every piece and
+    ``pending`` to `finish` before using it.
   """
   if comm == "xla":
-    return _run_xla(x0, gplan, axis_name, consume, carry)
+    carry, _ = _run_xla(x0, gplan, axis_name, consume, carry)
+    return carry, Pending(arrays=(), site=None)
   if comm == "dma":
     return _run_dma(x0, gplan, axis_name, consume, carry, op_name, timeout_s)
   raise ValueError(f"Unknown {comm=}.")
 
 
-def finish(result: jax.Array, keepalive: Sequence[jax.Array], *, comm: str,
-           op_name: str, timeout_s: float) -> jax.Array:
+def finish(result: jax.Array, keepalive: "Pending", *, comm: str,
+           axis_name: str, op_name: str, timeout_s: float) -> jax.Array:
   """Returns ``result`` once no peer reads this device's buffers any more."""
   if comm != "dma":
     return result
   from ficco_jax._src.dma import peer_copy
 
-  return peer_copy.done(result, keepalive, op_name=op_name,
+  return peer_copy.done(result, keepalive.arrays, axis_name=axis_name,
+                        site=keepalive.site, op_name=op_name,
                         timeout_s=timeout_s)

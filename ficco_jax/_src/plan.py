@@ -169,3 +169,37 @@ def gather_plan(
                     landing_rows=tuple(landing_rows),
                     transfers=tuple(transfers), blocks=tuple(blocks),
                     num_streams=num_streams)
+
+
+def owner_pulls(gplan: GatherPlan) -> GatherPlan:
+  """The same plan with every piece read from the rank that owns it.
+
+  The window transport stages each rank's shard in memory every peer has
+  mapped, so a ring's forwarded piece (``src < 0``: read from the landing
+  buffer of the rank that received it) can be pulled from its owner instead,
+  with no wait for the forwarder. Landing buffers, their order, blocks and
+  queues are unchanged, so the consumer sees the same arrivals in the same
+  order; only the links used differ (every pair is direct on NVSwitch).
+  Plans without forwarding are returned as they are.
+  """
+  if all(t.src >= 0 for t in gplan.transfers):
+    return gplan
+  p = gplan.axis_size
+  transfers = []
+  for t in gplan.transfers:
+    if t.src >= 0:
+      transfers.append(t)
+      continue
+    # Rows [src_row, src_row + rows) of the forwarder's landing buffer hold
+    # pieces of the shards named by its blocks (relative to the forwarder).
+    landing, lo, hi = -1 - t.src, t.src_row, t.src_row + t.rows
+    for b in gplan.blocks_of(landing):
+      a, z = max(lo, b.landing_row), min(hi, b.landing_row + b.rows)
+      if a >= z:
+        continue
+      owner = (t.src_offset + b.owner_offset) % p
+      assert owner != 0, "a rank never receives its own shard"
+      transfers.append(dataclasses.replace(
+          t, dst_row=t.dst_row + (a - lo), src_offset=owner, src=0,
+          src_row=b.owner_row + (a - b.landing_row), rows=z - a))
+  return dataclasses.replace(gplan, transfers=tuple(transfers))

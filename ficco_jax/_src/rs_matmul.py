@@ -142,7 +142,8 @@ def _neighbour_plan(p: int, rows: int, direction: int) -> plan_lib.GatherPlan:
 def _dma(st):
   from ficco_jax._src.dma import peer_copy  # Loads the FFI library lazily.
 
-  kw = dict(op_name=st.op_name, timeout_s=st.timeout_s)
+  kw = dict(axis_name=st.axis_name, op_name=st.op_name,
+            timeout_s=st.timeout_s)
   return peer_copy, kw
 
 
@@ -162,18 +163,19 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   def issue(c, h0):
     parts = [_dot(_rows(h0, ((rank + s) % p) * m + c * mc, mc), w, st)
              .astype(out_dtype) for s in range(1, p)]
-    landing = peer_copy.start(parts, gplan, axis_name=st.axis_name, **kw)[0]
-    return parts, landing
+    site = peer_copy.new_site()
+    landing = peer_copy.start(parts, gplan, site=site, **kw)[0]
+    return parts, landing, site
 
-  def reduce(c, h0, parts, landing):
+  def reduce(c, h0, parts, landing, site):
     # The matmul of the own rows hides the tail of this chunk's copies.
     own = _dot(_rows(h0, rank * m + c * mc, mc), w, st)
     own, landing = lax.optimization_barrier((own, landing))
-    pulled = peer_copy.wait(landing, **kw)
+    pulled = peer_copy.wait(landing, site=site, **kw)
     acc_dtype = _acc_dtype(own.dtype)
     pulled = pulled.reshape((p - 1, mc) + pulled.shape[1:]).astype(acc_dtype)
     out = (own.astype(acc_dtype) + pulled.sum(axis=0)).astype(out_dtype)
-    return peer_copy.done(out, parts, **kw)
+    return peer_copy.done(out, parts, site=site, **kw)
 
   chunks, in_flight = [], [issue(0, h0)]
   for c in range(num_chunks):
@@ -183,12 +185,12 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
       # The landing buffer is threaded through the barrier, never forked: a
       # second consumer of a buffer the copy engine is still filling would
       # let XLA copy it before it is complete.
-      parts, landing = in_flight[-1]
+      parts, landing, site = in_flight[-1]
       h0, landing = lax.optimization_barrier((h0, landing))
-      in_flight[-1] = (parts, landing)
+      in_flight[-1] = (parts, landing, site)
       in_flight.append(issue(c + 1, h0))
-    parts, landing = in_flight[c]
-    out_c = reduce(c, h0, parts, landing)
+    parts, landing, site = in_flight[c]
+    out_c = reduce(c, h0, parts, landing, site)
     # The next issue waits for this chunk's done, which bounds the live
     # partial buffers to two chunks.
     h0, out_c = lax.optimization_barrier((h0, out_c))
@@ -209,14 +211,15 @@ def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype):
   block = lambda step: (rank - direction * (1 + step)) % p
   acc = _dot(_rows(h0, block(0) * m + row0, rows), w, st).astype(out_dtype)
   for step in range(1, p):
-    landing = peer_copy.start([acc], gplan, axis_name=st.axis_name, **kw)[0]
+    site = peer_copy.new_site()
+    landing = peer_copy.start([acc], gplan, site=site, **kw)[0]
     h0, landing = lax.optimization_barrier((h0, landing))
     part = _dot(_rows(h0, block(step) * m + row0, rows), w, st)
     part, landing = lax.optimization_barrier((part, landing))
-    received = peer_copy.wait(landing, **kw)
+    received = peer_copy.wait(landing, site=site, **kw)
     acc_dtype = _acc_dtype(part.dtype)
     new = (part.astype(acc_dtype) + received.astype(acc_dtype)).astype(out_dtype)
-    acc = peer_copy.done(new, [acc], **kw)
+    acc = peer_copy.done(new, [acc], site=site, **kw)
   return acc
 
 

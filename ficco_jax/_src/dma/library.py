@@ -22,6 +22,9 @@ TARGETS: dict[str, str] = {
     "ficco_peer_copy_start": "FiccoPeerCopyStart",
     "ficco_peer_copy_wait": "FiccoPeerCopyWait",
     "ficco_peer_copy_done": "FiccoPeerCopyDone",
+    "ficco_window_start": "FiccoWindowStart",
+    "ficco_window_wait": "FiccoWindowWait",
+    "ficco_window_done": "FiccoWindowDone",
 }
 
 _lock = threading.Lock()
@@ -50,6 +53,11 @@ def _library() -> ctypes.CDLL:
   lib.FiccoTestSetNeverArrive.restype = None
   lib.FiccoTestClearNeverArrive.restype = None
   return lib
+
+
+def load() -> ctypes.CDLL:
+  """The loaded library (ImportError, with the fix, if it is missing)."""
+  return _library()
 
 
 def library_path() -> pathlib.Path:
@@ -91,7 +99,7 @@ def ensure_registered() -> None:
     _registered = True
 
 
-def _platform_id(platform: str) -> int:
+def platform_id(platform: str) -> int:
   if platform == "cpu":
     return _CPU
   if platform in ("cuda", "gpu"):
@@ -101,7 +109,7 @@ def _platform_id(platform: str) -> int:
 
 def live_invocations(platform: str = "cpu") -> int:
   """Invocations not yet released by every rank's done (0 when idle)."""
-  n = _library().FiccoLiveInvocations(_platform_id(platform))
+  n = _library().FiccoLiveInvocations(platform_id(platform))
   if n < 0:
     raise RuntimeError(f"{platform} handlers are not compiled in.")
   return n
@@ -109,7 +117,7 @@ def live_invocations(platform: str = "cpu") -> int:
 
 def pending_entries(platform: str = "cpu") -> int:
   """Rendezvous, wait and done entries still registered (0 when idle)."""
-  n = _library().FiccoPendingEntries(_platform_id(platform))
+  n = _library().FiccoPendingEntries(platform_id(platform))
   if n < 0:
     raise RuntimeError(f"{platform} handlers are not compiled in.")
   return n
@@ -119,7 +127,7 @@ def event_counts(device_ordinal: int, platform: str = "cpu") -> tuple[int, int]:
   """``(created, pooled)`` events of one device: created grows only when the
   pool runs dry, so steady-state calls leave it unchanged."""
   created, pooled = ctypes.c_int64(), ctypes.c_int64()
-  if _library().FiccoEventCounts(_platform_id(platform), device_ordinal,
+  if _library().FiccoEventCounts(platform_id(platform), device_ordinal,
                                  ctypes.byref(created), ctypes.byref(pooled)):
     raise RuntimeError(f"{platform} handlers are not compiled in.")
   return created.value, pooled.value

@@ -1,19 +1,32 @@
-"""The three peer-copy primitives (xla_ffi/PROTOCOL.md), used inside shard_map.
+"""The three peer-copy primitives, used inside shard_map.
 
 ``start`` issues every copy of a GatherPlan on the copy engines and returns the
 landing buffers at once; ``wait`` makes compute wait for one landing buffer;
-``done`` holds the buffers peers still read until every rank's copies have
-finished. Each is a JAX primitive lowered to an XLA FFI custom call; the same
-targets run on CPU (the twin in xla_ffi/cpu_peer_copy.cc) and CUDA.
+``done`` holds the buffers peers still read until they may be reused. Each is
+a JAX primitive lowered to an XLA FFI custom call of one of two transports;
+the same targets run on CPU (twins in xla_ffi/cpu_*.cc) and CUDA:
+
+* ``rendezvous`` (xla_ffi/PROTOCOL.md): ranks meet on the host per call and
+  copy straight between XLA's buffers. Every device of the axis must be in
+  this process.
+* ``window`` (xla_ffi/WINDOWS.md): each rank stages its sources in a window
+  of memory every peer mapped once (peer access, CUDA IPC or shared memory)
+  and ranks synchronise through flags in the windows, with no host wait. It
+  works across the processes of one host.
+
+``FICCO_DMA_TRANSPORT`` picks: ``auto`` (default: window when the axis spans
+processes, else rendezvous), ``window`` or ``rendezvous``; lowering reads it.
 
 Usage (inside ``shard_map``, manual over ``axis_name``)::
 
-  landing = start([x], plan, axis_name="x", op_name=..., timeout_s=...)
+  site = new_site()
+  landing = start([x], plan, axis_name="x", site=site, op_name=..., ...)
   bufs = []
   for b, buf in enumerate(landing):
-    buf = wait(buf, ...)          # order waits with lax.optimization_barrier
-    bufs.append(buf)              # ... consume buf ...
-  out = done(out, [x, *(bufs[b] for b in plan.forwarded_landings)], ...)
+    buf = wait(buf, axis_name="x", site=site, ...)  # order waits with
+    bufs.append(buf)              # optimization_barrier; consume buf ...
+  out = done(out, [x, *(bufs[b] for b in plan.forwarded_landings)],
+             axis_name="x", site=site, ...)
 
 Pass each landing buffer, unchanged, to exactly one ``wait``; keep alive in
 ``done`` the sources (``keepalive[0]`` must be ``sources[0]``) and the *wait
@@ -25,6 +38,7 @@ result must be used, or XLA drops the wait for the peers' copies.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 
 import jax
@@ -32,11 +46,17 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
+from ficco_jax._src import plan as plan_lib
 from ficco_jax._src.dma import library
+from ficco_jax._src.dma import windows
 from ficco_jax._src.plan import GatherPlan
 
-_START, _WAIT, _DONE = ("ficco_peer_copy_start", "ficco_peer_copy_wait",
-                         "ficco_peer_copy_done")
+_TARGETS = {
+    "rendezvous": ("ficco_peer_copy_start", "ficco_peer_copy_wait",
+                   "ficco_peer_copy_done"),
+    "window": ("ficco_window_start", "ficco_window_wait", "ficco_window_done"),
+}
+TRANSPORTS = ("auto", "rendezvous", "window")
 
 # A fresh id per traced start: the rendezvous key tells apart call sites of
 # one program, and messages name it.
@@ -49,8 +69,13 @@ def _timeout_ms(timeout_s: float) -> int:
   return max(1, int(round(timeout_s * 1000)))
 
 
+def new_site() -> int:
+  """A fresh call-site id: one per start, shared with its waits and done."""
+  return next(_sites)
+
+
 def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
-          op_name: str, timeout_s: float) -> list[jax.Array]:
+          site: int, op_name: str, timeout_s: float) -> list[jax.Array]:
   """Issues every transfer of ``plan``; returns the landing buffers at once.
 
   Args:
@@ -59,6 +84,7 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
       (``R == plan.shard_rows``).
     plan: the transfers, relative to the executing rank.
     axis_name: the manual mesh axis gathered over.
+    site: this call site's id (`new_site`); its waits and done take it too.
     op_name: named in error messages.
     timeout_s: bound of every host wait for peers.
 
@@ -94,20 +120,23 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
         f" {axis_name!r}.")
   out = _start_p.bind(*sources, plan=plan, axis_name=axis_name,
                       op_name=op_name, timeout_ms=_timeout_ms(timeout_s),
-                      site=next(_sites))
+                      site=site)
   return list(out)
 
 
-def wait(buf: jax.Array, *, op_name: str, timeout_s: float) -> jax.Array:
+def wait(buf: jax.Array, *, axis_name: str, site: int, op_name: str,
+         timeout_s: float) -> jax.Array:
   """Makes compute wait for the copies into one landing buffer.
 
-  Returns ``buf`` itself (aliased in place), complete.
+  ``axis_name`` and ``site`` are the start's (they pick its transport and
+  windows). Returns ``buf`` itself (aliased in place), complete.
   """
-  return _wait_p.bind(buf, op_name=op_name, timeout_ms=_timeout_ms(timeout_s))
+  return _wait_p.bind(buf, axis_name=axis_name, site=site, op_name=op_name,
+                      timeout_ms=_timeout_ms(timeout_s))
 
 
-def done(out: jax.Array, keepalive: Sequence[jax.Array], *, op_name: str,
-         timeout_s: float) -> jax.Array:
+def done(out: jax.Array, keepalive: Sequence[jax.Array], *, axis_name: str,
+         site: int, op_name: str, timeout_s: float) -> jax.Array:
   """Ends an invocation: returns ``out`` (aliased) once every rank's copies
   have finished, so the buffers in ``keepalive`` may be reused afterwards.
 
@@ -117,8 +146,8 @@ def done(out: jax.Array, keepalive: Sequence[jax.Array], *, op_name: str,
   keepalive = list(keepalive)
   if not keepalive:
     raise ValueError("done needs keepalive[0] = the sources[0] given to start.")
-  return _done_p.bind(out, *keepalive, op_name=op_name,
-                      timeout_ms=_timeout_ms(timeout_s))
+  return _done_p.bind(out, *keepalive, axis_name=axis_name, site=site,
+                      op_name=op_name, timeout_ms=_timeout_ms(timeout_s))
 
 
 # --- abstract evaluation ----------------------------------------------------
@@ -162,32 +191,65 @@ def _concrete_mesh(ctx: mlir.LoweringRuleContext, axis_name: str):
   return mesh
 
 
-def _devices_table(mesh, axis_name: str) -> np.ndarray:
-  """Device ordinals, group-major, rank-minor (rank = position on the axis,
-  group = position along the other axes), of the groups in this process."""
-  devices = np.moveaxis(mesh.devices, mesh.axis_names.index(axis_name), -1)
-  groups = devices.reshape(-1, devices.shape[-1])
-  here = jax.process_index()
-  local = [g for g in groups if any(d.process_index == here for d in g)]
-  if not local or any(d.process_index != here for g in local for d in g):
+def transport(mesh, axis_name: str) -> str:
+  """The transport a lowering over ``mesh`` uses (FICCO_DMA_TRANSPORT)."""
+  choice = os.environ.get("FICCO_DMA_TRANSPORT", "auto")
+  if choice not in TRANSPORTS:
     raise ValueError(
-        f"comm='dma' needs every device of axis {axis_name!r} in this process;"
-        " use comm='xla'.")
-  return np.asarray([[d.local_hardware_id for d in g] for g in local],
-                    np.int64).reshape(-1)
+        f"FICCO_DMA_TRANSPORT={choice!r} must be one of {TRANSPORTS}.")
+  if windows.spans_processes(mesh, axis_name):
+    if choice == "rendezvous":
+      raise ValueError(
+          f"Axis {axis_name!r} spans processes, which the rendezvous"
+          " transport cannot reach; unset FICCO_DMA_TRANSPORT (auto picks the"
+          " window transport) or use Schedule(comm='xla').")
+    return "window"
+  return "window" if choice == "window" else "rendezvous"
+
+
+def _devices_table(mesh, axis_name: str, *, local: bool) -> np.ndarray:
+  """Devices of the groups in this process, group-major, rank-minor (rank =
+  position on the axis, group = position along the other axes): local
+  ordinals (rendezvous; every device must be here) or global ids (window)."""
+  here = jax.process_index()
+  groups = [g for g in windows.axis_groups(mesh, axis_name)
+            if any(d.process_index == here for d in g)]
+  if local:
+    return np.asarray([[d.local_hardware_id for d in g] for g in groups],
+                      np.int64).reshape(-1)
+  return np.asarray([[d.id for d in g] for g in groups], np.int64).reshape(-1)
+
+
+def _platform_of(ctx) -> int:
+  platforms = ctx.module_context.platforms
+  if len(platforms) != 1:
+    raise ValueError(f"comm='dma' lowers for one platform, got {platforms}.")
+  return library.platform_id(platforms[0])
 
 
 def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
                     op_name: str, timeout_ms: int, site: int):
   library.ensure_registered()
   mesh = _concrete_mesh(ctx, axis_name)
+  kind = transport(mesh, axis_name)
+  extra = {}
+  if kind == "window":
+    # Every piece comes from its owner's window (no forwarding), and the
+    # window must hold this rank's sources.
+    plan = plan_lib.owner_pulls(plan)
+    align = lambda n: -(-n // 256) * 256
+    slot = sum(align(int(np.prod(a.shape)) * a.dtype.itemsize)
+               for a in ctx.avals_in)
+    fam = windows.family_for(mesh, axis_name, site=site, slot_bytes=slot,
+                             platform=_platform_of(ctx))
+    extra["window"] = np.int64(fam.id)
 
   def column(field):
     return np.asarray([getattr(t, field) for t in plan.transfers], np.int64)
 
-  return jax.ffi.ffi_lowering(_START, has_side_effect=True)(
+  return jax.ffi.ffi_lowering(_TARGETS[kind][0], has_side_effect=True)(
       ctx, *sources,
-      devices=_devices_table(mesh, axis_name),
+      devices=_devices_table(mesh, axis_name, local=kind == "rendezvous"),
       axis_size=np.int64(plan.axis_size),
       dst=column("dst"), dst_row=column("dst_row"),
       src_offset=column("src_offset"), src=column("src"),
@@ -195,21 +257,36 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
       stream=column("stream"),
       num_streams=np.int64(plan.num_streams),
       site=np.int64(site), op_name=op_name,
-      timeout_ms=np.int64(timeout_ms))
+      timeout_ms=np.int64(timeout_ms), **extra)
 
 
-def _wait_lowering(ctx, buf, *, op_name: str, timeout_ms: int):
+def _sync_attrs(ctx, axis_name: str, site: int) -> tuple[str, dict]:
+  """wait/done: the start's transport, and its window family."""
+  mesh = _concrete_mesh(ctx, axis_name)
+  kind = transport(mesh, axis_name)
+  if kind == "rendezvous":
+    return kind, {}
+  fam = windows.lowered_family(mesh, axis_name, site=site,
+                               platform=_platform_of(ctx))
+  return kind, {"window": np.int64(fam.id)}
+
+
+def _wait_lowering(ctx, buf, *, axis_name: str, site: int, op_name: str,
+                   timeout_ms: int):
   library.ensure_registered()
-  return jax.ffi.ffi_lowering(_WAIT, operand_output_aliases={0: 0})(
-      ctx, buf, op_name=op_name, timeout_ms=np.int64(timeout_ms))
+  kind, extra = _sync_attrs(ctx, axis_name, site)
+  return jax.ffi.ffi_lowering(_TARGETS[kind][1], operand_output_aliases={0: 0})(
+      ctx, buf, op_name=op_name, timeout_ms=np.int64(timeout_ms), **extra)
 
 
-def _done_lowering(ctx, out, *keepalive, op_name: str, timeout_ms: int):
+def _done_lowering(ctx, out, *keepalive, axis_name: str, site: int,
+                   op_name: str, timeout_ms: int):
   library.ensure_registered()
+  kind, extra = _sync_attrs(ctx, axis_name, site)
   return jax.ffi.ffi_lowering(
-      _DONE, operand_output_aliases={0: 0}, has_side_effect=True)(
+      _TARGETS[kind][2], operand_output_aliases={0: 0}, has_side_effect=True)(
           ctx, out, *keepalive, op_name=op_name,
-          timeout_ms=np.int64(timeout_ms))
+          timeout_ms=np.int64(timeout_ms), **extra)
 
 
 for _platform in ("cpu", "cuda"):

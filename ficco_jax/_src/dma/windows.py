@@ -1,0 +1,258 @@
+"""Symmetric windows for the copy-engine path: made once, at lowering time.
+
+The window transport (xla_ffi/WINDOWS.md) needs, on every device of a
+gathered axis, a window of memory that every peer has mapped, per start call
+site. They are created here when a program that needs them is lowered, and
+their handles travel between processes through JAX's distributed key-value
+store (in one process, nothing travels: peers map each other's windows
+directly). A *family* is the set of windows of one call site over one group
+layout; the lowered custom call names it, and each device's handler finds
+its own window in it.
+
+All processes of a job lower the same programs in the same order (SPMD), so
+they create the same families in the same order; keys in the store carry
+the group's device ids and a generation (the count of families made for
+those groups), so they match across processes. A family lives as long as
+the process: each lowered start site holds one copy of its sources per
+device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import json
+import os
+import socket
+import threading
+
+import jax
+import numpy as np
+
+from ficco_jax._src.dma import library
+
+_HANDLE_BYTES = 256
+# How long lowering waits for peer processes to publish their windows.
+EXCHANGE_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  id: int
+  slot_bytes: int
+  generation: int
+
+
+_lock = threading.Lock()
+_families: dict[tuple, Family] = {}
+_generations: dict[tuple, int] = {}
+_next_id = [1]
+_hosts: dict[int, str] = {}  # process index -> host name
+
+
+def hostname() -> str:
+  # FICCO_HOSTNAME stands in for the host name (tests of the other-host
+  # refusal run their processes on one machine).
+  return os.environ.get("FICCO_HOSTNAME") or socket.gethostname()
+
+
+class _Directory:
+  """Publish/lookup of small strings: the job's key-value store when there
+  are several processes, a dict in one."""
+
+  def __init__(self):
+    self._local: dict[str, str] = {}
+
+  @staticmethod
+  def _client():
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
+    client = distributed.global_state.client
+    if client is None:
+      raise ValueError(
+          "comm='dma' across processes needs jax.distributed.initialize()"
+          " (its key-value store carries the window handles); use"
+          " Schedule(comm='xla') otherwise.")
+    return client
+
+  def set(self, key: str, value: str) -> None:
+    if jax.process_count() == 1:
+      self._local[key] = value
+    else:
+      self._client().key_value_set(key, value)
+
+  def get(self, key: str, timeout_s: float) -> str:
+    if jax.process_count() == 1:
+      return self._local[key]
+    return self._client().blocking_key_value_get(key, int(timeout_s * 1000))
+
+
+_directory = _Directory()
+
+
+def _call(fn, *args):
+  err = ctypes.create_string_buffer(1024)
+  if fn(*args, err, ctypes.c_int64(len(err))):
+    raise RuntimeError(f"ficco window: {err.value.decode()}")
+
+
+@functools.cache
+def _lib():
+  lib = library.load()
+  i64, pi64 = ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
+  lib.FiccoWindowCreate.argtypes = [
+      ctypes.c_int, i64, ctypes.c_int, i64, i64, pi64, i64, ctypes.c_char_p,
+      pi64, ctypes.c_char_p, i64]
+  lib.FiccoWindowMap.argtypes = [
+      ctypes.c_int, i64, ctypes.c_int, i64, ctypes.c_int, ctypes.c_char_p,
+      i64, ctypes.c_char_p, i64]
+  lib.FiccoWindowSealed.argtypes = [ctypes.c_int, i64, ctypes.c_int]
+  lib.FiccoWindowSealed.restype = None
+  lib.FiccoWindowEpoch.argtypes = [ctypes.c_int, i64, ctypes.c_int]
+  lib.FiccoWindowEpoch.restype = i64
+  lib.FiccoWindowPoisoned.argtypes = [ctypes.c_int, i64, ctypes.c_int]
+  lib.FiccoWindowCount.argtypes = [ctypes.c_int]
+  lib.FiccoWindowCount.restype = i64
+  lib.FiccoWindowPending.argtypes = [ctypes.c_int]
+  lib.FiccoWindowPending.restype = i64
+  return lib
+
+
+def handler_ordinal(device, platform: int) -> int:
+  """The DeviceOrdinal an FFI handler sees for ``device``: the CUDA ordinal
+  in this process on GPUs, the global id on XLA:CPU (which numbers the
+  devices of process k from k * 2048)."""
+  return device.id if platform == library.platform_id("cpu") else (
+      device.local_hardware_id)
+
+
+def axis_groups(mesh: jax.sharding.Mesh, axis_name: str) -> list[list]:
+  """The device groups along ``axis_name`` (rank = position on the axis)."""
+  devices = np.moveaxis(mesh.devices, mesh.axis_names.index(axis_name), -1)
+  return [list(g) for g in devices.reshape(-1, devices.shape[-1])]
+
+
+def spans_processes(mesh: jax.sharding.Mesh, axis_name: str) -> bool:
+  here = jax.process_index()
+  return any(d.process_index != here
+             for g in axis_groups(mesh, axis_name)
+             if any(d.process_index == here for d in g) for d in g)
+
+
+def _check_one_host(groups, axis_name: str, timeout_s: float) -> None:
+  procs = sorted({d.process_index for g in groups for d in g})
+  if len(procs) == 1:
+    return
+  me = jax.process_index()
+  if me not in _hosts:  # Published once per process.
+    _hosts[me] = hostname()
+    _directory.set(f"ficco/host/{me}", _hosts[me])
+  for p in procs:
+    if p not in _hosts:
+      _hosts[p] = _directory.get(f"ficco/host/{p}", timeout_s)
+  hosts = {p: _hosts[p] for p in procs}
+  if len(set(hosts.values())) > 1:
+    where = ", ".join(f"process {p} on {h!r}" for p, h in sorted(hosts.items()))
+    raise ValueError(
+        f"comm='dma' needs every device of axis {axis_name!r} on one host"
+        f" (copy engines reach peers over NVLink, not the network); the"
+        f" axis spans {where}. Use Schedule(comm='xla') for this axis.")
+
+
+def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
+               slot_bytes: int, platform: int) -> Family:
+  """The window family of start call site ``site`` over this process's
+  groups of ``axis_name``, with a slot of at least ``slot_bytes``; creates
+  (and exchanges) one if needed. Lowering a site again reuses its family
+  unless a failure poisoned it."""
+  here = jax.process_index()
+  groups = [g for g in axis_groups(mesh, axis_name)
+            if any(d.process_index == here for d in g)]
+  sig = tuple(tuple(int(d.id) for d in g) for g in groups)
+  key = (platform, sig, site)
+  with _lock:
+    fam = _families.get(key)
+    if fam is not None and fam.slot_bytes >= slot_bytes and not _poisoned(
+        fam, groups, platform):
+      return fam
+    _check_one_host(groups, axis_name, EXCHANGE_TIMEOUT_S)
+    gen = _generations.get((platform, sig), 0) + 1
+    _generations[(platform, sig)] = gen
+    fam = Family(id=_next_id[0], slot_bytes=slot_bytes, generation=gen)
+    _next_id[0] += 1
+    _create_and_map(fam, groups, platform)
+    _families[key] = fam
+    return fam
+
+
+def lowered_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
+                   platform: int) -> Family:
+  """The family `family_for` gave start ``site`` (its waits and done are
+  lowered after it, in the same module)."""
+  here = jax.process_index()
+  sig = tuple(tuple(int(d.id) for d in g) for g in axis_groups(mesh, axis_name)
+              if any(d.process_index == here for d in g))
+  with _lock:
+    fam = _families.get((platform, sig, site))
+  if fam is None:
+    raise ValueError(
+        f"peer-copy site {site}: its wait or done is lowered without its"
+        " start; pass each start's site to its own waits and done.")
+  return fam
+
+
+def _poisoned(fam: Family, groups, platform: int) -> bool:
+  here = jax.process_index()
+  return any(_lib().FiccoWindowPoisoned(
+      platform, fam.id, handler_ordinal(d, platform)) == 1
+             for g in groups for d in g if d.process_index == here)
+
+
+def _create_and_map(fam: Family, groups, platform: int) -> None:
+  lib, here = _lib(), jax.process_index()
+  tag = lambda g: "-".join(str(d.id) for d in g)
+  mine = [(g, r, d) for g in groups for r, d in enumerate(g)
+          if d.process_index == here]
+  for g, r, d in mine:
+    ids = (ctypes.c_int64 * len(g))(*[d2.id for d2 in g])
+    handle = ctypes.create_string_buffer(_HANDLE_BYTES)
+    n = ctypes.c_int64(_HANDLE_BYTES)
+    _call(lib.FiccoWindowCreate, platform, fam.id, handler_ordinal(d, platform), r,
+          len(g), ids, fam.slot_bytes, handle, ctypes.byref(n))
+    _directory.set(
+        f"ficco/window/{tag(g)}/{fam.generation}/{r}",
+        json.dumps({"process": here, "local": handler_ordinal(d, platform),
+                    "handle": handle.raw[:n.value].hex()}))
+  for g, r, d in mine:
+    for q, peer in enumerate(g):
+      if q == r:
+        continue
+      info = json.loads(_directory.get(
+          f"ficco/window/{tag(g)}/{fam.generation}/{q}", EXCHANGE_TIMEOUT_S))
+      raw = bytes.fromhex(info["handle"])
+      same = info["process"] == here
+      _call(lib.FiccoWindowMap, platform, fam.id, handler_ordinal(d, platform), q,
+            info["local"] if same else -1, raw, len(raw))
+  # Every peer has mapped every window before any name is dropped.
+  for g, r, d in mine:
+    _directory.set(f"ficco/mapped/{tag(g)}/{fam.generation}/{r}", "1")
+  for g, r, d in mine:
+    for q in range(len(g)):
+      _directory.get(f"ficco/mapped/{tag(g)}/{fam.generation}/{q}",
+                     EXCHANGE_TIMEOUT_S)
+    lib.FiccoWindowSealed(platform, fam.id, handler_ordinal(d, platform))
+
+
+def epoch(family: int, device_ordinal: int, platform: int) -> int:
+  """Starts so far on a device's window of ``family`` (-1: no window)."""
+  return _lib().FiccoWindowEpoch(platform, family, device_ordinal)
+
+
+def window_count(platform: int) -> int:
+  return _lib().FiccoWindowCount(platform)
+
+
+def pending_entries(platform: int) -> int:
+  """wait/done entries of window invocations not yet taken (0 when idle)."""
+  return _lib().FiccoWindowPending(platform)

@@ -1,0 +1,199 @@
+"""The window transport (xla_ffi/WINDOWS.md) in one process.
+
+FICCO_DMA_TRANSPORT=window makes comm="dma" stage through symmetric windows
+and synchronise by flags, as it must across processes (tests/
+test_multiprocess.py); here it runs between the virtual CPU devices of one
+process (the CPU twin) and, where there are >= 4 GPUs, between GPUs.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+import ficco_jax
+from ficco_jax import Schedule
+from ficco_jax._src.dma import library
+from ficco_jax._src.dma import windows
+
+import util
+
+TIMEOUT_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+def window_transport(monkeypatch):
+  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "window")
+  jax.clear_caches()  # Lowerings made under another transport must go.
+  yield
+  jax.clear_caches()
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def platform(request):
+  return request.param
+
+
+def _mesh(platform, n=4):
+  if platform == "cpu":
+    devices = jax.devices("cpu")
+  else:
+    if not library.cuda_compiled():
+      pytest.skip("CUDA handlers not compiled in")
+    try:
+      devices = jax.devices("cuda")
+    except RuntimeError:
+      pytest.skip("no CUDA backend")
+  if len(devices) < n:
+    pytest.skip(f"needs {n} {platform} devices, has {len(devices)}")
+  return Mesh(np.asarray(devices[:n]), ("x",))
+
+
+def _ag(mesh, schedule, timeout_s=TIMEOUT_S):
+  return jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                        schedule=schedule, timeout_s=timeout_s),
+      mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
+
+
+def _rs(mesh, schedule):
+  return jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                        schedule=schedule, timeout_s=TIMEOUT_S),
+      mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x")))
+
+
+def _put(mesh, spec, a):
+  return jax.device_put(a, jax.sharding.NamedSharding(mesh, spec))
+
+
+def _tol(platform, dtype):
+  if platform == "cpu" and np.dtype(dtype) == np.float32:
+    return 1e-5
+  return util.tol(dtype) if platform == "cpu" else max(util.tol(dtype), 3e-3)
+
+
+@pytest.mark.parametrize("dataflow,num_chunks", [
+    ("direct", 1), ("direct", 3), ("ring", 1), ("ring", 3),
+    ("bidirectional", 1), ("bidirectional", 3)])
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_both_ops_match_the_reference(platform, dataflow, num_chunks, dtype):
+  mesh = _mesh(platform)
+  rng = np.random.default_rng(num_chunks)
+  s = Schedule(dataflow=dataflow, num_chunks=num_chunks, comm="dma")
+  x = util.rand(rng, (4 * 6, 10), dtype)   # 6 rows per shard, 3 chunks of 2
+  w = util.rand(rng, (10, 4 * 7), dtype)
+  f = _ag(mesh, s)
+  for _ in range(3):  # Epochs advance; the slot is reused.
+    out = f(_put(mesh, P("x"), x), _put(mesh, P(None, "x"), w))
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  assert util.rel_err(out, ref) < _tol(platform, dtype)
+  h = util.rand(rng, (4 * 6, 4 * 5), dtype)
+  w2 = util.rand(rng, (4 * 5, 9), dtype)
+  g = _rs(mesh, s)
+  for _ in range(3):
+    out = g(_put(mesh, P(None, "x"), h), _put(mesh, P("x"), w2))
+  ref = np.asarray(h, np.float64) @ np.asarray(w2, np.float64)
+  assert util.rel_err(out, ref) < _tol(platform, dtype)
+
+
+def test_lowering_uses_window_targets_and_no_forwarding(platform):
+  mesh = _mesh(platform)
+  f = _ag(mesh, Schedule(dataflow="ring", num_chunks=2, comm="dma"))
+  x = jax.ShapeDtypeStruct((24, 10), np.float32,
+                           sharding=jax.sharding.NamedSharding(mesh, P("x")))
+  w = jax.ShapeDtypeStruct((10, 28), np.float32,
+                           sharding=jax.sharding.NamedSharding(mesh, P(None, "x")))
+  text = f.lower(x, w).as_text()
+  assert text.count("ficco_window_start") == 1
+  assert text.count("ficco_window_wait") == 6  # (P - 1) * num_chunks
+  assert "ficco_peer_copy" not in text
+  # Ring forwarding becomes pulls from the owner: every src is operand 0.
+  assert "src = dense<0> : tensor<6xi64>" in text
+
+
+def test_scan_runs_one_site_many_times_and_leaves_nothing_pending(platform):
+  mesh = _mesh(platform)
+  s = Schedule(dataflow="ring", num_chunks=1, comm="dma")
+  rng = np.random.default_rng(1)
+  ws = rng.standard_normal((5, 8, 8 * 4)).astype(np.float32) / 3
+
+  def body(x, w):
+    y = ficco_jax.all_gather_matmul(x, w, axis_name="x", schedule=s)
+    # [32, 8] per device -> back to this rank's [8, 8] rows.
+    r = lax.axis_index("x")
+    y = lax.dynamic_slice_in_dim(y, r * 8, 8)
+    return jnp.tanh(y), None
+
+  f = jax.jit(jax.shard_map(
+      lambda x, ws: lax.scan(body, x, ws)[0], mesh=mesh,
+      in_specs=(P("x"), P(None, None, "x")), out_specs=P("x")))
+  x = rng.standard_normal((32, 8)).astype(np.float32)
+  before = windows.window_count(library.platform_id(platform))
+  out = f(_put(mesh, P("x"), x), _put(mesh, P(None, None, "x"), ws))
+  ref = np.asarray(x, np.float64)
+  for w in ws:
+    full = ref @ np.asarray(w, np.float64)
+    ref = np.tanh(np.concatenate(
+        [full[r * 8:(r + 1) * 8, r * 8:(r + 1) * 8] for r in range(4)]))
+  assert util.rel_err(out, ref) < _tol(platform, np.float32)
+  made = windows.window_count(library.platform_id(platform)) - before
+  assert made == 4  # One site, one window per device.
+  for _ in range(50):
+    out = f(_put(mesh, P("x"), x), _put(mesh, P(None, None, "x"), ws))
+  out.block_until_ready()
+  assert windows.window_count(library.platform_id(platform)) - before == 4
+  deadline = time.monotonic() + 10
+  while windows.pending_entries(library.platform_id(platform)) and (
+      time.monotonic() < deadline):
+    time.sleep(0.01)
+  assert windows.pending_entries(library.platform_id(platform)) == 0
+
+
+def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover(
+    platform):
+  mesh = _mesh(platform)
+  timeout_s = 1.0
+  f = _ag(mesh, Schedule(dataflow="direct", comm="dma"), timeout_s=timeout_s)
+  rng = np.random.default_rng(2)
+  x = _put(mesh, P("x"), rng.standard_normal((24, 10)).astype(np.float32))
+  w = _put(mesh, P(None, "x"), rng.standard_normal((10, 28)).astype(np.float32))
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  f(x, w).block_until_ready()
+  missing = windows.handler_ordinal(mesh.devices.flat[2],
+                                    library.platform_id(platform))
+  library.set_never_arrive(missing)
+  t0 = time.monotonic()
+  try:
+    with pytest.raises(Exception) as info:
+      f(x, w).block_until_ready()
+  finally:
+    library.clear_never_arrive()
+  assert time.monotonic() - t0 < timeout_s + 10
+  message = str(info.value)
+  # jax reports one device's error: the hooked device's own, or a peer's
+  # timeout naming it.
+  assert ("rank 2" in message or "never-arrive test hook" in message), message
+  # The peers timed out (on CUDA their watchdog fires after the deadline),
+  # so the window is poisoned: the next call says how to recover...
+  time.sleep(timeout_s + 1)
+  with pytest.raises(Exception, match="clear_caches"):
+    f(x, w).block_until_ready()
+  # ... and after it, fresh windows work.
+  jax.clear_caches()
+  assert util.rel_err(f(x, w), ref) < _tol(platform, np.float32)
+
+
+def test_unknown_transport_is_a_clear_error(monkeypatch):
+  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "nvshmem")
+  mesh = _mesh("cpu")
+  x = jnp.ones((8, 4))
+  w = jnp.ones((4, 8))
+  with pytest.raises(ValueError, match="FICCO_DMA_TRANSPORT='nvshmem'"):
+    _ag(mesh, Schedule(dataflow="ring", comm="dma"))(
+        _put(mesh, P("x"), x), _put(mesh, P(None, "x"), w))

@@ -1,0 +1,165 @@
+// The CPU twin's stand-ins for a GPU's runtime, shared by both CPU
+// transports (cpu_peer_copy.cc, cpu_window.cc): events (flags with condition
+// variables and callbacks), copy queues (a thread each, like a stream) and a
+// watchdog that fires callbacks at deadlines.
+
+#ifndef FICCO_XLA_FFI_CPU_RUNTIME_H_
+#define FICCO_XLA_FFI_CPU_RUNTIME_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "peer_copy_registry.h"  // Clock
+
+namespace ficco {
+
+class CpuEvent {
+ public:
+  enum State { kPending, kOk, kFailed };
+  using Callback = std::function<void(State)>;
+
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = kPending;
+    callbacks_.clear();
+  }
+  void Set(State s) {
+    std::vector<Callback> callbacks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      state_ = s;
+      callbacks.swap(callbacks_);
+    }
+    cv_.notify_all();
+    for (auto& callback : callbacks) callback(s);
+  }
+  // Calls `callback` once the event is set (now, if it is).
+  void OnSet(Callback callback) {
+    State s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (state_ == kPending) {
+        callbacks_.push_back(std::move(callback));
+        return;
+      }
+      s = state_;
+    }
+    callback(s);
+  }
+  // The state once set, or kPending if `deadline` passed first.
+  State WaitUntil(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, deadline, [&] { return state_ != kPending; });
+    return state_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = kPending;
+  std::vector<Callback> callbacks_;
+};
+
+// One copy queue: tasks run in order on a thread of their own, like the
+// operations of a CUDA stream. Never destroyed (see Queue()).
+class CopyQueue {
+ public:
+  CopyQueue() { std::thread([this] { Run(); }).detach(); }
+
+  void Push(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  [[noreturn]] void Run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !tasks_.empty(); });
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      // Destroying the task may drop the last reference to an invocation,
+      // which returns its events to the pools: do it outside the lock.
+      task();
+      task = nullptr;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+};
+
+// Queues are created on first use and leaked: their detached threads block
+// on their condition variable forever, which must never be destroyed under
+// them at interpreter exit. stream == -1 is the device's completion thread.
+inline CopyQueue& Queue(int32_t device, int64_t stream) {
+  static std::mutex* mu = new std::mutex();
+  static auto* queues = new std::map<std::pair<int32_t, int64_t>, CopyQueue*>();
+  std::lock_guard<std::mutex> lock(*mu);
+  CopyQueue*& q = (*queues)[{device, stream}];
+  if (q == nullptr) q = new CopyQueue();
+  return *q;
+}
+
+// XLA continues a device's execution on the thread that completes its
+// future; doing that on a copy queue would stall the device's incoming
+// copies (which peers forwarding from it wait for), so futures complete on a
+// thread of their own per device.
+inline CopyQueue& Completer(int32_t device) { return Queue(device, -1); }
+
+// Fires callbacks at deadlines: the bound of every asynchronous wait.
+class Watchdog {
+ public:
+  static Watchdog& Get() {
+    static Watchdog* watchdog = new Watchdog();  // Leaked, like the queues.
+    return *watchdog;
+  }
+  void At(Clock::time_point when, std::function<void()> callback) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      timers_.emplace(when, std::move(callback));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  Watchdog() { std::thread([this] { Run(); }).detach(); }
+  [[noreturn]] void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (timers_.empty()) {
+        cv_.wait(lock);
+      } else if (Clock::now() < timers_.begin()->first) {
+        cv_.wait_until(lock, timers_.begin()->first);
+      } else {
+        auto callback = std::move(timers_.begin()->second);
+        timers_.erase(timers_.begin());
+        lock.unlock();
+        callback();
+        callback = nullptr;
+        lock.lock();
+      }
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<Clock::time_point, std::function<void()>> timers_;
+};
+
+}  // namespace ficco
+
+#endif  // FICCO_XLA_FFI_CPU_RUNTIME_H_

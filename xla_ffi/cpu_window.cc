@@ -1,0 +1,380 @@
+// CPU twin of the window transport: windows are POSIX shared memory (so
+// ranks in other processes of this host map them too), flags are atomics
+// in them, queues are the twin's worker threads (cpu_runtime.h), and a
+// queue's flag wait polls with a deadline, so a peer that never signals
+// fails the invocation instead of hanging it. wait and done return futures,
+// as in the rendezvous twin (XLA:CPU's handler pool is small).
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cpu_runtime.h"
+#include "event_pool.h"
+#include "ficco_ffi.h"
+#include "window.h"
+#include "window_protocol.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+namespace {
+
+// Window queues are threads of their own, apart from the rendezvous
+// transport's queues.
+constexpr int64_t kQueueBase = int64_t{1} << 32;
+
+EventPools<CpuEvent>& Pools() {
+  static auto* pools = new EventPools<CpuEvent>();
+  return *pools;
+}
+
+// The cyclic comparison of cuStreamWaitValue32(GEQ): epochs may wrap.
+bool Reached(const uint32_t* addr, uint32_t value) {
+  return static_cast<int32_t>(__atomic_load_n(addr, __ATOMIC_ACQUIRE) -
+                              value) >= 0;
+}
+
+struct CpuWindowBackend {
+  using Event = CpuEvent;
+  using Inv = WindowInvocation<CpuWindowBackend>;
+  static constexpr int kPlatform = kFiccoCpu;
+
+  static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
+    auto e = Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
+      return new CpuEvent();
+    });
+    if (e.has_value()) (*e)->Reset();
+    return e;
+  }
+  static void ReleaseEvent(int32_t device, Event* e) {
+    Pools().Release(device, e);
+  }
+
+  // The handler runs once its operands are complete.
+  ffi::Error RecordOnCompute(int32_t, Event* e) {
+    e->Set(CpuEvent::kOk);
+    return ffi::Error::Success();
+  }
+
+  ffi::Error WaitEvent(const std::shared_ptr<Inv>& inv, int32_t device,
+                       int64_t queue, Event* e) {
+    Queue(device, kQueueBase + queue).Push([inv, e] {
+      if (inv->failed()) return;
+      const int64_t ms = inv->plan.timeout_ms;
+      if (e->WaitUntil(DeadlineAfter(ms)) == CpuEvent::kOk) return;
+      inv->Fail(inv->where + ": a copy queue waited more than " +
+                std::to_string(ms) + " ms for an event, or it failed");
+    });
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Copy(const std::shared_ptr<Inv>& inv, int32_t device,
+                  int64_t queue, char* dst, const char* src, size_t bytes) {
+    Queue(device, kQueueBase + queue).Push([inv, dst, src, bytes] {
+      if (!inv->failed() && bytes > 0) std::memcpy(dst, src, bytes);
+    });
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Record(const std::shared_ptr<Inv>& inv, int32_t device,
+                    int64_t queue, Event* e) {
+    Queue(device, kQueueBase + queue).Push([inv, e] {
+      e->Set(inv->failed() ? CpuEvent::kFailed : CpuEvent::kOk);
+    });
+    return ffi::Error::Success();
+  }
+
+  // Polls, sleeping a little longer each time, until the deadline.
+  ffi::Error WaitFlag(const std::shared_ptr<Inv>& inv, int32_t device,
+                      int64_t queue, uint32_t* addr, uint32_t value,
+                      std::string who) {
+    Queue(device, kQueueBase + queue).Push([inv, addr, value, who] {
+      if (inv->failed()) return;
+      const int64_t ms = inv->plan.timeout_ms;
+      const auto deadline = DeadlineAfter(ms);
+      auto nap = std::chrono::microseconds(1);
+      while (!Reached(addr, value)) {
+        if (Clock::now() >= deadline) {
+          return inv->Fail(inv->where + ": waited more than " +
+                           std::to_string(ms) + " ms for " + who);
+        }
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::microseconds(200));
+      }
+    });
+    return ffi::Error::Success();
+  }
+
+  // A failed invocation writes no flag: its peers must not read garbage.
+  ffi::Error WriteFlag(const std::shared_ptr<Inv>& inv, int32_t device,
+                       int64_t queue, uint32_t* addr, uint32_t value) {
+    Queue(device, kQueueBase + queue).Push([inv, addr, value] {
+      if (!inv->failed()) __atomic_store_n(addr, value, __ATOMIC_RELEASE);
+    });
+    return ffi::Error::Success();
+  }
+};
+
+using Inv = WindowInvocation<CpuWindowBackend>;
+
+ffi::Future Failed(ffi::Error error) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(std::move(error));
+  return future;
+}
+
+// Completes once every event is set, with an error if one failed or the
+// deadline passed first. Exactly once; off the handler's thread unless it
+// is already decided inside the handler (XLA continues the device's
+// execution on the completing thread).
+struct Await : std::enable_shared_from_this<Await> {
+  ffi::Promise promise;
+  int32_t device = 0;
+  std::shared_ptr<Inv> inv;
+  std::string what;
+  std::mutex mu;
+  bool completed = false;
+  int64_t remaining = 0;
+  bool in_handler = false;
+  std::thread::id handler_thread;
+
+  void Finish(bool ok, const std::string& why) {
+    std::shared_ptr<Inv> held;
+    bool inline_now;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (completed) return;
+      completed = true;
+      held = std::move(inv);
+      inline_now =
+          in_handler && std::this_thread::get_id() == handler_thread;
+    }
+    auto self = shared_from_this();
+    auto complete = [self, ok, why] {
+      if (ok) {
+        self->promise.SetAvailable();
+      } else {
+        self->promise.SetError(ffi::Error(ffi::ErrorCode::kDeadlineExceeded, why));
+      }
+    };
+    if (inline_now) {
+      complete();
+    } else {
+      Completer(device).Push(std::move(complete));
+    }
+  }
+};
+
+ffi::Future AwaitEvents(int32_t device, const std::shared_ptr<Inv>& inv,
+                        std::vector<CpuEvent*> events, const std::string& what) {
+  auto a = std::make_shared<Await>();
+  ffi::Future future(a->promise);
+  a->device = device;
+  a->inv = inv;
+  a->what = what;
+  a->remaining = static_cast<int64_t>(events.size());
+  a->in_handler = true;
+  a->handler_thread = std::this_thread::get_id();
+  std::weak_ptr<Await> weak = a;
+  const int64_t ms = inv->plan.timeout_ms;
+  Watchdog::Get().At(DeadlineAfter(ms), [weak, ms] {
+    auto a = weak.lock();
+    if (!a) return;
+    std::shared_ptr<Inv> inv;
+    {
+      std::lock_guard<std::mutex> lock(a->mu);
+      inv = a->inv;
+    }
+    if (!inv) return;
+    std::string why = inv->Failure();
+    if (why.empty()) {
+      // The window's header is host memory here: name who is late.
+      const std::string missing = Unsignalled(
+          *inv->win, reinterpret_cast<const uint32_t*>(inv->win->base),
+          inv->epoch);
+      why = inv->where + ": " + a->what + " took more than " +
+            std::to_string(ms) + " ms" +
+            (missing.empty() ? "" : "; never signalled: " + missing);
+      inv->Fail(why);
+    }
+    a->Finish(false, why);
+  });
+  if (events.empty()) a->Finish(true, "");
+  for (CpuEvent* e : events) {
+    e->OnSet([a](CpuEvent::State s) {
+      if (s == CpuEvent::kFailed) {
+        std::shared_ptr<Inv> inv;
+        {
+          std::lock_guard<std::mutex> lock(a->mu);
+          inv = a->inv;
+        }
+        return a->Finish(false, inv ? inv->Failure() : "failed");
+      }
+      bool last;
+      {
+        std::lock_guard<std::mutex> lock(a->mu);
+        last = --a->remaining == 0;
+      }
+      if (last) a->Finish(true, "");
+    });
+  }
+  {
+    std::lock_guard<std::mutex> lock(a->mu);
+    a->in_handler = false;
+  }
+  return future;
+}
+
+ffi::Error StartImpl(int32_t device, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets, WindowStartAttrs attrs) {
+  CpuWindowBackend backend;
+  return WindowStart(backend, device, args, rets, attrs);
+}
+
+ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
+                     ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
+  if (buf.untyped_data() != out->untyped_data()) {
+    return Failed(ffi::Error::Internal("ficco window wait: output not aliased"));
+  }
+  auto [inv, landing] = WindowIndex<CpuWindowBackend>::Get().TakeWait(
+      attrs.window, device, buf.untyped_data());
+  if (!inv) {
+    return Failed(ffi::Error::InvalidArgument(
+        WindowMiss("wait", attrs.op_name, device)));
+  }
+  std::vector<CpuEvent*> events;
+  for (size_t i = 0; i < inv->plan.transfers.size(); ++i) {
+    if (inv->plan.transfers[i].dst == landing) events.push_back(inv->arrival[i]);
+  }
+  return AwaitEvents(device, inv, std::move(events),
+                     "the pieces of landing buffer " + std::to_string(landing));
+}
+
+ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
+                     ffi::RemainingArgs keepalive,
+                     ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
+  if (out_in.untyped_data() != out->untyped_data()) {
+    return Failed(ffi::Error::Internal("ficco window done: output not aliased"));
+  }
+  auto first = keepalive.get<ffi::AnyBuffer>(0);
+  if (!first.has_value()) return Failed(first.error());
+  auto inv = WindowIndex<CpuWindowBackend>::Get().TakeDone(
+      attrs.window, device, first->untyped_data());
+  if (!inv) {
+    return Failed(ffi::Error::InvalidArgument(
+        WindowMiss("done", attrs.op_name, device)));
+  }
+  // The sources have been staged (XLA may reuse them) and this rank's own
+  // pulls are over; peers' reads of the window are the next start's
+  // concern (it waits for their freed flags).
+  std::vector<CpuEvent*> events = inv->finals;
+  events.push_back(inv->staged);
+  return AwaitEvents(device, inv, std::move(events),
+                     "staging the sources and this rank's pulls");
+}
+
+}  // namespace
+
+// --- window memory: POSIX shared memory ------------------------------------
+
+ffi::Error CpuWindowAllocate(Window& w, std::string* handle) {
+  static std::atomic<int64_t> counter{0};
+  const std::string name = "/ficco." + std::to_string(getpid()) + "." +
+                           std::to_string(w.family) + "." +
+                           std::to_string(w.device) + "." +
+                           std::to_string(counter++);
+  const size_t bytes = kHeaderBytes + kSlots * w.slot_bytes;
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    return ffi::Error::Internal("shm_open(" + name + ") failed: " +
+                                std::strerror(errno));
+  }
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    shm_unlink(name.c_str());
+    return ffi::Error::Internal("ftruncate of " + name + " failed: " + why);
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return ffi::Error::Internal("mmap of " + name + " failed: " +
+                                std::strerror(errno));
+  }
+  std::memset(p, 0, kHeaderBytes);
+  w.base = static_cast<char*>(p);
+  *handle = name;
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuWindowMap(Window& w, int64_t peer, const std::string& handle) {
+  const size_t bytes = kHeaderBytes + kSlots * w.slot_bytes;
+  int fd = shm_open(handle.c_str(), O_RDWR, 0600);
+  if (fd < 0) {
+    return ffi::Error::Internal("shm_open(" + handle + ") of rank " +
+                                std::to_string(peer) + " failed: " +
+                                std::strerror(errno));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    close(fd);
+    return ffi::Error::InvalidArgument(
+        "window " + handle + " of rank " + std::to_string(peer) +
+        " is not the size of this rank's (" + std::to_string(bytes) +
+        " bytes): the ranks lowered different programs");
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    return ffi::Error::Internal("mmap of " + handle + " failed: " +
+                                std::strerror(errno));
+  }
+  w.peers[peer] = static_cast<char*>(p);
+  return ffi::Error::Success();
+}
+
+// Every peer has mapped it: the name can go, the memory stays until the
+// last process that maps it exits (no leftovers in /dev/shm).
+void CpuWindowSealed(Window& w) { shm_unlink(w.handle.c_str()); }
+
+int64_t CpuWindowPending() {
+  return WindowIndex<CpuWindowBackend>::Get().Pending();
+}
+
+}  // namespace ficco
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowStartCpu, ficco::StartImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .RemainingArgs()                 // sources
+                                  .RemainingRets()                 // landings
+                                  .Attrs<ficco::WindowStartAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowWaitCpu, ficco::WaitImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Arg<xla::ffi::AnyBuffer>()      // landing
+                                  .Ret<xla::ffi::AnyBuffer>()      // aliased
+                                  .Attrs<ficco::WindowSyncAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowDoneCpu, ficco::DoneImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Arg<xla::ffi::AnyBuffer>()      // out
+                                  .RemainingArgs()                 // keepalive
+                                  .Ret<xla::ffi::AnyBuffer>()      // aliased
+                                  .Attrs<ficco::WindowSyncAttrs>());

@@ -1,0 +1,418 @@
+// CUDA handlers of the window transport (WINDOWS.md): windows are
+// cudaMalloc'd memory, mapped by peers through peer access (same process)
+// or CUDA IPC (other processes); copies are cudaMemcpyAsync on side streams
+// (copy engines); flags are written and awaited by the streams themselves
+// (cuStreamWriteValue32 / cuStreamWaitValue32), so no host thread waits for
+// a peer. A watchdog thread bounds every invocation: past its deadline it
+// names the missing ranks, releases the stuck streams and poisons the
+// window, so the next call fails instead of the process hanging.
+//
+// Host code only: nothing here runs on the GPU's SMs.
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cuda_util.h"
+#include "event_pool.h"
+#include "ficco_ffi.h"
+#include "peer_copy_registry.h"  // Clock, DeadlineAfter
+#include "window.h"
+#include "window_protocol.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+namespace {
+
+constexpr int64_t kQueueBase = int64_t{1} << 32;
+
+using StreamValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t,
+                                   unsigned int);
+
+// The stream memory operations come from the driver API; cudart (linked
+// statically) hands out the driver's entry points, so no -lcuda is needed.
+struct StreamOps {
+  StreamValueFn write = nullptr;
+  StreamValueFn wait = nullptr;
+  std::string error;
+};
+
+const StreamOps& Ops() {
+  static StreamOps* ops = [] {
+    auto* o = new StreamOps();
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(
+            "cuStreamWriteValue32", reinterpret_cast<void**>(&o->write),
+            12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion(
+            "cuStreamWaitValue32", reinterpret_cast<void**>(&o->wait), 12000,
+            cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      o->write = o->wait = nullptr;
+      o->error = "the driver has no cuStreamWriteValue32/cuStreamWaitValue32";
+    }
+    return o;
+  }();
+  return *ops;
+}
+
+ffi::Error CheckCu(CUresult r, const char* call) {
+  if (r == CUDA_SUCCESS) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(call) + " failed: CUresult " +
+                              std::to_string(static_cast<int>(r)));
+}
+
+EventPools<CUevent_st>& Pools() {
+  static auto* pools = new EventPools<CUevent_st>();
+  return *pools;
+}
+
+ffi::ErrorOr<cudaStream_t> QueueStream(int32_t device, int64_t queue) {
+  return SideStream(device, kQueueBase + queue);
+}
+
+struct CudaWindowBackend {
+  using Event = CUevent_st;
+  using Inv = WindowInvocation<CudaWindowBackend>;
+  static constexpr int kPlatform = kFiccoCuda;
+
+  explicit CudaWindowBackend(cudaStream_t compute) : compute(compute) {}
+
+  static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
+    return Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
+      cudaEvent_t event = nullptr;
+      if (auto err = Check(cudaEventCreateWithFlags(&event,
+                                                    cudaEventDisableTiming),
+                           "cudaEventCreateWithFlags");
+          err.failure()) {
+        return ffi::Unexpected(err);
+      }
+      return event;
+    });
+  }
+  static void ReleaseEvent(int32_t device, Event* e) {
+    Pools().Release(device, e);
+  }
+
+  ffi::Error RecordOnCompute(int32_t, Event* e) {
+    FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, compute));
+    return ffi::Error::Success();
+  }
+
+  // The handler made `device` current; every queue is on it.
+  ffi::Error WaitEvent(const std::shared_ptr<Inv>&, int32_t device,
+                       int64_t queue, Event* e) {
+    auto s = QueueStream(device, queue);
+    if (!s.has_value()) return s.error();
+    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(*s, e, 0));
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Copy(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
+                  char* dst, const char* src, size_t bytes) {
+    if (bytes == 0) return ffi::Error::Success();
+    auto s = QueueStream(device, queue);
+    if (!s.has_value()) return s.error();
+    // Unified addressing: a peer's window (peer access or IPC) is a device
+    // pointer like any other, and the copy engine moves it over NVLink.
+    FICCO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, *s));
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Record(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
+                    Event* e) {
+    auto s = QueueStream(device, queue);
+    if (!s.has_value()) return s.error();
+    FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, *s));
+    return ffi::Error::Success();
+  }
+
+  ffi::Error WaitFlag(const std::shared_ptr<Inv>&, int32_t device,
+                      int64_t queue, uint32_t* addr, uint32_t value,
+                      const std::string&) {
+    auto s = QueueStream(device, queue);
+    if (!s.has_value()) return s.error();
+    return CheckCu(Ops().wait(reinterpret_cast<CUstream>(*s),
+                              reinterpret_cast<CUdeviceptr>(addr), value,
+                              CU_STREAM_WAIT_VALUE_GEQ),
+                   "cuStreamWaitValue32");
+  }
+
+  // The default flags fence the stream's earlier writes (the staged data)
+  // before the flag, system-wide.
+  ffi::Error WriteFlag(const std::shared_ptr<Inv>&, int32_t device,
+                       int64_t queue, uint32_t* addr, uint32_t value) {
+    auto s = QueueStream(device, queue);
+    if (!s.has_value()) return s.error();
+    return CheckCu(Ops().write(reinterpret_cast<CUstream>(*s),
+                               reinterpret_cast<CUdeviceptr>(addr), value, 0),
+                   "cuStreamWriteValue32");
+  }
+
+  cudaStream_t compute;
+};
+
+using Inv = WindowInvocation<CudaWindowBackend>;
+
+// Bounds every invocation after its done: polls its events; past the
+// deadline it reads the window's flags to name the ranks that never
+// signalled, writes them itself so the streams blocked on them drain (the
+// data is garbage, and the window is poisoned so the next call says so), and
+// prints the failure.
+class Watchdog {
+ public:
+  static Watchdog& Get() {
+    static Watchdog* w = new Watchdog();  // Leaked: its thread never ends.
+    return *w;
+  }
+  void Watch(std::shared_ptr<Inv> inv) {
+    const auto deadline = DeadlineAfter(inv->plan.timeout_ms);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back({std::move(inv), deadline});
+    }
+    cv_.notify_one();
+  }
+ private:
+  struct Entry {
+    std::shared_ptr<Inv> inv;
+    Clock::time_point deadline;
+  };
+  Watchdog() { std::thread([this] { Run(); }).detach(); }
+
+  [[noreturn]] void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (pending_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      std::deque<Entry> batch;
+      batch.swap(pending_);
+      lock.unlock();
+      std::deque<Entry> keep;
+      for (Entry& e : batch) {
+        if (!Finished(e)) keep.push_back(std::move(e));
+      }
+      // Polling is cheap next to the ops it watches (each is tens of us or
+      // more), and bounded to one query per event per millisecond.
+      if (!keep.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.lock();
+      for (Entry& e : keep) pending_.push_front(std::move(e));
+    }
+  }
+
+  // True when the entry can go: its events completed, or it timed out and
+  // was dealt with.
+  bool Finished(Entry& e) {
+    Inv& inv = *e.inv;
+    cudaSetDevice(inv.win->device);
+    bool done = true;
+    for (CUevent_st* ev : {inv.staged, inv.signalled}) {
+      const cudaError_t s = cudaEventQuery(ev);
+      if (s == cudaErrorNotReady) {
+        done = false;
+      } else if (s != cudaSuccess) {
+        inv.Fail(inv.where + ": a copy failed: " + cudaGetErrorString(s));
+      }
+    }
+    if (done) return true;
+    if (Clock::now() < e.deadline) return false;
+    Rescue(inv);
+    return true;
+  }
+
+  void Rescue(Inv& inv) {
+    Window& w = *inv.win;
+    std::vector<uint32_t> header(2 * kMaxRanks, 0);
+    cudaStream_t s = nullptr;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaMemcpyAsync(header.data(), w.base, kHeaderBytes,
+                    cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    const std::string missing = Unsignalled(w, header.data(), inv.epoch);
+    const std::string why =
+        inv.where + ": timed out after " +
+        std::to_string(inv.plan.timeout_ms) + " ms; " +
+        (missing.empty() ? std::string("the copies did not finish")
+                         : "never signalled: " + missing);
+    inv.Fail(why);
+    std::fprintf(stderr, "ficco: %s\n", why.c_str());
+    // Release every stream still waiting on this window's flags.
+    const uint32_t top = w.epoch.load();
+    for (int64_t q = 0; q < w.size; ++q) {
+      Ops().write(reinterpret_cast<CUstream>(s),
+                  reinterpret_cast<CUdeviceptr>(w.ReadyOf(w.base, q)), top, 0);
+      Ops().write(reinterpret_cast<CUstream>(s),
+                  reinterpret_cast<CUdeviceptr>(w.FreedOf(w.base, q)), top, 0);
+    }
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Entry> pending_;
+};
+
+ffi::Error Sticky(const Window& w, std::string_view phase,
+                  std::string_view op, int32_t device) {
+  std::string sticky = w.Sticky();
+  if (sticky.empty()) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                    "ficco window " + std::string(phase) + " of '" +
+                        std::string(op) + "' on device " +
+                        std::to_string(device) + ": " + sticky);
+}
+
+ffi::Error StartImpl(cudaStream_t stream, int32_t device,
+                     ffi::RemainingArgs args, ffi::RemainingRets rets,
+                     WindowStartAttrs attrs) {
+  if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaWindowBackend backend(stream);
+  return WindowStart(backend, device, args, rets, attrs);
+}
+
+ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
+                    ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
+  if (buf.untyped_data() != out->untyped_data()) {
+    return ffi::Error::Internal("ficco window wait: output not aliased");
+  }
+  auto [inv, landing] = WindowIndex<CudaWindowBackend>::Get().TakeWait(
+      attrs.window, device, buf.untyped_data());
+  if (!inv) {
+    return ffi::Error::InvalidArgument(WindowMiss("wait", attrs.op_name, device));
+  }
+  if (auto err = Sticky(*inv->win, "wait", attrs.op_name, device);
+      err.failure()) {
+    return err;
+  }
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  for (size_t i = 0; i < inv->plan.transfers.size(); ++i) {
+    if (inv->plan.transfers[i].dst != landing) continue;
+    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, inv->arrival[i], 0));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
+                    ffi::RemainingArgs keepalive,
+                    ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
+  if (out_in.untyped_data() != out->untyped_data()) {
+    return ffi::Error::Internal("ficco window done: output not aliased");
+  }
+  auto first = keepalive.get<ffi::AnyBuffer>(0);
+  if (!first.has_value()) return first.error();
+  auto inv = WindowIndex<CudaWindowBackend>::Get().TakeDone(
+      attrs.window, device, first->untyped_data());
+  if (!inv) {
+    return ffi::Error::InvalidArgument(WindowMiss("done", attrs.op_name, device));
+  }
+  if (auto err = Sticky(*inv->win, "done", attrs.op_name, device);
+      err.failure()) {
+    return err;
+  }
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  // XLA may reuse the sources once they are staged; this rank's pulls are
+  // already awaited by the waits (the finals cost nothing more).
+  FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, inv->staged, 0));
+  for (CUevent_st* f : inv->finals) {
+    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, f, 0));
+  }
+  Watchdog::Get().Watch(std::move(inv));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error CudaEnablePeer(int32_t device, int32_t peer_device) {
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  return EnablePeerAccess(device, peer_device);
+}
+
+ffi::Error CudaWindowAllocate(Window& w, std::string* handle) {
+  if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(w.device); err.failure()) return err;
+  void* p = nullptr;
+  FICCO_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, kHeaderBytes + kSlots * w.slot_bytes));
+  FICCO_CUDA_RETURN_IF_ERROR(cudaMemset(p, 0, kHeaderBytes));
+  FICCO_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  cudaIpcMemHandle_t h;
+  FICCO_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, p));
+  w.base = static_cast<char*>(p);
+  handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  return ffi::Error::Success();
+}
+
+ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle) {
+  cudaIpcMemHandle_t h;
+  if (handle.size() != sizeof(h)) {
+    return ffi::Error::InvalidArgument(
+        "rank " + std::to_string(peer) + "'s window handle has " +
+        std::to_string(handle.size()) + " bytes, not a CUDA IPC handle's " +
+        std::to_string(sizeof(h)));
+  }
+  std::memcpy(&h, handle.data(), sizeof(h));
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(w.device); err.failure()) return err;
+  void* p = nullptr;
+  FICCO_CUDA_RETURN_IF_ERROR(
+      cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+  w.peers[peer] = static_cast<char*>(p);
+  return ffi::Error::Success();
+}
+
+int64_t CudaWindowPending() {
+  return WindowIndex<CudaWindowBackend>::Get().Pending();
+}
+
+}  // namespace ficco
+
+// Not command-buffer compatible: the epochs advance on the host per call.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoWindowStartCuda, ficco::StartImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .RemainingArgs()                                // sources
+        .RemainingRets()                                // landings
+        .Attrs<ficco::WindowStartAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoWindowWaitCuda, ficco::WaitImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // landing
+        .Ret<xla::ffi::AnyBuffer>()                     // aliased
+        .Attrs<ficco::WindowSyncAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoWindowDoneCuda, ficco::DoneImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // out
+        .RemainingArgs()                                // keepalive
+        .Ret<xla::ffi::AnyBuffer>()                     // aliased
+        .Attrs<ficco::WindowSyncAttrs>());

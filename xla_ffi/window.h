@@ -1,0 +1,178 @@
+// Symmetric windows: the state of the window transport (WINDOWS.md), shared
+// by its CPU twin and its CUDA handlers.
+//
+// A window is memory a device owns and every rank of its group has mapped
+// (peer access, CUDA IPC, or POSIX shared memory on the CPU twin): a header
+// of 32-bit flags and a slot that holds the sources of one invocation. Each
+// start call site has windows of its own, created and mapped once, from
+// Python at lowering time (the handles travel through JAX's distributed
+// key-value store), so a call needs no host rendezvous: ranks synchronise
+// through the flags alone. Per site, because devices need not run
+// independent call sites in the same order (XLA:CPU does not), while the
+// n-th run of one site is the same invocation on every device.
+
+#ifndef FICCO_XLA_FFI_WINDOW_H_
+#define FICCO_XLA_FFI_WINDOW_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "peer_copy_plan.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+
+// Header layout, in 32-bit words. ready[q]: the last epoch rank q staged
+// (q writes it into every peer's window). freed[q]: the last epoch rank q
+// finished reading from this window (q writes it here).
+inline constexpr int64_t kMaxRanks = 512;
+inline constexpr int64_t kHeaderBytes = 2 * kMaxRanks * 4;
+// One slot: the next run of a site stages once every peer has read the
+// previous one (consecutive runs of a site are ordered by the program
+// anyway), and memory stays at one copy of the site's sources.
+inline constexpr int64_t kSlots = 1;
+inline constexpr int64_t kSlotAlign = 256;
+
+struct Window {
+  int platform = 0;
+  int64_t family = 0;
+  int32_t device = 0;  // local ordinal (the handler's DeviceOrdinal)
+  int64_t rank = 0, size = 0;
+  int64_t slot_bytes = 0;
+  char* base = nullptr;      // this device's window
+  std::string handle;        // what peers in other processes map
+  std::vector<char*> peers;  // peers[q]: rank q's window, mapped here
+  std::vector<int64_t> group_ids;  // global device id of each rank
+  // Epochs count the starts on this window; every rank of the group runs
+  // the same starts in the same order (one SPMD program), so the e-th start
+  // is the same invocation everywhere.
+  std::atomic<uint32_t> epoch{0};
+  mutable std::mutex mu;
+  std::string sticky_error;  // a failed invocation poisons the window
+
+  uint32_t* ReadyOf(char* window, int64_t q) const {
+    return reinterpret_cast<uint32_t*>(window) + q;
+  }
+  uint32_t* FreedOf(char* window, int64_t q) const {
+    return reinterpret_cast<uint32_t*>(window) + kMaxRanks + q;
+  }
+  char* Slot(char* window, uint32_t epoch) const {
+    return window + kHeaderBytes + (epoch % kSlots) * slot_bytes;
+  }
+  std::string Sticky() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return sticky_error;
+  }
+  void Poison(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (sticky_error.empty()) sticky_error = why;
+  }
+};
+
+// Windows by (platform, family, device); created through the C API.
+class Windows {
+ public:
+  static Windows& Get() {
+    static Windows* w = new Windows();  // Leaked: handlers may run at exit.
+    return *w;
+  }
+  std::shared_ptr<Window> Find(int platform, int64_t family, int32_t device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find({platform, family, device});
+    return it == map_.end() ? nullptr : it->second;
+  }
+  void Add(std::shared_ptr<Window> w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_[{w->platform, w->family, w->device}] = std::move(w);
+  }
+  int64_t Count(int platform) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = 0;
+    for (const auto& [key, w] : map_) n += std::get<0>(key) == platform;
+    return n;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::tuple<int, int64_t, int32_t>, std::shared_ptr<Window>> map_;
+};
+
+// Attributes of ficco_window_start: those of ficco_peer_copy_start (the
+// devices table holds the group's global device ids, for messages) plus the
+// window family. Every transfer reads a source operand of its owner
+// (src >= 0): Python rewrites ring forwarding into pulls from the owner,
+// whose shard sits in its window.
+struct WindowStartAttrs {
+  ffi::Span<const int64_t> devices;
+  int64_t axis_size;
+  ffi::Span<const int64_t> dst, dst_row, src_offset, src, src_row, rows,
+      stream;
+  int64_t num_streams;
+  int64_t site;
+  std::string_view op_name;
+  int64_t timeout_ms;
+  int64_t window;
+};
+
+// Attributes of ficco_window_wait and ficco_window_done.
+struct WindowSyncAttrs {
+  std::string_view op_name;
+  int64_t timeout_ms;
+  int64_t window;
+};
+
+inline StartAttrs AsStartAttrs(const WindowStartAttrs& a) {
+  return StartAttrs{a.devices, a.axis_size, a.dst, a.dst_row, a.src_offset,
+                    a.src, a.src_row, a.rows, a.stream, a.num_streams,
+                    a.site, a.op_name, a.timeout_ms};
+}
+
+// "ficco window copy of 'op' (site 3, epoch 7) on device 2 (rank 2 of 4)".
+std::string WindowWhere(const Plan& plan, const Window& w, uint32_t epoch);
+
+// Platform halves of the C API (cpu_window.cc, cuda_window.cu): allocate the
+// window memory and export a handle; map a peer's window from its handle.
+ffi::Error CpuWindowAllocate(Window& w, std::string* handle);
+ffi::Error CpuWindowMap(Window& w, int64_t peer, const std::string& handle);
+void CpuWindowSealed(Window& w);
+int64_t CpuWindowPending();
+#ifdef FICCO_WITH_CUDA
+ffi::Error CudaWindowAllocate(Window& w, std::string* handle);
+ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle);
+ffi::Error CudaEnablePeer(int32_t device, int32_t peer_device);
+int64_t CudaWindowPending();
+#endif
+
+}  // namespace ficco
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::WindowStartAttrs,
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("devices"),
+    ::xla::ffi::StructMember<int64_t>("axis_size"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst_row"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_offset"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_row"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("rows"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("stream"),
+    ::xla::ffi::StructMember<int64_t>("num_streams"),
+    ::xla::ffi::StructMember<int64_t>("site"),
+    ::xla::ffi::StructMember<std::string_view>("op_name"),
+    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
+    ::xla::ffi::StructMember<int64_t>("window"));
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::WindowSyncAttrs,
+    ::xla::ffi::StructMember<std::string_view>("op_name"),
+    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
+    ::xla::ffi::StructMember<int64_t>("window"));
+
+#endif  // FICCO_XLA_FFI_WINDOW_H_

@@ -1,0 +1,379 @@
+// The window transport's start (WINDOWS.md), written once over a Backend;
+// cpu_window.cc and cuda_window.cu supply the backend, wait and done.
+//
+// start enqueues everything on queues of its own device and returns: no
+// host waits for peers. A Backend instance (one per call; it holds the
+// compute stream) provides, each returning ffi::Error:
+//   RecordOnCompute(device, event)                 event <- compute stream
+//   WaitEvent(inv, device, queue, event)           queue waits for event
+//   Copy(inv, device, queue, dst, src, bytes)      on the copy engine
+//   Record(inv, device, queue, event)              event <- queue
+//   WaitFlag(inv, device, queue, addr, value, who) queue waits *addr >= value
+//   WriteFlag(inv, device, queue, addr, value)     *addr = value, after the
+//                                                  queue's earlier work
+// and static AcquireEvent/ReleaseEvent(device[, event]) and kPlatform.
+
+#ifndef FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
+#define FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "peer_copy_plan.h"
+#include "peer_copy_protocol.h"  // ShapeOf
+#include "window.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+
+// Queue indexes besides the pull queues 0 .. num_streams - 1.
+inline constexpr int64_t kStageQueue = 1 << 20;
+inline constexpr int64_t kSignalQueue = kStageQueue + 1;
+
+template <class B>
+struct WindowInvocation {
+  using Event = typename B::Event;
+  std::shared_ptr<Window> win;
+  Plan plan;
+  uint32_t epoch = 0;
+  int64_t row_bytes = 0;
+  std::vector<int64_t> source_offset;  // bytes into the slot
+  Event* ready = nullptr;      // compute stream at start
+  Event* staged = nullptr;     // sources copied into the slot
+  Event* signalled = nullptr;  // every read from peers done and announced
+  std::vector<Event*> arrival;  // per transfer
+  std::vector<Event*> finals;   // per used pull queue
+  std::string where;
+
+  std::atomic<bool> failed_flag{false};
+  std::mutex mu;
+  std::string failure;
+
+  bool failed() const { return failed_flag.load(std::memory_order_acquire); }
+  void Fail(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failure.empty()) failure = why;
+    }
+    failed_flag.store(true, std::memory_order_release);
+    win->Poison(why);
+  }
+  std::string Failure() {
+    std::lock_guard<std::mutex> lock(mu);
+    return failure;
+  }
+  std::vector<Event*> AllEvents() const {
+    std::vector<Event*> all = arrival;
+    all.insert(all.end(), finals.begin(), finals.end());
+    for (Event* e : {ready, staged, signalled}) all.push_back(e);
+    return all;
+  }
+  ~WindowInvocation() {
+    for (Event* e : AllEvents()) {
+      if (e != nullptr) B::ReleaseEvent(win->device, e);
+    }
+  }
+};
+
+// How wait and done find their invocation: by window family, device and
+// the address of the landing buffer (wait) or of sources[0] (done). Runs of
+// one site are sequential on a device (the next start follows this one's
+// done), so a window has at most one pending invocation: a start drops what
+// an earlier, aborted execution left behind on its window, and a stale entry
+// can never answer a later call.
+template <class B>
+class WindowIndex {
+ public:
+  using Inv = WindowInvocation<B>;
+  static WindowIndex& Get() {
+    static WindowIndex* index = new WindowIndex();
+    return *index;
+  }
+  void Add(const std::shared_ptr<Inv>& inv, int32_t device,
+           const std::vector<const void*>& landings, const void* source0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Window* w = inv->win.get();
+    for (auto* m : {&waits_, &dones_}) {
+      for (auto it = m->begin(); it != m->end();) {
+        it = it->second.inv->win.get() == w ? m->erase(it) : std::next(it);
+      }
+    }
+    for (size_t b = 0; b < landings.size(); ++b) {
+      waits_[Key(w->family, device, landings[b])] =
+          Entry{inv, static_cast<int64_t>(b)};
+    }
+    dones_[Key(w->family, device, source0)] = Entry{inv, -1};
+  }
+  std::pair<std::shared_ptr<Inv>, int64_t> TakeWait(int64_t family,
+                                                    int32_t device,
+                                                    const void* addr) {
+    return Take(waits_, {family, device, addr});
+  }
+  std::shared_ptr<Inv> TakeDone(int64_t family, int32_t device,
+                                const void* addr) {
+    return Take(dones_, {family, device, addr}).first;
+  }
+  int64_t Pending() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(waits_.size() + dones_.size());
+  }
+
+ private:
+  using Key = std::tuple<int64_t, int32_t, const void*>;
+  struct Entry {
+    std::shared_ptr<Inv> inv;
+    int64_t landing = -1;
+  };
+  using Map = std::map<Key, Entry>;
+  std::pair<std::shared_ptr<Inv>, int64_t> Take(Map& m, const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = m.find(key);
+    if (it == m.end()) return {nullptr, -1};
+    Entry e = std::move(it->second);
+    m.erase(it);
+    return {std::move(e.inv), e.landing};
+  }
+  std::mutex mu_;
+  Map waits_, dones_;
+};
+
+// The ranks that have not signalled epoch `e` yet, given this rank's
+// header words (ready[q], freed[q]): "rank 2 (device 2), ...", or "".
+inline std::string Unsignalled(const Window& w, const uint32_t* header,
+                               uint32_t e) {
+  std::string out;
+  for (int64_t q = 0; q < w.size; ++q) {
+    if (q == w.rank) continue;
+    const bool staged = static_cast<int32_t>(header[q] - e) >= 0;
+    const bool freed =
+        e <= kSlots ||
+        static_cast<int32_t>(header[kMaxRanks + q] - (e - kSlots)) >= 0;
+    if (!staged || !freed) {
+      out += (out.empty() ? "" : ", ") + std::string("rank ") +
+             std::to_string(q) + " (device " + std::to_string(w.group_ids[q]) +
+             ")";
+    }
+  }
+  return out;
+}
+
+inline std::string WindowMiss(std::string_view phase, std::string_view op,
+                              int32_t device) {
+  return "ficco window " + std::string(phase) + " of '" + std::string(op) +
+         "' on device " + std::to_string(device) +
+         ": no pending start matches this buffer; pass each start output,"
+         " unchanged, to exactly one wait, and sources[0] to done";
+}
+
+#define FICCO_RETURN_IF_FAILED(expr)                          \
+  do {                                                        \
+    if (::xla::ffi::Error _e = (expr); _e.failure()) return _e; \
+  } while (0)
+
+// Takes the events and enqueues stage, pulls and announce of `inv`.
+template <class B>
+ffi::Error WindowIssue(B& backend, int32_t device,
+                       const std::shared_ptr<WindowInvocation<B>>& inv,
+                       const std::vector<const char*>& source_ptrs,
+                       const std::vector<BufferShape>& sources,
+                       const std::vector<char*>& landing_ptrs) {
+  const Plan& p = inv->plan;
+  Window* win = inv->win.get();
+  const uint32_t e = inv->epoch;
+
+  auto take = [&](typename B::Event** slot) -> ffi::Error {
+    auto ev = B::AcquireEvent(device);
+    if (!ev.has_value()) return ev.error();
+    *slot = *ev;
+    return ffi::Error::Success();
+  };
+  FICCO_RETURN_IF_FAILED(take(&inv->ready));
+  FICCO_RETURN_IF_FAILED(take(&inv->staged));
+  FICCO_RETURN_IF_FAILED(take(&inv->signalled));
+  inv->arrival.assign(p.transfers.size(), nullptr);
+  for (auto& ev : inv->arrival) FICCO_RETURN_IF_FAILED(take(&ev));
+  inv->finals.assign(p.streams_used.size(), nullptr);
+  for (auto& ev : inv->finals) FICCO_RETURN_IF_FAILED(take(&ev));
+
+  const int64_t me = win->rank, size = win->size;
+  // The sources are complete and the landing buffers free on the compute
+  // stream now.
+  FICCO_RETURN_IF_FAILED(backend.RecordOnCompute(device, inv->ready));
+
+  // Stage: copy the sources into the slot once every peer has finished
+  // reading epoch e - kSlots from it, then tell every peer they are there.
+  FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, kStageQueue, inv->ready));
+  if (e > kSlots) {
+    for (int64_t q = 0; q < size; ++q) {
+      if (q == me) continue;
+      FICCO_RETURN_IF_FAILED(backend.WaitFlag(
+          inv, device, kStageQueue, win->FreedOf(win->base, q), e - kSlots,
+          "rank " + std::to_string(q) + " (device " +
+              std::to_string(win->group_ids[q]) + ") to finish reading epoch " +
+              std::to_string(e - kSlots)));
+    }
+  }
+  char* slot = win->Slot(win->base, e);
+  for (size_t s = 0; s < sources.size(); ++s) {
+    FICCO_RETURN_IF_FAILED(backend.Copy(
+        inv, device, kStageQueue, slot + inv->source_offset[s], source_ptrs[s],
+        static_cast<size_t>(sources[s].rows * sources[s].row_bytes)));
+  }
+  FICCO_RETURN_IF_FAILED(backend.Record(inv, device, kStageQueue, inv->staged));
+  for (int64_t q = 0; q < size; ++q) {
+    if (q == me) continue;
+    FICCO_RETURN_IF_FAILED(backend.WriteFlag(inv, device, kStageQueue,
+                                             win->ReadyOf(win->peers[q], me), e));
+  }
+
+  // Pull: each queue waits for its owners' flags, then copies in plan order.
+  const int64_t rb = inv->row_bytes;
+  for (size_t j = 0; j < p.streams_used.size(); ++j) {
+    const int64_t k = p.streams_used[j];
+    FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, k, inv->ready));
+    std::vector<bool> waited(size, false);
+    for (size_t i = 0; i < p.transfers.size(); ++i) {
+      const Transfer& t = p.transfers[i];
+      if (t.stream != k) continue;
+      const int64_t owner = (me + t.src_offset) % size;
+      if (!waited[owner]) {
+        waited[owner] = true;
+        FICCO_RETURN_IF_FAILED(backend.WaitFlag(
+            inv, device, k, win->ReadyOf(win->base, owner), e,
+            "rank " + std::to_string(owner) + " (device " +
+                std::to_string(win->group_ids[owner]) + ") to stage epoch " +
+                std::to_string(e)));
+      }
+      const char* src = win->Slot(win->peers[owner], e) +
+                        inv->source_offset[t.src] + t.src_row * rb;
+      FICCO_RETURN_IF_FAILED(backend.Copy(inv, device, k,
+                                          landing_ptrs[t.dst] + t.dst_row * rb,
+                                          src, static_cast<size_t>(t.rows * rb)));
+      FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->arrival[i]));
+    }
+    FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->finals[j]));
+  }
+
+  // Announce: once every pull has finished, every peer may reuse its slot.
+  for (auto* final_event : inv->finals) {
+    FICCO_RETURN_IF_FAILED(
+        backend.WaitEvent(inv, device, kSignalQueue, final_event));
+  }
+  for (int64_t q = 0; q < size; ++q) {
+    if (q == me) continue;
+    FICCO_RETURN_IF_FAILED(backend.WriteFlag(inv, device, kSignalQueue,
+                                             win->FreedOf(win->peers[q], me), e));
+  }
+  FICCO_RETURN_IF_FAILED(
+      backend.Record(inv, device, kSignalQueue, inv->signalled));
+
+  return ffi::Error::Success();
+}
+
+// start on `device`: see WINDOWS.md, "start".
+template <class B>
+ffi::Error WindowStart(B& backend, int32_t device, ffi::RemainingArgs args,
+                       ffi::RemainingRets rets, const WindowStartAttrs& attrs) {
+  using Inv = WindowInvocation<B>;
+  std::shared_ptr<Window> win =
+      Windows::Get().Find(B::kPlatform, attrs.window, device);
+  const std::string op(attrs.op_name);
+  if (win == nullptr) {
+    return ffi::Error::InvalidArgument(
+        "ficco window start of '" + op + "': device " +
+        std::to_string(device) + " has no window of family " +
+        std::to_string(attrs.window) +
+        " (windows are made when the op is lowered, in this process)");
+  }
+  if (std::string sticky = win->Sticky(); !sticky.empty()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "ficco window start of '" + op + "' on device " +
+                          std::to_string(device) +
+                          ": an earlier invocation on this window failed,"
+                          " so its ranks no longer agree on epochs; call"
+                          " jax.clear_caches() to lower onto fresh windows."
+                          " The failure: " + sticky);
+  }
+  if (NeverArrives(device)) {
+    return ffi::Error(ffi::ErrorCode::kUnavailable,
+                      "ficco window start of '" + op + "' on device " +
+                          std::to_string(device) +
+                          ": refused by the never-arrive test hook");
+  }
+  std::vector<BufferShape> sources, landings;
+  std::vector<const char*> source_ptrs;
+  std::vector<char*> landing_ptrs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto b = args.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    auto s = ShapeOf(*b);
+    if (!s.has_value()) return s.error();
+    sources.push_back(*s);
+    source_ptrs.push_back(static_cast<const char*>(b->untyped_data()));
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto b = rets.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    auto s = ShapeOf(**b);
+    if (!s.has_value()) return s.error();
+    landings.push_back(*s);
+    landing_ptrs.push_back(static_cast<char*>((*b)->untyped_data()));
+  }
+  auto plan = MakePlan(AsStartAttrs(attrs), sources, landings);
+  if (!plan.has_value()) return plan.error();
+  if (plan->axis_size != win->size) {
+    return ffi::Error::InvalidArgument(
+        "ficco window start of '" + op + "': axis_size " +
+        std::to_string(plan->axis_size) + " but the window's group has " +
+        std::to_string(win->size) + " ranks");
+  }
+  auto inv = std::make_shared<Inv>();
+  inv->win = win;
+  inv->plan = std::move(*plan);
+  const Plan& p = inv->plan;
+  inv->row_bytes = sources[0].row_bytes;
+  int64_t offset = 0;
+  for (const BufferShape& s : sources) {
+    inv->source_offset.push_back(offset);
+    offset += (s.rows * s.row_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+  }
+  if (offset > win->slot_bytes) {
+    return ffi::Error::InvalidArgument(
+        "ficco window start of '" + op + "': the sources need " +
+        std::to_string(offset) + " bytes but the window's slots hold " +
+        std::to_string(win->slot_bytes));
+  }
+  for (const Transfer& t : p.transfers) {
+    if (t.src < 0) {
+      return ffi::Error::InvalidArgument(
+          "ficco window start of '" + op +
+          "': a transfer forwards a landing buffer; the window transport"
+          " pulls every piece from its owner (plan.owner_pulls())");
+    }
+  }
+  const uint32_t e = win->epoch.fetch_add(1) + 1;
+  inv->epoch = e;
+  inv->where = WindowWhere(p, *win, e);
+  // From here on this rank has taken epoch e: any failure must poison the
+  // window, or its ranks would pair different invocations from now on.
+  ffi::Error issued = WindowIssue(backend, device, inv, source_ptrs, sources,
+                                  landing_ptrs);
+  if (issued.failure()) {
+    inv->Fail(inv->where + ": " + std::string(issued.message()));
+    return issued;
+  }
+  std::vector<const void*> addrs(landing_ptrs.begin(), landing_ptrs.end());
+  WindowIndex<B>::Get().Add(inv, device, addrs, source_ptrs[0]);
+  return ffi::Error::Success();
+}
+
+}  // namespace ficco
+
+#endif  // FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
