@@ -344,6 +344,13 @@ def markdown(report) -> str:
       r = report[name][part]
       lines.append(f"| {name} | {part} | {r['cases']} |"
                    f" {_pct(r['within_frac'])} | {_ratio(r['time_ratio'])} |")
+  held = report["builtin"]["held_out"]
+  met = (held["within_frac"] is not None and held["within_frac"] >= 0.9
+         and held["time_ratio"] <= 1.03)
+  lines += ["", f"Target on held-out cases (>= 90% within {100 * tol:.0f}%,"
+            f" sum ratio <= 1.03) with the shipped parameters:"
+            f" {'met' if met else 'not met'}"
+            f" ({_pct(held['within_frac'])}, {_ratio(held['time_ratio'])})."]
   cr = nz["cross_run_abs_log_diff"]
   wr = nz["within_run_abs_diff"]
   lines += [
@@ -414,7 +421,8 @@ def main(argv):
       f" {a}" for a in map(shlex.quote, sys.argv[1:]))
   report = {
       "command": command, "inputs": list(FLAGS.results), "device_kind": kind,
-      "ficco_jax": os.path.dirname(device_params.__file__),
+      "ficco_jax": getattr(sys.modules.get("ficco_jax"), "__version__",
+                           None),
       "holdout_models": FLAGS.holdout_models,
       "holdout_tokens": FLAGS.holdout_tokens, "tolerance": tol,
       "n_fit": len(fit_cases), "n_held": len(held),

@@ -99,10 +99,68 @@ def test_decomposition_loss_non_negative_and_grows_with_chunks(op, dataflow,
     assert all(a <= b + 1e-12 for a, b in zip(losses, losses[1:])), losses
 
 
+@pytest.mark.parametrize("c", [1, 2, 4])
+def test_copy_engine_ops_per_schedule(c):
+  # The all-gather issues its plan in one start; the reduce-scatter starts
+  # once per chunk (direct) or once per ring hop.
+  ag, rs = _prob(), _prob("matmul_reduce_scatter")
+  ops = {df: cost_model.dma_ops(rs, Schedule(dataflow=df, num_chunks=c,
+                                             comm="dma"))
+         for df in ["direct", "ring", "bidirectional"]}
+  assert ops == {"direct": c, "ring": 3 * c, "bidirectional": 6 * c}
+  for df in ["direct", "ring", "bidirectional"]:
+    assert cost_model.dma_ops(
+        ag, Schedule(dataflow=df, num_chunks=c, comm="dma")) == 1
+    assert cost_model.dma_ops(
+        rs, Schedule(dataflow=df, num_chunks=c, comm="xla")) == 0
+
+
+def test_host_floor_bounds_the_total_and_grows_with_ops():
+  params = dataclasses.replace(H200, host_call_s=200e-6, host_op_s=50e-6)
+  prob = _prob("matmul_reduce_scatter", m=256, k=1024, n=1024)
+  hosts = []
+  for c in (1, 2, 4):
+    pr = cost_model.predict(
+        prob, Schedule(dataflow="ring", num_chunks=c, comm="dma"), params)
+    assert pr.total >= pr.host and pr.total >= pr.device
+    hosts.append(pr.host)
+  assert hosts[0] < hosts[1] < hosts[2]
+  # Many hops on a small op: the host, not the devices, sets the time.
+  assert pr.bound == "host" and pr.total == pytest.approx(pr.host)
+  none = cost_model.predict(prob, Schedule(dataflow="none"), params)
+  assert none.total == pytest.approx(max(none.t_mm + none.t_comm, 200e-6))
+
+
+def test_a_lone_queue_gets_the_whole_receive_bandwidth():
+  # All bytes enter through one receive port: when it carries the same
+  # bytes/s from one or two peers, the bidirectional gather (two chains,
+  # one of them longer) moves the same bytes as fast as the ring.
+  flat = dataclasses.replace(H200, receive_bw=(300e9, 300e9, 300e9),
+                             ce_latency_s=0.0)
+  t = {df: cost_model.predict(_prob(), Schedule(dataflow=df, comm="dma"),
+                              flat).t_comm
+       for df in ["ring", "bidirectional", "direct"]}
+  assert t["bidirectional"] == pytest.approx(t["ring"], rel=1e-6)
+  assert t["direct"] == pytest.approx(t["ring"], rel=1e-6)
+
+
+def test_measured_small_gather_is_not_overlapped_on_h200(gpu_with_dma):
+  # 2048 x 8192 x 8192 on 4 GPUs: XLA's all-gather + dot was the fastest
+  # measured schedule in runs 2-4 (benchmarks/results); above the tiny gate,
+  # so the model's fixed costs must decline it.
+  kw = dict(x_shape=(512, 8192), w_shape=(8192, 2048), dtype=BF16,
+            axis_size=4, platform="gpu", device_kind="NVIDIA H200")
+  assert heuristics.gate("all_gather_matmul", x_shape=kw["x_shape"],
+                         dtype=BF16, axis_size=4, axis=0,
+                         platform="gpu") is None
+  assert ficco_jax.choose_schedule("all_gather_matmul", **kw) == Schedule(
+      dataflow="none")
+
+
 def test_none_has_no_decomposition_or_contention():
   pr = cost_model.predict(_prob(), ficco_jax.Schedule(dataflow="none"), H200)
   assert pr.decomposition == 0 and pr.contention == 0
-  assert pr.total == pytest.approx(pr.t_mm + pr.t_comm)
+  assert pr.total == pytest.approx(max(pr.t_mm + pr.t_comm, pr.host))
 
 
 def test_contention_costs_time():
