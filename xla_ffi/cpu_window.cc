@@ -5,11 +5,6 @@
 // fails the invocation instead of hanging it. wait and done return futures,
 // as in the rendezvous twin (XLA:CPU's handler pool is small).
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -50,6 +45,10 @@ struct CpuWindowBackend {
   using Event = CpuEvent;
   using Inv = WindowInvocation<CpuWindowBackend>;
   static constexpr int kPlatform = kFiccoCpu;
+  // Queues are threads: a flag wait blocks only its own queue, so the host
+  // need not order waits after writes (and XLA:CPU's small handler pool
+  // must not block in start).
+  static constexpr bool kHostOrdered = false;
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
     auto e = Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
@@ -290,66 +289,25 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
 
 // --- window memory: POSIX shared memory ------------------------------------
 
+// The window is shared memory, so its host words sit in it too.
 ffi::Error CpuWindowAllocate(Window& w, std::string* handle) {
-  static std::atomic<int64_t> counter{0};
-  const std::string name = "/ficco." + std::to_string(getpid()) + "." +
-                           std::to_string(w.family) + "." +
-                           std::to_string(w.device) + "." +
-                           std::to_string(counter++);
-  const size_t bytes = kHeaderBytes + kSlots * w.slot_bytes;
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    return ffi::Error::Internal("shm_open(" + name + ") failed: " +
-                                std::strerror(errno));
-  }
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const std::string why = std::strerror(errno);
-    close(fd);
-    shm_unlink(name.c_str());
-    return ffi::Error::Internal("ftruncate of " + name + " failed: " + why);
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return ffi::Error::Internal("mmap of " + name + " failed: " +
-                                std::strerror(errno));
-  }
-  std::memset(p, 0, kHeaderBytes);
-  w.base = static_cast<char*>(p);
+  const std::string name = ShmName("w", w);
+  auto p = ShmCreate(name, kHeaderBytes + kHostBytes + kSlots * w.slot_bytes);
+  if (!p.has_value()) return p.error();
+  w.base = *p;
+  w.host = reinterpret_cast<uint32_t*>(w.base + kHeaderBytes);
   *handle = name;
+  w.host_name = name;
   return ffi::Error::Success();
 }
 
 ffi::Error CpuWindowMap(Window& w, int64_t peer, const std::string& handle) {
-  const size_t bytes = kHeaderBytes + kSlots * w.slot_bytes;
-  int fd = shm_open(handle.c_str(), O_RDWR, 0600);
-  if (fd < 0) {
-    return ffi::Error::Internal("shm_open(" + handle + ") of rank " +
-                                std::to_string(peer) + " failed: " +
-                                std::strerror(errno));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
-    close(fd);
-    return ffi::Error::InvalidArgument(
-        "window " + handle + " of rank " + std::to_string(peer) +
-        " is not the size of this rank's (" + std::to_string(bytes) +
-        " bytes): the ranks lowered different programs");
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    return ffi::Error::Internal("mmap of " + handle + " failed: " +
-                                std::strerror(errno));
-  }
-  w.peers[peer] = static_cast<char*>(p);
+  auto p = ShmOpen(handle, kHeaderBytes + kHostBytes + kSlots * w.slot_bytes);
+  if (!p.has_value()) return p.error();
+  w.peers[peer] = *p;
+  w.peer_host[peer] = reinterpret_cast<uint32_t*>(*p + kHeaderBytes);
   return ffi::Error::Success();
 }
-
-// Every peer has mapped it: the name can go, the memory stays until the
-// last process that maps it exits (no leftovers in /dev/shm).
-void CpuWindowSealed(Window& w) { shm_unlink(w.handle.c_str()); }
 
 int64_t CpuWindowPending() {
   return WindowIndex<CpuWindowBackend>::Get().Pending();

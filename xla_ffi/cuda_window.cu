@@ -88,6 +88,10 @@ struct CudaWindowBackend {
   using Event = CUevent_st;
   using Inv = WindowInvocation<CudaWindowBackend>;
   static constexpr int kPlatform = kFiccoCuda;
+  // Streams share the GPU's few hardware queues: a stream blocked in
+  // cuStreamWaitValue32 may block others behind it, so every wait is
+  // enqueued after the write it waits for (WINDOWS.md).
+  static constexpr bool kHostOrdered = true;
 
   explicit CudaWindowBackend(cudaStream_t compute) : compute(compute) {}
 
@@ -349,30 +353,41 @@ ffi::Error CudaEnablePeer(int32_t device, int32_t peer_device) {
   return EnablePeerAccess(device, peer_device);
 }
 
+// Handle: the CUDA IPC handle of the device memory, then the name of the
+// host words' shared memory.
 ffi::Error CudaWindowAllocate(Window& w, std::string* handle) {
   if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
   ScopedDevice scoped;
   if (auto err = scoped.Set(w.device); err.failure()) return err;
   void* p = nullptr;
-  FICCO_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, kHeaderBytes + kSlots * w.slot_bytes));
+  FICCO_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(&p, kHeaderBytes + kHostBytes + kSlots * w.slot_bytes));
   FICCO_CUDA_RETURN_IF_ERROR(cudaMemset(p, 0, kHeaderBytes));
   FICCO_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   cudaIpcMemHandle_t h;
   FICCO_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, p));
+  w.host_name = ShmName("h", w);
+  auto host = ShmCreate(w.host_name, kHostBytes);
+  if (!host.has_value()) return host.error();
   w.base = static_cast<char*>(p);
+  w.host = reinterpret_cast<uint32_t*>(*host);
   handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  handle->append(w.host_name);
   return ffi::Error::Success();
 }
 
 ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle) {
   cudaIpcMemHandle_t h;
-  if (handle.size() != sizeof(h)) {
+  if (handle.size() <= sizeof(h)) {
     return ffi::Error::InvalidArgument(
         "rank " + std::to_string(peer) + "'s window handle has " +
         std::to_string(handle.size()) + " bytes, not a CUDA IPC handle's " +
-        std::to_string(sizeof(h)));
+        std::to_string(sizeof(h)) + " and a name");
   }
   std::memcpy(&h, handle.data(), sizeof(h));
+  auto host = ShmOpen(handle.substr(sizeof(h)), kHostBytes);
+  if (!host.has_value()) return host.error();
+  w.peer_host[peer] = reinterpret_cast<uint32_t*>(*host);
   ScopedDevice scoped;
   if (auto err = scoped.Set(w.device); err.failure()) return err;
   void* p = nullptr;

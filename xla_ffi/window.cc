@@ -3,7 +3,14 @@
 
 #include "window.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -20,6 +27,58 @@ std::string WindowWhere(const Plan& plan, const Window& w, uint32_t epoch) {
      << ", epoch " << epoch << ") on device " << w.device << " (rank "
      << w.rank << " of " << w.size << ")";
   return os.str();
+}
+
+std::string ShmName(const char* kind, const Window& w) {
+  static std::atomic<int64_t> counter{0};
+  return "/ficco." + std::string(kind) + "." + std::to_string(getpid()) +
+         "." + std::to_string(w.family) + "." + std::to_string(w.device) +
+         "." + std::to_string(counter++);
+}
+
+ffi::ErrorOr<char*> ShmCreate(const std::string& name, size_t bytes) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    return ffi::Unexpected(ffi::Error::Internal(
+        "shm_open(" + name + ") failed: " + std::strerror(errno)));
+  }
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    shm_unlink(name.c_str());
+    return ffi::Unexpected(
+        ffi::Error::Internal("ftruncate of " + name + " failed: " + why));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return ffi::Unexpected(ffi::Error::Internal(
+        "mmap of " + name + " failed: " + std::strerror(errno)));
+  }
+  return static_cast<char*>(p);  // ftruncate zero-fills.
+}
+
+ffi::ErrorOr<char*> ShmOpen(const std::string& name, size_t bytes) {
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) {
+    return ffi::Unexpected(ffi::Error::Internal(
+        "shm_open(" + name + ") failed: " + std::strerror(errno)));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    close(fd);
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "shared memory " + name + " is not " + std::to_string(bytes) +
+        " bytes: the ranks lowered different programs"));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    return ffi::Unexpected(ffi::Error::Internal(
+        "mmap of " + name + " failed: " + std::strerror(errno)));
+  }
+  return static_cast<char*>(p);
 }
 
 namespace {
@@ -74,6 +133,7 @@ int FiccoWindowCreate(int platform, int64_t family, int device, int64_t rank,
   w->size = size;
   w->slot_bytes = slot_bytes;
   w->peers.assign(size, nullptr);
+  w->peer_host.assign(size, nullptr);
   w->group_ids.assign(group_ids, group_ids + size);
   std::string h;
   if (int rc = ficco::Report(ficco::Allocate(*w, &h), error, error_len)) {
@@ -87,6 +147,7 @@ int FiccoWindowCreate(int platform, int64_t family, int device, int64_t rank,
   *handle_len = static_cast<int64_t>(h.size());
   w->handle = h;
   w->peers[rank] = w->base;
+  w->peer_host[rank] = w->host;
   ficco::Windows::Get().Add(std::move(w));
   return 0;
 }
@@ -118,6 +179,7 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
     }
 #endif
     w->peers[peer] = other->base;
+    w->peer_host[peer] = other->host;
     return 0;
   }
   const std::string h(handle, handle_len);
@@ -135,7 +197,9 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
 
 void FiccoWindowSealed(int platform, int64_t family, int device) {
   auto w = ficco::Windows::Get().Find(platform, family, device);
-  if (w && platform == kFiccoCpu) ficco::CpuWindowSealed(*w);
+  // Every peer has mapped it: the names can go, the memory stays until the
+  // last process that maps it exits (no leftovers in /dev/shm).
+  if (w && !w->host_name.empty()) shm_unlink(w->host_name.c_str());
 }
 
 int64_t FiccoWindowEpoch(int platform, int64_t family, int device) {

@@ -34,6 +34,12 @@ namespace ficco {
 // finished reading from this window (q writes it here).
 inline constexpr int64_t kMaxRanks = 512;
 inline constexpr int64_t kHeaderBytes = 2 * kMaxRanks * 4;
+// Host words of a rank (host memory every process of the host maps):
+// [kStagedEnqueued] the last epoch whose stage and ready writes this rank
+// has enqueued; [kAllEnqueued] the last epoch whose every operation it has
+// enqueued. See WINDOWS.md, "Why the host orders the waits".
+inline constexpr int64_t kStagedEnqueued = 0, kAllEnqueued = 1;
+inline constexpr int64_t kHostBytes = 4096;
 // One slot: the next run of a site stages once every peer has read the
 // previous one (consecutive runs of a site are ordered by the program
 // anyway), and memory stays at one copy of the site's sources.
@@ -50,6 +56,9 @@ struct Window {
   std::string handle;        // what peers in other processes map
   std::vector<char*> peers;  // peers[q]: rank q's window, mapped here
   std::vector<int64_t> group_ids;  // global device id of each rank
+  uint32_t* host = nullptr;               // this rank's host words
+  std::vector<uint32_t*> peer_host;       // peer_host[q]: rank q's
+  std::string host_name;                  // its shared-memory name
   // Epochs count the starts on this window; every rank of the group runs
   // the same starts in the same order (one SPMD program), so the e-th start
   // is the same invocation everywhere.
@@ -64,7 +73,9 @@ struct Window {
     return reinterpret_cast<uint32_t*>(window) + kMaxRanks + q;
   }
   char* Slot(char* window, uint32_t epoch) const {
-    return window + kHeaderBytes + (epoch % kSlots) * slot_bytes;
+    // The CPU twin keeps the host words between header and slot; CUDA
+    // windows leave the same gap unused, so both lay slots out alike.
+    return window + kHeaderBytes + kHostBytes + (epoch % kSlots) * slot_bytes;
   }
   std::string Sticky() const {
     std::lock_guard<std::mutex> lock(mu);
@@ -137,11 +148,15 @@ inline StartAttrs AsStartAttrs(const WindowStartAttrs& a) {
 // "ficco window copy of 'op' (site 3, epoch 7) on device 2 (rank 2 of 4)".
 std::string WindowWhere(const Plan& plan, const Window& w, uint32_t epoch);
 
+// POSIX shared memory of this host: created zeroed, or opened by name.
+ffi::ErrorOr<char*> ShmCreate(const std::string& name, size_t bytes);
+ffi::ErrorOr<char*> ShmOpen(const std::string& name, size_t bytes);
+std::string ShmName(const char* kind, const Window& w);
+
 // Platform halves of the C API (cpu_window.cc, cuda_window.cu): allocate the
 // window memory and export a handle; map a peer's window from its handle.
 ffi::Error CpuWindowAllocate(Window& w, std::string* handle);
 ffi::Error CpuWindowMap(Window& w, int64_t peer, const std::string& handle);
-void CpuWindowSealed(Window& w);
 int64_t CpuWindowPending();
 #ifdef FICCO_WITH_CUDA
 ffi::Error CudaWindowAllocate(Window& w, std::string* handle);

@@ -17,12 +17,14 @@
 #define FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -177,6 +179,44 @@ inline std::string WindowMiss(std::string_view phase, std::string_view op,
     if (::xla::ffi::Error _e = (expr); _e.failure()) return _e; \
   } while (0)
 
+// Bounded host wait until rank q's host word `which` reaches epoch e
+// (cyclic comparison); spins briefly, then naps.
+inline ffi::Error HostWait(const Window& w, int64_t q, int64_t which,
+                           uint32_t e, int64_t timeout_ms,
+                           const std::string& where) {
+  const uint32_t* word = w.peer_host[q] + which;
+  auto reached = [&] {
+    return static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - e) >=
+           0;
+  };
+  if (reached()) return ffi::Error::Success();
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  const auto spin_until = start + std::chrono::microseconds(300);
+  while (!reached()) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      const std::string rank = "rank " + std::to_string(q) + " (device " +
+                               std::to_string(w.group_ids[q]) + ")";
+      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                        where + ": waited more than " +
+                            std::to_string(timeout_ms) + " ms for " + rank +
+                            " to issue epoch " + std::to_string(e) +
+                            "; never signalled: " + rank);
+    }
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  return ffi::Error::Success();
+}
+
+inline void HostPublish(const Window& w, int64_t which, uint32_t e) {
+  __atomic_store_n(w.host + which, e, __ATOMIC_RELEASE);
+}
+
 // Takes the events and enqueues stage, pulls and announce of `inv`.
 template <class B>
 ffi::Error WindowIssue(B& backend, int32_t device,
@@ -207,6 +247,16 @@ ffi::Error WindowIssue(B& backend, int32_t device,
   // stream now.
   FICCO_RETURN_IF_FAILED(backend.RecordOnCompute(device, inv->ready));
 
+  const int64_t timeout_ms = p.timeout_ms;
+  if constexpr (B::kHostOrdered) {
+    // Enqueue a flag wait only after its writer has enqueued the write (see
+    // WINDOWS.md): the freed writes of epoch e - 1 ...
+    for (int64_t q = 0; e > 1 && q < size; ++q) {
+      if (q == me) continue;
+      FICCO_RETURN_IF_FAILED(
+          HostWait(*win, q, kAllEnqueued, e - 1, timeout_ms, inv->where));
+    }
+  }
   // Stage: copy the sources into the slot once every peer has finished
   // reading epoch e - kSlots from it, then tell every peer they are there.
   FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, kStageQueue, inv->ready));
@@ -231,6 +281,16 @@ ffi::Error WindowIssue(B& backend, int32_t device,
     if (q == me) continue;
     FICCO_RETURN_IF_FAILED(backend.WriteFlag(inv, device, kStageQueue,
                                              win->ReadyOf(win->peers[q], me), e));
+  }
+
+  HostPublish(*win, kStagedEnqueued, e);
+  if constexpr (B::kHostOrdered) {
+    // ... and the ready writes of epoch e.
+    for (int64_t q = 0; q < size; ++q) {
+      if (q == me) continue;
+      FICCO_RETURN_IF_FAILED(
+          HostWait(*win, q, kStagedEnqueued, e, timeout_ms, inv->where));
+    }
   }
 
   // Pull: each queue waits for its owners' flags, then copies in plan order.
@@ -273,7 +333,7 @@ ffi::Error WindowIssue(B& backend, int32_t device,
   }
   FICCO_RETURN_IF_FAILED(
       backend.Record(inv, device, kSignalQueue, inv->signalled));
-
+  HostPublish(*win, kAllEnqueued, e);
   return ffi::Error::Success();
 }
 
