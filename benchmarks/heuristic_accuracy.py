@@ -67,6 +67,8 @@ DEFAULT_RESULTS = [
     f"{RESULTS}/h200x4_run3/all_results.json:rs_w4.json",
     f"{RESULTS}/h200x4_run4/ag_w4_default.json",
     f"{RESULTS}/h200x4_run4/rs_w4_default.json",
+    f"{RESULTS}/h200x4_session2_c/ag_w4_acc.json",
+    f"{RESULTS}/h200x4_session2_c/rs_w4_acc.json",
 ]
 
 FLAGS = flags.FLAGS

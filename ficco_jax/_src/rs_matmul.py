@@ -168,7 +168,10 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
     return parts, landing, site
 
   def reduce(c, h0, parts, landing, site):
-    # The matmul of the own rows hides the tail of this chunk's copies.
+    # The matmul of the own rows hides the tail of this chunk's copies; tie
+    # its input to the start, or XLA may run it first (nothing else orders
+    # the last chunk's) and leave the copies exposed.
+    h0, landing = lax.optimization_barrier((h0, landing))
     own = _dot(_rows(h0, rank * m + c * mc, mc), w, st)
     own, landing = lax.optimization_barrier((own, landing))
     pulled = peer_copy.wait(landing, site=site, **kw)
