@@ -260,8 +260,7 @@ class Watchdog {
     const uint32_t top = w.epoch.load();
     for (int64_t q = 0; q < w.size; ++q) {
       Ops().write(reinterpret_cast<CUstream>(s),
-                  reinterpret_cast<CUdeviceptr>(w.ReadyOf(w.base, q)),
-                  ReadyValue(top, kMaxPieces - 1), 0);
+                  reinterpret_cast<CUdeviceptr>(w.ReadyOf(w.base, q)), top, 0);
       Ops().write(reinterpret_cast<CUstream>(s),
                   reinterpret_cast<CUdeviceptr>(w.FreedOf(w.base, q)), top, 0);
     }

@@ -45,20 +45,6 @@ inline constexpr int64_t kHostBytes = 4096;
 // anyway), and memory stays at one copy of the site's sources.
 inline constexpr int64_t kSlots = 1;
 inline constexpr int64_t kSlotAlign = 256;
-// The stage is cut into up to kMaxPieces pieces of at least kPieceBytes, and
-// ready[q] counts them: piece k of epoch e is there once
-// ready[q] >= ReadyValue(e, k). Pulls start after the first piece, not after
-// the whole stage.
-inline constexpr int64_t kPieceBits = 3, kMaxPieces = 1 << kPieceBits;
-inline constexpr int64_t kPieceBytes = 4 << 20;
-inline uint32_t ReadyValue(uint32_t epoch, int64_t piece) {
-  return (epoch << kPieceBits) + static_cast<uint32_t>(piece) + 1;
-}
-// Pieces of a slot holding `bytes`: the same on every rank (same shapes).
-inline int64_t PiecesOf(int64_t bytes) {
-  int64_t n = bytes / kPieceBytes;
-  return n < 1 ? 1 : (n > kMaxPieces ? kMaxPieces : n);
-}
 
 struct Window {
   int platform = 0;

@@ -16,7 +16,6 @@
 #ifndef FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
 #define FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -48,7 +47,6 @@ struct WindowInvocation {
   uint32_t epoch = 0;
   int64_t row_bytes = 0;
   std::vector<int64_t> source_offset;  // bytes into the slot
-  int64_t piece_bytes = 0;             // of the stage (PiecesOf)
   Event* ready = nullptr;      // compute stream at start
   Event* staged = nullptr;     // sources copied into the slot
   Event* signalled = nullptr;  // every read from peers done and announced
@@ -155,8 +153,7 @@ inline std::string Unsignalled(const Window& w, const uint32_t* header,
   std::string out;
   for (int64_t q = 0; q < w.size; ++q) {
     if (q == w.rank) continue;
-    const bool staged =
-        static_cast<int32_t>(header[q] - ReadyValue(e, 0)) >= 0;
+    const bool staged = static_cast<int32_t>(header[q] - e) >= 0;
     const bool freed =
         e <= kSlots ||
         static_cast<int32_t>(header[kMaxRanks + q] - (e - kSlots)) >= 0;
@@ -273,34 +270,18 @@ ffi::Error WindowIssue(B& backend, int32_t device,
               std::to_string(e - kSlots)));
     }
   }
-  // Piece k is slot bytes [k * piece, (k + 1) * piece); a source may span
-  // pieces and a piece several sources.
   char* slot = win->Slot(win->base, e);
-  const int64_t total = inv->source_offset.back() +
-                        sources.back().rows * sources.back().row_bytes;
-  const int64_t pieces = PiecesOf(total);
-  const int64_t piece = (total + pieces - 1) / pieces;
-  inv->piece_bytes = piece;
-  for (int64_t k = 0; k < pieces; ++k) {
-    const int64_t lo = k * piece, hi = std::min(total, lo + piece);
-    for (size_t s = 0; s < sources.size(); ++s) {
-      const int64_t a = std::max(lo, inv->source_offset[s]);
-      const int64_t z = std::min(
-          hi, inv->source_offset[s] + sources[s].rows * sources[s].row_bytes);
-      if (a >= z) continue;
-      FICCO_RETURN_IF_FAILED(backend.Copy(
-          inv, device, kStageQueue, slot + a,
-          source_ptrs[s] + (a - inv->source_offset[s]),
-          static_cast<size_t>(z - a)));
-    }
-    for (int64_t q = 0; q < size; ++q) {
-      if (q == me) continue;
-      FICCO_RETURN_IF_FAILED(
-          backend.WriteFlag(inv, device, kStageQueue,
-                            win->ReadyOf(win->peers[q], me), ReadyValue(e, k)));
-    }
+  for (size_t s = 0; s < sources.size(); ++s) {
+    FICCO_RETURN_IF_FAILED(backend.Copy(
+        inv, device, kStageQueue, slot + inv->source_offset[s], source_ptrs[s],
+        static_cast<size_t>(sources[s].rows * sources[s].row_bytes)));
   }
   FICCO_RETURN_IF_FAILED(backend.Record(inv, device, kStageQueue, inv->staged));
+  for (int64_t q = 0; q < size; ++q) {
+    if (q == me) continue;
+    FICCO_RETURN_IF_FAILED(backend.WriteFlag(inv, device, kStageQueue,
+                                             win->ReadyOf(win->peers[q], me), e));
+  }
 
   HostPublish(*win, kStagedEnqueued, e);
   if constexpr (B::kHostOrdered) {
@@ -317,33 +298,24 @@ ffi::Error WindowIssue(B& backend, int32_t device,
   for (size_t j = 0; j < p.streams_used.size(); ++j) {
     const int64_t k = p.streams_used[j];
     FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, k, inv->ready));
-    // waited[q]: the highest piece of q this queue has waited for.
-    std::vector<int64_t> waited(size, -1);
+    std::vector<bool> waited(size, false);
     for (size_t i = 0; i < p.transfers.size(); ++i) {
       const Transfer& t = p.transfers[i];
       if (t.stream != k) continue;
       const int64_t owner = (me + t.src_offset) % size;
-      // The transfer's bytes in the owner's slot, copied piece by piece as
-      // each piece is staged.
-      const int64_t a0 = inv->source_offset[t.src] + t.src_row * rb;
-      const int64_t z0 = a0 + t.rows * rb;
-      for (int64_t a = a0; a < z0;) {
-        const int64_t pc = a / piece;
-        const int64_t z = std::min(z0, (pc + 1) * piece);
-        if (waited[owner] < pc) {
-          waited[owner] = pc;
-          FICCO_RETURN_IF_FAILED(backend.WaitFlag(
-              inv, device, k, win->ReadyOf(win->base, owner),
-              ReadyValue(e, pc),
-              "rank " + std::to_string(owner) + " (device " +
-                  std::to_string(win->group_ids[owner]) + ") to stage epoch " +
-                  std::to_string(e)));
-        }
-        FICCO_RETURN_IF_FAILED(backend.Copy(
-            inv, device, k, landing_ptrs[t.dst] + t.dst_row * rb + (a - a0),
-            win->Slot(win->peers[owner], e) + a, static_cast<size_t>(z - a)));
-        a = z;
+      if (!waited[owner]) {
+        waited[owner] = true;
+        FICCO_RETURN_IF_FAILED(backend.WaitFlag(
+            inv, device, k, win->ReadyOf(win->base, owner), e,
+            "rank " + std::to_string(owner) + " (device " +
+                std::to_string(win->group_ids[owner]) + ") to stage epoch " +
+                std::to_string(e)));
       }
+      const char* src = win->Slot(win->peers[owner], e) +
+                        inv->source_offset[t.src] + t.src_row * rb;
+      FICCO_RETURN_IF_FAILED(backend.Copy(inv, device, k,
+                                          landing_ptrs[t.dst] + t.dst_row * rb,
+                                          src, static_cast<size_t>(t.rows * rb)));
       FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->arrival[i]));
     }
     FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->finals[j]));
