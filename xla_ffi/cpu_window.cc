@@ -50,6 +50,14 @@ struct CpuWindowBackend {
   // must not block in start).
   static constexpr bool kHostOrdered = false;
 
+  // "; never signalled: rank 2 (device 2)" when some peer is late: the
+  // window's header is host memory here, so any timeout can name who is.
+  static std::string Late(const WindowInvocation<CpuWindowBackend>& inv) {
+    const std::string missing = Unsignalled(
+        *inv.win, reinterpret_cast<const uint32_t*>(inv.win->base), inv.epoch);
+    return missing.empty() ? "" : "; never signalled: " + missing;
+  }
+
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
     auto e = Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
       return new CpuEvent();
@@ -71,10 +79,14 @@ struct CpuWindowBackend {
                        int64_t queue, Event* e) {
     Queue(device, kQueueBase + queue).Push([inv, e] {
       if (inv->failed()) return;
+      // Events are this device's own: they are late only because a flag
+      // wait is, and that wait's message (which names the rank) should win,
+      // so this bound is twice the op's.
       const int64_t ms = inv->plan.timeout_ms;
-      if (e->WaitUntil(DeadlineAfter(ms)) == CpuEvent::kOk) return;
+      if (e->WaitUntil(DeadlineAfter(2 * ms)) == CpuEvent::kOk) return;
       inv->Fail(inv->where + ": a copy queue waited more than " +
-                std::to_string(ms) + " ms for an event, or it failed");
+                std::to_string(2 * ms) + " ms for an event, or it failed" +
+                Late(*inv));
     });
     return ffi::Error::Success();
   }
@@ -107,7 +119,7 @@ struct CpuWindowBackend {
       while (!Reached(addr, value)) {
         if (Clock::now() >= deadline) {
           return inv->Fail(inv->where + ": waited more than " +
-                           std::to_string(ms) + " ms for " + who);
+                           std::to_string(ms) + " ms for " + who + Late(*inv));
         }
         std::this_thread::sleep_for(nap);
         nap = std::min(nap * 2, std::chrono::microseconds(200));
@@ -200,13 +212,8 @@ ffi::Future AwaitEvents(int32_t device, const std::shared_ptr<Inv>& inv,
     if (!inv) return;
     std::string why = inv->Failure();
     if (why.empty()) {
-      // The window's header is host memory here: name who is late.
-      const std::string missing = Unsignalled(
-          *inv->win, reinterpret_cast<const uint32_t*>(inv->win->base),
-          inv->epoch);
       why = inv->where + ": " + a->what + " took more than " +
-            std::to_string(ms) + " ms" +
-            (missing.empty() ? "" : "; never signalled: " + missing);
+            std::to_string(ms) + " ms" + CpuWindowBackend::Late(*inv);
       inv->Fail(why);
     }
     a->Finish(false, why);
