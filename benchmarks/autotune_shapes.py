@@ -39,6 +39,15 @@ flags.DEFINE_list("models", ["llama3-70b", "llama3-8b"], "Models (run mode).")
 flags.DEFINE_list("tokens", ["8192", "4096"], "Token counts M (run mode).")
 flags.DEFINE_list("axis_sizes", ["4"], "Axis sizes (run mode).")
 flags.DEFINE_string("shapes", os.path.join(HERE, "shapes.json"), "Shapes.")
+flags.DEFINE_enum("keep", "fullest", ["fullest", "latest"],
+                  "Per shape, the case that measured the most schedules, or"
+                  " the last one (in --results order) that measured at least"
+                  " --min_schedules: the code and the machine drift between"
+                  " runs, and schedules are only compared within one run.")
+flags.DEFINE_integer("min_schedules", 4, "For --keep=latest.")
+flags.DEFINE_float("margin", 0.0,
+                   "Keep XLA's program ('none') unless the best schedule beats"
+                   " it by this fraction (run noise is several percent).")
 
 COMMENT = ("Autotuned schedules for {kind}, filled by"
            " benchmarks/autotune_shapes.py from {src}. Keys are local shapes"
@@ -60,11 +69,17 @@ def from_results(paths, kind):
   chosen = {}
   for c in cases:
     key = (c.op, c.p, _local(c))
-    if key not in chosen or len(c.times) >= len(chosen[key].times):
+    if FLAGS.keep == "latest":
+      if len(c.times) >= FLAGS.min_schedules:
+        chosen[key] = c
+    elif key not in chosen or len(c.times) >= len(chosen[key].times):
       chosen[key] = c
   for c in chosen.values():
     times = dict(c.times)
     best = min(times, key=times.get)
+    none = next((s for s in times if s.dataflow == "none"), None)
+    if none is not None and times[best] > (1 - FLAGS.margin) * times[none]:
+      best = none
     x, w = _local(c)
     key = autotune_cache.Key.of(c.op, device_kind=kind, axis_size=c.p,
                                 x_shape=x, w_shape=w, axis=0,
