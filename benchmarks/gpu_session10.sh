@@ -3,13 +3,8 @@
 # the refreshed autotune cache (autotune_shapes.py --keep=latest
 # --margin=0.03) against XLA, both ops, the benchmark shapes.
 set -u
-cd "$(dirname "$0")/.."
-export OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-S=$(date +%s)
+source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/ficco_results10; rm -rf "$R"; mkdir -p "$R"
-t() { echo "[$(( $(date +%s) - S ))s] $*"; }
 t install; python3 -m pip install --no-build-isolation --no-deps . > /dev/null 2>&1 || echo "install FAILED"
 t ag
 timeout 80 python3 benchmarks/ag_bench.py --axis_sizes=4 --models=llama3-8b,llama3-70b,gpt3-175b \

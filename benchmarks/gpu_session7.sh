@@ -4,13 +4,8 @@
 # data, plus fit-split cases timed again), and the tensor-parallel block at
 # llama3-70b width with the library's default schedules (issue 6).
 set -u
-cd "$(dirname "$0")/.."
-export OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-S=$(date +%s)
+source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/ficco_results7; rm -rf "$R"; mkdir -p "$R"
-t() { echo "[$(( $(date +%s) - S ))s] $*"; }
 t install; python3 -m pip install --no-build-isolation --no-deps . > "$R/install.log" 2>&1 || echo "install FAILED"
 t ag_acc
 timeout 120 python3 benchmarks/ag_bench.py --axis_sizes=4 --models=gpt3-175b,llama3-8b,llama3-70b \

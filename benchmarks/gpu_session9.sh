@@ -2,13 +2,8 @@
 # Session 2, call E on the 4-GPU machine (~3 min): the window transport with
 # piecewise staging, one process (against the rendezvous transport) and four.
 set -u
-cd "$(dirname "$0")/.."
-export OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-S=$(date +%s)
+source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/ficco_results9; rm -rf "$R"; mkdir -p "$R"
-t() { echo "[$(( $(date +%s) - S ))s] $*"; }
 t install; python3 -m pip install --no-build-isolation --no-deps . > /dev/null 2>&1 || echo "install FAILED"
 t tests
 timeout 100 python3 -P -m pytest -q -p no:cacheprovider tests/test_window_transport.py > "$R/pytest_window.txt" 2>&1

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "event_pool.h"
 #include "peer_copy_registry.h"  // Clock
 
 namespace ficco {
@@ -159,6 +160,16 @@ class Watchdog {
   std::condition_variable cv_;
   std::multimap<Clock::time_point, std::function<void()>> timers_;
 };
+
+// A pending event from `pools` (both CPU transports keep per-device pools).
+inline xla::ffi::ErrorOr<CpuEvent*> AcquireCpuEvent(EventPools<CpuEvent>& pools,
+                                                    int32_t device) {
+  auto e = pools.Acquire(device, [](int32_t) -> xla::ffi::ErrorOr<CpuEvent*> {
+    return new CpuEvent();
+  });
+  if (e.has_value()) (*e)->Reset();
+  return e;
+}
 
 }  // namespace ficco
 

@@ -59,11 +59,7 @@ struct CpuWindowBackend {
   }
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
-    auto e = Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
-      return new CpuEvent();
-    });
-    if (e.has_value()) (*e)->Reset();
-    return e;
+    return AcquireCpuEvent(Pools(), device);
   }
   static void ReleaseEvent(int32_t device, Event* e) {
     Pools().Release(device, e);

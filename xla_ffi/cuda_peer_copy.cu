@@ -43,17 +43,7 @@ struct CudaBackend {
   explicit CudaBackend(cudaStream_t compute) : compute(compute) {}
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
-    return Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
-      cudaEvent_t event = nullptr;
-      // No timing: cheaper records and waits.
-      if (auto err = Check(cudaEventCreateWithFlags(&event,
-                                                    cudaEventDisableTiming),
-                           "cudaEventCreateWithFlags(cudaEventDisableTiming)");
-          err.failure()) {
-        return ffi::Unexpected(err);
-      }
-      return event;
-    });
+    return Pools().Acquire(device, CreateEvent);
   }
   // Re-recording a pooled event is safe even while earlier waits on it are
   // pending: a wait captures the event's state at the time it is enqueued.

@@ -106,6 +106,18 @@ inline ffi::Error EnablePeerAccess(int32_t device, int32_t peer) {
   return ffi::Error::Success();
 }
 
+// A new pooled event (both transports keep per-device pools of these). No
+// timing: cheaper records and waits.
+inline ffi::ErrorOr<CUevent_st*> CreateEvent(int32_t) {
+  cudaEvent_t event = nullptr;
+  if (auto err = Check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags(cudaEventDisableTiming)");
+      err.failure()) {
+    return ffi::Unexpected(err);
+  }
+  return event;
+}
+
 }  // namespace ficco
 
 #endif  // FICCO_XLA_FFI_CUDA_UTIL_H_

@@ -96,16 +96,7 @@ struct CudaWindowBackend {
   explicit CudaWindowBackend(cudaStream_t compute) : compute(compute) {}
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
-    return Pools().Acquire(device, [](int32_t) -> ffi::ErrorOr<Event*> {
-      cudaEvent_t event = nullptr;
-      if (auto err = Check(cudaEventCreateWithFlags(&event,
-                                                    cudaEventDisableTiming),
-                           "cudaEventCreateWithFlags");
-          err.failure()) {
-        return ffi::Unexpected(err);
-      }
-      return event;
-    });
+    return Pools().Acquire(device, CreateEvent);
   }
   static void ReleaseEvent(int32_t device, Event* e) {
     Pools().Release(device, e);
