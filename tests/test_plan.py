@@ -48,3 +48,29 @@ def test_bidirectional_halves_the_steps():
 def test_chunks_must_divide():
   with pytest.raises(ValueError, match=r"num_chunks=4 must divide .* \(6\)"):
     plan_lib.gather_plan(Schedule(num_chunks=4), axis_size=4, shard_rows=6)
+
+
+@pytest.mark.parametrize("dataflow", ["direct", "ring", "bidirectional"])
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("c", [1, 2, 3])
+def test_owner_pulls_deliver_the_same_rows_from_their_owners(dataflow, p, c):
+  gplan = plan_lib.gather_plan(
+      Schedule(dataflow=dataflow, num_chunks=c), axis_size=p,
+      shard_rows=6)
+  direct = plan_lib.owner_pulls(gplan)
+  assert all(t.src == 0 for t in direct.transfers)
+  assert direct.landing_rows == gplan.landing_rows
+  assert direct.blocks == gplan.blocks
+  for r in range(p):
+    # Each landing row as (owner rank, owner row), from the transfers alone.
+    land = [[None] * n for n in direct.landing_rows]
+    for t in direct.transfers:
+      owner = (r + t.src_offset) % p
+      assert owner != r
+      for i in range(t.rows):
+        assert land[t.dst][t.dst_row + i] is None, "a row written twice"
+        land[t.dst][t.dst_row + i] = (owner, t.src_row + i)
+    for b in direct.blocks:
+      for i in range(b.rows):
+        want = ((r + b.owner_offset) % p, b.owner_row + i)
+        assert land[b.landing][b.landing_row + i] == want

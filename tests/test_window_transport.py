@@ -197,3 +197,31 @@ def test_unknown_transport_is_a_clear_error(monkeypatch):
   with pytest.raises(ValueError, match="FICCO_DMA_TRANSPORT='nvshmem'"):
     _ag(mesh, Schedule(dataflow="ring", comm="dma"))(
         _put(mesh, P("x"), x), _put(mesh, P(None, "x"), w))
+
+
+class _Dev:
+  def __init__(self, i, process):
+    self.id, self.process_index, self.local_hardware_id = i, process, i
+
+
+class _Mesh:
+  def __init__(self, processes):
+    self.devices = np.asarray([_Dev(i, p) for i, p in enumerate(processes)],
+                              dtype=object)
+    self.axis_names = ("x",)
+
+
+def test_transport_choice(monkeypatch):
+  from ficco_jax._src.dma import peer_copy  # pylint: disable=g-import-not-at-top
+
+  here = jax.process_index()
+  local, split = _Mesh([here] * 4), _Mesh([here, here, here + 1, here + 1])
+  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "auto")
+  assert peer_copy.transport(local, "x") == "rendezvous"
+  assert peer_copy.transport(split, "x") == "window"
+  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "window")
+  assert peer_copy.transport(local, "x") == "window"
+  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "rendezvous")
+  assert peer_copy.transport(local, "x") == "rendezvous"
+  with pytest.raises(ValueError, match="spans processes.*comm='xla'"):
+    peer_copy.transport(split, "x")
