@@ -12,7 +12,8 @@ its own window in it.
 All processes of a job lower the same programs in the same order (SPMD), so
 they create the same families in the same order; keys in the store carry
 the group's device ids and a generation (the count of families made for
-those groups), so they match across processes. A family lives as long as
+that group), so they match across processes: every member of a group
+lowers the same starts over it, whatever other groups a process also holds. A family lives as long as
 the process: each lowered start site holds one copy of its sources per
 device.
 """
@@ -41,7 +42,7 @@ EXCHANGE_TIMEOUT_S = 120.0
 class Family:
   id: int
   slot_bytes: int
-  generation: int
+  generations: tuple[int, ...]  # per local group, in order
 
 
 _lock = threading.Lock()
@@ -177,9 +178,12 @@ def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
         fam, groups, platform):
       return fam
     _check_one_host(groups, axis_name, EXCHANGE_TIMEOUT_S)
-    gen = _generations.get((platform, sig), 0) + 1
-    _generations[(platform, sig)] = gen
-    fam = Family(id=_next_id[0], slot_bytes=slot_bytes, generation=gen)
+    gens = []
+    for g in sig:
+      gens.append(_generations.get((platform, g), 0) + 1)
+      _generations[(platform, g)] = gens[-1]
+    fam = Family(id=_next_id[0], slot_bytes=slot_bytes,
+                 generations=tuple(gens))
     _next_id[0] += 1
     _create_and_map(fam, groups, platform)
     _families[key] = fam
@@ -211,7 +215,8 @@ def _poisoned(fam: Family, groups, platform: int) -> bool:
 
 def _create_and_map(fam: Family, groups, platform: int) -> None:
   lib, here = _lib(), jax.process_index()
-  tag = lambda g: "-".join(str(d.id) for d in g)
+  gen = {id(g): fam.generations[i] for i, g in enumerate(groups)}
+  tag = lambda g: "-".join(str(d.id) for d in g) + f"/{gen[id(g)]}"
   mine = [(g, r, d) for g in groups for r, d in enumerate(g)
           if d.process_index == here]
   for g, r, d in mine:
@@ -221,7 +226,7 @@ def _create_and_map(fam: Family, groups, platform: int) -> None:
     _call(lib.FiccoWindowCreate, platform, fam.id, handler_ordinal(d, platform), r,
           len(g), ids, fam.slot_bytes, handle, ctypes.byref(n))
     _directory.set(
-        f"ficco/window/{tag(g)}/{fam.generation}/{r}",
+        f"ficco/window/{tag(g)}/{r}",
         json.dumps({"process": here, "local": handler_ordinal(d, platform),
                     "handle": handle.raw[:n.value].hex()}))
   for g, r, d in mine:
@@ -229,17 +234,17 @@ def _create_and_map(fam: Family, groups, platform: int) -> None:
       if q == r:
         continue
       info = json.loads(_directory.get(
-          f"ficco/window/{tag(g)}/{fam.generation}/{q}", EXCHANGE_TIMEOUT_S))
+          f"ficco/window/{tag(g)}/{q}", EXCHANGE_TIMEOUT_S))
       raw = bytes.fromhex(info["handle"])
       same = info["process"] == here
       _call(lib.FiccoWindowMap, platform, fam.id, handler_ordinal(d, platform), q,
             info["local"] if same else -1, raw, len(raw))
   # Every peer has mapped every window before any name is dropped.
   for g, r, d in mine:
-    _directory.set(f"ficco/mapped/{tag(g)}/{fam.generation}/{r}", "1")
+    _directory.set(f"ficco/mapped/{tag(g)}/{r}", "1")
   for g, r, d in mine:
     for q in range(len(g)):
-      _directory.get(f"ficco/mapped/{tag(g)}/{fam.generation}/{q}",
+      _directory.get(f"ficco/mapped/{tag(g)}/{q}",
                      EXCHANGE_TIMEOUT_S)
     lib.FiccoWindowSealed(platform, fam.id, handler_ordinal(d, platform))
 
