@@ -159,7 +159,9 @@ def bench_case(run: common.Run, case: common.Case, w: int):
                                       out_spec, check_vma=False)
         res = common.timed(run, f"{tag} mosaic {cfg}",
                            lambda build=build: measure(build))
-        rec["methods"].append({"method": "mosaic", "label": cfg, **res})
+        # In place: interleaved timing fills this very dict later.
+        res.update({"method": "mosaic", "label": cfg})
+        rec["methods"].append(res)
   if "torch" in FLAGS.peers:
     rec["methods"].append({
         "method": "torch", "label": "*",

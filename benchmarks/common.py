@@ -72,6 +72,9 @@ def define_flags(*, default_peers: str) -> None:
                      "Max relative error vs the f32 reference (bf16); a"
                      " schedule also passes within 2x XLA's own error.")
   flags.DEFINE_bool("check", True, "Check correctness once per case.")
+  flags.DEFINE_bool("interleave", False,
+                    "Time a case's baselines and schedules round-robin"
+                    " (timing.interleaved) instead of one after another.")
 
 
 # ---------------------------------------------------------------- cases
@@ -300,6 +303,7 @@ def env_info(op: str) -> dict[str, Any]:
       "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUDA_VISIBLE_DEVICES")}
   info["timing"] = {"warmup": FLAGS.warmup, "rounds": FLAGS.rounds,
                     "iters": FLAGS.iters, "input_sets": FLAGS.input_sets,
+                    "interleave": FLAGS.interleave,
                     "stat": "median and min over rounds of round_time / iters"}
   return info
 
@@ -489,7 +493,11 @@ def run_all(run: Run, bench_case: Callable[[Run, Case, int], dict | None],
             {"name": case.name, "W": w, "reason": "time budget exceeded"})
         continue
       try:
-        rec = bench_case(run, case, w)
+        import timing  # pylint: disable=import-outside-toplevel
+        with timing.interleaved(FLAGS.interleave):
+          rec = bench_case(run, case, w)
+          if rec is not None and FLAGS.interleave:
+            run.progress(f"{case.name} W={w}: timing round-robin")
       except Exception as e:  # pylint: disable=broad-except
         traceback.print_exc()
         run.data["skipped"].append(
@@ -561,8 +569,10 @@ def measure(build, *, args, ref32, xla_err, tk) -> dict:
   if ref32 is not None:
     check_record(res, out, ref32, xla_err)
   del out
-  res.update(time_jax(fn, args, **tk))
-  return res
+  timed_res = time_jax(fn, args, **tk)
+  # Interleaved timing fills timed_res later: keep it as the record itself.
+  timed_res.update(res)
+  return timed_res
 
 
 def resolve_default(op: str, *, x_shape, w_shape, axis_size: int) -> str:
@@ -600,7 +610,8 @@ def run_ficco(run: Run, rec: dict, tag: str, op: str, mesh, in_specs, out_spec,
       return jit_shard_map(body, mesh, in_specs, out_spec, check_vma)
     res = timed(run, f"{tag} ficco {label}",
                 lambda build=build: measure_fn(build))
-    entry = {"method": "ficco", "label": label, **res}
+    entry = res  # In place: interleaved timing fills this very dict later.
+    entry.update({"method": "ficco", "label": label})
     if sched is None:
       entry["resolved"] = rec["default_schedule"]
     rec["methods"].append(entry)

@@ -12,12 +12,20 @@ Inputs are rotated among several sets so that repeated calls do not measure
 a cache that holds the previous call's operands (METHOD.md: "rotate among
 several input sets"). They must be random: zeros can run faster.
 
+Interleaved mode (`interleaved`): the candidates of one case are compiled,
+warmed up and registered first, then timed round-robin (round r runs every
+candidate once, starting at a rotated position), so slow drift of the
+machine (clocks, temperature, a neighbour) spreads over all candidates
+instead of landing on whichever ran last. Each block is preceded by one
+untimed call, since the previous block ran another program.
+
 This module imports no framework at import time, so the torch script can use
 `summarize` without pulling JAX in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -74,6 +82,11 @@ def time_jax(
   jax.block_until_ready(out)
   del out
 
+  if _pending is not None:
+    # Interleaved: the caller gets this dict now; `interleaved` fills it.
+    res = {"compile_and_first_call_s": first_s, "interleaved": True}
+    _pending.append((fn, arg_sets, rounds, iters, res))
+    return res
   per_call = []
   k = 0
   for _ in range(rounds):
@@ -89,6 +102,65 @@ def time_jax(
   res = summarize(per_call, iters=iters)
   res["compile_and_first_call_s"] = first_s
   return res
+
+
+_pending: list | None = None
+
+
+@contextlib.contextmanager
+def interleaved(enabled: bool = True):
+  """Within the block, `time_jax` compiles and warms up only; on exit every
+  registered function is timed round-robin and its result dict filled in.
+
+  Args:
+    enabled: False makes this a no-op (plain sequential timing).
+
+  Yields:
+    Nothing; results land in the dicts `time_jax` returned.
+  """
+  global _pending
+  if not enabled or _pending is not None:
+    yield
+    return
+  _pending = []
+  try:
+    yield
+    _time_round_robin(_pending)
+  finally:
+    _pending = None
+
+
+def _time_round_robin(entries) -> None:
+  import jax  # Lazy, see the module docstring.
+
+  if not entries:
+    return
+  rounds = max(e[2] for e in entries)
+  samples: list[list[float]] = [[] for _ in entries]
+  counters = [0] * len(entries)
+  failed: dict[int, str] = {}
+  for r in range(rounds):
+    for j in range(len(entries)):
+      i = (j + r) % len(entries)
+      fn, arg_sets, n_rounds, iters, _ = entries[i]
+      if i in failed or r >= n_rounds:
+        continue
+      try:
+        jax.block_until_ready(fn(*arg_sets[counters[i] % len(arg_sets)]))
+        t0 = time.perf_counter()
+        for _ in range(iters):
+          out = fn(*arg_sets[counters[i] % len(arg_sets)])
+          counters[i] += 1
+        jax.block_until_ready(out)
+        samples[i].append((time.perf_counter() - t0) * 1e3 / iters)
+        del out
+      except Exception as e:  # pylint: disable=broad-except
+        failed[i] = f"{type(e).__name__}: {e}"[:1500]
+  for i, (_, _, _, iters, res) in enumerate(entries):
+    if i in failed:
+      res["error"] = failed[i]
+    elif samples[i]:
+      res.update(summarize(samples[i], iters=iters))
 
 
 def time_torch(

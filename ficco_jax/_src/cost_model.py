@@ -18,8 +18,8 @@ The model (FiCCO's two losses on top of a pipeline):
   of the peer-copy protocol) costs ``dma_op_s`` on the device (the
   cross-device event waits of its start and done) and ``host_op_s`` on the
   host (the rendezvous of the device threads in start and done). An
-  all-gather is one such op; a reduce-scatter is one per chunk (direct) or
-  one per ring hop (``c (P - 1)`` per ring).
+  all-gather is one such op; a reduce-scatter is one per partial sent
+  (direct) or per ring hop: ``c (P - 1)`` per ring.
 * Host: an op cannot finish before the host has issued it, so ``total =
   max(device time, host time)``, the host time being ``host_call_s`` (one
   dispatch of the op's program) plus ``host_op_s`` per copy-engine op.
@@ -321,19 +321,19 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   of the rows each), ``P`` accumulate-and-forward steps: the running sum
   goes to the neighbour while the next partial is multiplied, then the
   compute stream waits for the neighbour's sum and adds it. direct: per
-  chunk, ``P - 1`` partial dots sent at once, one queue per peer; the next
-  chunk's partials and the own rows' dot run while they travel, then the
-  pulled partials are summed. A dot is ``1 + alpha`` slower for as long as
-  a transfer is in flight.
+  chunk, ``P - 1`` partial dots, each pulled by its owner (one peer at a
+  time, one queue) while the next is multiplied; the own rows' dot hides the
+  last pull, then one pass sums them. A dot is ``1 + alpha`` slower for as
+  long as a transfer is in flight.
   """
   p, c = prob.axis_size, sched.num_chunks
   mc = prob.split / c
   out_row_bytes = prob.rows * prob.n * prob.itemsize
   direct = sched.dataflow == "direct"
   rings = 2 if sched.dataflow == "bidirectional" and mc >= 2 else 1
-  # The two rings of bidirectional run one after the other: one queue busy.
-  streams = p - 1 if direct else 1
-  per_byte, latency, links, bw = _link_model(sched.comm, streams, params)
+  # One transfer in flight at a time: a direct step is a permutation, and
+  # the two rings of bidirectional run one after the other.
+  per_byte, latency, links, bw = _link_model(sched.comm, 1, params)
   state = {"t": 0.0, "busy": 0.0, "dots": 0.0, "comm_end": 0.0, "last": 0.0,
            "pieces": 0}
 
@@ -359,25 +359,14 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
     state["t"] += rows * out_row_bytes * (parts + 1) / params.hbm_bw
 
   if direct:
-    pending = None
-    for chunk in range(c + 1):
-      if chunk == c - 1:
-        # The last chunk's own dot: nothing in the program orders it after
-        # that chunk's start (earlier chunks' own dots are ordered by the
-        # barrier that issues the next chunk), and XLA runs it first, so
-        # the last transfers are not hidden behind it. Measured: direct
-        # c=1 is as slow as its transfer exposed (benchmarks/results).
+    # One queue: the steps' pulls run one after another, each a permutation.
+    for _ in range(c):
+      for _ in range(p - 1):
         dot(mc)
-      if chunk < c:
-        for _ in range(p - 1):
-          dot(mc)
-        issued = send(mc, state["t"])
-      if pending is not None:
-        if chunk < c:
-          dot(mc)  # The own rows of the previous chunk.
-        state["t"] = max(state["t"], pending)
-        add(mc, p - 1)
-      pending = issued if chunk < c else None
+        send(mc, max(state["t"], state["comm_end"]))
+    dot(prob.split)  # The own rows, hiding the last pull.
+    state["t"] = max(state["t"], state["comm_end"])
+    add(prob.split, p - 1)
   else:
     part = mc / rings
     for _ in range(c):
@@ -396,9 +385,9 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
   """Copy-engine ops (start / wait / done) a comm='dma' schedule runs.
 
   The all-gather issues its whole plan in one start. The reduce-scatter
-  starts once per chunk (direct) or once per ring hop: ``P - 1`` hops per
-  chunk and ring, two rings for bidirectional (one when a chunk has a
-  single row).
+  starts once per partial sent (direct: ``P - 1`` per chunk) or per ring
+  hop (``P - 1`` per chunk and ring, two rings for bidirectional, one when a
+  chunk has a single row).
   """
   if schedule.comm != "dma" or not schedule.overlapped or prob.axis_size < 2:
     return 0
@@ -406,7 +395,7 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
     return 1
   c, p = schedule.num_chunks, prob.axis_size
   if schedule.dataflow == "direct":
-    return c
+    return c * (p - 1)
   rings = 2 if (schedule.dataflow == "bidirectional"
                 and prob.split // c >= 2) else 1
   return c * rings * (p - 1)

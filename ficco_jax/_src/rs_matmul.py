@@ -115,20 +115,16 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
 # --------------------------------------------------------------------------
 
 
-def _direct_plan(p: int, rows: int) -> plan_lib.GatherPlan:
-  """Rank r pulls, from every peer r - s, that peer's partial for r's rows.
+def _shift_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
+  """Rank r pulls, from peer r - shift, that peer's partial for r's rows.
 
-  Peer q's source operand s - 1 is its partial for rank q + s; they all land
-  in one buffer so one reduction consumes them, one copy queue per peer.
+  Every rank does the same at once, so the transfers of one plan form a
+  permutation: each device sends one piece and receives one, over one link.
   """
-  transfers = tuple(
-      plan_lib.Transfer(dst=0, dst_row=k * rows, src_offset=(p - s) % p,
-                        src=s - 1, src_row=0, rows=rows, stream=k)
-      for k, s in enumerate(range(1, p)))
-  return plan_lib.GatherPlan(axis_size=p, shard_rows=rows,
-                             landing_rows=((p - 1) * rows,),
-                             transfers=transfers, blocks=(),
-                             num_streams=max(p - 1, 1))
+  transfer = plan_lib.Transfer(dst=0, dst_row=0, src_offset=(p - shift) % p,
+                               src=0, src_row=0, rows=rows, stream=0)
+  return plan_lib.GatherPlan(axis_size=p, shard_rows=rows, landing_rows=(rows,),
+                             transfers=(transfer,), blocks=(), num_streams=1)
 
 
 def _neighbour_plan(p: int, rows: int, direction: int) -> plan_lib.GatherPlan:
@@ -148,57 +144,53 @@ def _dma(st):
 
 
 def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
-  """Direct dataflow: every rank's partials for a chunk go out at once.
+  """Direct dataflow: each partial leaves as soon as it is multiplied.
 
-  Chunk c's partials for the P - 1 peers are multiplied, then handed to the
-  copy engines; while the peers pull them, this rank multiplies chunk c + 1.
-  Its own partial and the reduction of what it pulled come one chunk later.
-  Live partial buffers: at most two chunks' worth, 2 (P - 1) mc rows.
+  Step (j, s) multiplies chunk j of the rows owned by rank ``r + s`` and hands
+  it to the copy engines; rank ``r + s`` pulls it while this rank multiplies
+  the next step's partial. The compute stream never waits for a copy until
+  the end: the own rows' matmul hides the last pull, then one fused pass adds
+  the P - 1 pulled partials to it. Every step is a permutation (each device
+  sends one piece and receives one), so no device's inbound links are shared.
+
+  Live buffers until the end: the (P - 1) partials for peers and the (P - 1)
+  landing buffers, ``2 (P - 1) m`` rows of the output row size, against the
+  ``P m`` rows of the full partial that XLA's matmul + reduce_scatter holds.
   """
   peer_copy, kw = _dma(st)
   p = st.axis_size
-  gplan = _direct_plan(p, mc)
   num_chunks = st.schedule.num_chunks
-
-  def issue(c, h0):
-    parts = [_dot(_rows(h0, ((rank + s) % p) * m + c * mc, mc), w, st)
-             .astype(out_dtype) for s in range(1, p)]
-    site = peer_copy.new_site()
-    landing = peer_copy.start(parts, gplan, site=site, **kw)[0]
-    return parts, landing, site
-
-  def reduce(c, h0, parts, landing, site):
-    # The matmul of the own rows hides the tail of this chunk's copies; tie
-    # its input to the start, or XLA may run it first (nothing else orders
-    # the last chunk's) and leave the copies exposed.
-    h0, landing = lax.optimization_barrier((h0, landing))
-    own = _dot(_rows(h0, rank * m + c * mc, mc), w, st)
-    own, landing = lax.optimization_barrier((own, landing))
-    pulled = peer_copy.wait(landing, site=site, **kw)
-    acc_dtype = _acc_dtype(own.dtype)
-    pulled = pulled.reshape((p - 1, mc) + pulled.shape[1:]).astype(acc_dtype)
-    out = (own.astype(acc_dtype) + pulled.sum(axis=0)).astype(out_dtype)
-    return peer_copy.done(out, parts, site=site, **kw)
-
-  chunks, in_flight = [], [issue(0, h0)]
-  for c in range(num_chunks):
-    if c + 1 < num_chunks:
-      # Issue chunk c + 1 before reducing chunk c: its copies then overlap the
-      # own-rows matmul and the reduction of chunk c.
-      # The landing buffer is threaded through the barrier, never forked: a
-      # second consumer of a buffer the copy engine is still filling would
-      # let XLA copy it before it is complete.
-      parts, landing, site = in_flight[-1]
+  plans = {s: _shift_plan(p, mc, s) for s in range(1, p)}
+  in_flight = []  # (chunk, part, landing, site) in issue order.
+  for j in range(num_chunks):
+    for s in range(1, p):
+      rows = _rows(h0, ((rank + s) % p) * m + j * mc, mc)
+      part = _dot(rows, w, st).astype(out_dtype)
+      site = peer_copy.new_site()
+      landing = peer_copy.start([part], plans[s], site=site, **kw)[0]
+      # The next matmul reads h0 through the barrier, so XLA cannot run it
+      # before this start has handed the partial to the copy engines.
       h0, landing = lax.optimization_barrier((h0, landing))
-      in_flight[-1] = (parts, landing, site)
-      in_flight.append(issue(c + 1, h0))
-    parts, landing, site = in_flight[c]
-    out_c = reduce(c, h0, parts, landing, site)
-    # The next issue waits for this chunk's done, which bounds the live
-    # partial buffers to two chunks.
-    h0, out_c = lax.optimization_barrier((h0, out_c))
-    chunks.append(out_c)
-  return chunks
+      in_flight.append((j, part, landing, site))
+  own = _dot(_rows(h0, rank * m, m), w, st)
+  # Wait only after the own rows' matmul was issued (it hides the last pull).
+  landings = tuple(f[2] for f in in_flight)
+  own, landings = lax.optimization_barrier((own, landings))
+  pulled = [peer_copy.wait(buf, site=f[3], **kw)
+            for buf, f in zip(landings, in_flight)]
+  acc_dtype = _acc_dtype(own.dtype)
+  chunks = []
+  for j in range(num_chunks):
+    acc = own[j * mc:(j + 1) * mc].astype(acc_dtype)
+    for f, buf in zip(in_flight, pulled):
+      if f[0] == j:
+        acc = acc + buf.astype(acc_dtype)
+    chunks.append(acc.astype(out_dtype))
+  out = chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
+  # Partials stay alive until every peer has pulled them.
+  for _, part, _, site in in_flight:
+    out = peer_copy.done(out, [part], site=site, **kw)
+  return [out]
 
 
 def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype):
