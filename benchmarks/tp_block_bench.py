@@ -62,6 +62,7 @@ from absl import flags
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 sys.path.append(os.path.join(HERE, ".."))  # After the installed package.
+sys.path.insert(0, HERE)  # profile_summary.py
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("d_model", 8192, "Model width.")
@@ -91,6 +92,10 @@ flags.DEFINE_integer("variant_timeout_s", 250, "Time limit of one variant's"
                      " subprocess.")
 flags.DEFINE_string("out_dir", os.path.join(HERE, "results"), "Where results go.")
 flags.DEFINE_string("tag", None, "Result file tag (default: platform_dpXtpY).")
+flags.DEFINE_integer("profile_steps", 0,
+                     "After timing, trace this many steps with the JAX"
+                     " profiler and write profile_summary.py's report to"
+                     " <out_dir>/tp_profile_<variant>.txt.")
 # Internal: set on the subprocesses.
 flags.DEFINE_string("variant", None, "Run only this variant (internal).")
 flags.DEFINE_string("result_file", None, "Where --variant writes (internal).")
@@ -199,10 +204,39 @@ def run_variant(name: str) -> dict:
              rounds_ms=per_step, rounds=sz["rounds"], iters=sz["iters"],
              final_loss=float(loss))
   res["memory_after"] = _memory(devices)
+  if FLAGS.profile_steps:
+    res["profile"] = _profile(compiled, params, opt, batches, name)
   peaks = [m["peak_bytes_in_use"] for m in res["memory_after"]]
   res["peak_bytes_max_over_devices"] = (max(peaks) if all(
       p is not None for p in peaks) else None)
   return res
+
+
+def _profile(compiled, params, opt, batches, name: str) -> str:
+  """Traces a few steps; returns the report's path (or why it failed)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import profile_summary  # pylint: disable=g-import-not-at-top
+
+  tmp = tempfile.mkdtemp(prefix="ficco_tp_prof_")
+  try:
+    jax.profiler.start_trace(tmp, create_perfetto_trace=True)
+    for i in range(FLAGS.profile_steps):
+      params, opt, loss = compiled(params, opt, *batches[i % 2])
+    jax.block_until_ready((params, opt, loss))
+    jax.profiler.stop_trace()
+    text = profile_summary.summarize(profile_summary.load(tmp),
+                                     calls=FLAGS.profile_steps,
+                                     timeline_events=0)
+    os.makedirs(FLAGS.out_dir, exist_ok=True)
+    path = os.path.join(FLAGS.out_dir, f"tp_profile_{name}.txt")
+    with open(path, "w") as f:
+      f.write(f"# {name}: {FLAGS.profile_steps} steps\n{text}\n")
+    return path
+  except Exception as e:  # pylint: disable=broad-except
+    return f"failed: {type(e).__name__}: {str(e)[:500]}"
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _run_in_subprocess(name: str) -> dict:

@@ -1,0 +1,170 @@
+"""Reads a JAX profiler trace (perfetto JSON) and says where device time went.
+
+`jax.profiler.start_trace(dir, create_perfetto_trace=True)` writes
+``perfetto_trace.json.gz``: one process per GPU with one thread per CUDA
+stream (kernels and copies, from CUPTI), and one for the host threads. This
+module needs nothing beyond the standard library, so its output can be read
+on any machine:
+
+* per GPU: the traced window, and per stream its busy time, event count and
+  heaviest event names (copy-engine transfers show up as Memcpy events on
+  ficco's side streams);
+* the compute stream's idle gaps (the stream with the most kernel time),
+  grouped by the event before and after each gap, which is where a step
+  waits on a collective, a copy, or the host;
+* how much of the copies ran while the compute stream was busy (overlap);
+* one call's timeline on the first GPU.
+
+  python benchmarks/profile_summary.py /path/to/trace_dir --calls=10
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+
+
+def load(trace_dir: str) -> list[dict]:
+  """Events of the newest perfetto trace under ``trace_dir``."""
+  paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*perfetto*.json.gz"),
+                           recursive=True), key=os.path.getmtime)
+  if not paths:
+    raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}")
+  with gzip.open(paths[-1]) as f:
+    data = json.load(f)
+  return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def _names(events):
+  procs, threads = {}, {}
+  for e in events:
+    if e.get("ph") != "M":
+      continue
+    if e.get("name") == "process_name":
+      procs[e["pid"]] = e["args"]["name"]
+    elif e.get("name") == "thread_name":
+      threads[(e["pid"], e.get("tid"))] = e["args"]["name"]
+  return procs, threads
+
+
+def _union(intervals):
+  total, end = 0.0, -1e30
+  for a, b in sorted(intervals):
+    if b <= end:
+      continue
+    total += b - max(a, end)
+    end = b
+  return total
+
+
+def _is_copy(name: str) -> bool:
+  n = name.lower()
+  return "memcpy" in n or "memset" in n
+
+
+def _short(name: str, n: int = 48) -> str:
+  return name if len(name) <= n else name[: n - 3] + "..."
+
+
+def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
+              timeline_events: int = 50) -> str:
+  """A text report (see the module docstring)."""
+  procs, threads = _names(events)
+  gpus = sorted((pid for pid, n in procs.items() if "GPU" in n),
+                key=lambda p: procs[p])
+  lines = []
+  by_pid = collections.defaultdict(list)
+  for e in events:
+    if e.get("ph") == "X" and e.get("dur") is not None:
+      by_pid[e["pid"]].append(e)
+  for gi, pid in enumerate(gpus):
+    evs = by_pid[pid]
+    if not evs:
+      continue
+    t0 = min(e["ts"] for e in evs)
+    t1 = max(e["ts"] + e["dur"] for e in evs)
+    streams = collections.defaultdict(list)
+    for e in evs:
+      streams[e.get("tid")].append(e)
+    kernel_busy = {
+        tid: sum(e["dur"] for e in es if not _is_copy(e["name"]))
+        for tid, es in streams.items()}
+    compute = max(kernel_busy, key=kernel_busy.get)
+    comp = sorted(streams[compute], key=lambda e: e["ts"])
+    comp_iv = [(e["ts"], e["ts"] + e["dur"]) for e in comp]
+    lines.append(f"## {procs[pid]}: window {(t1 - t0) / 1e3:.3f} ms,"
+                 f" {(t1 - t0) / 1e3 / calls:.3f} ms per call ({calls} calls)")
+    for tid, es in sorted(streams.items(), key=lambda kv: -sum(
+        e["dur"] for e in kv[1])):
+      busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in es])
+      per = collections.Counter()
+      for e in es:
+        per[_short(e["name"], 40)] += e["dur"]
+      top = ", ".join(f"{n} {d / 1e3 / calls:.3f}" for n, d in
+                      per.most_common(3))
+      tag = " (compute)" if tid == compute else ""
+      lines.append(f"  stream {threads.get((pid, tid), tid)}{tag}:"
+                   f" busy {busy / 1e3 / calls:.3f} ms/call,"
+                   f" {len(es) / calls:.0f} events/call; top: {top}")
+    # Copies overlapped with compute.
+    copies = [(e["ts"], e["ts"] + e["dur"]) for tid, es in streams.items()
+              for e in es if _is_copy(e["name"]) and tid != compute]
+    if copies:
+      copy_busy = _union(copies)
+      both = _union(comp_iv) + copy_busy - _union(comp_iv + copies)
+      lines.append(f"  copies off the compute stream: {copy_busy / 1e3 / calls:.3f}"
+                   f" ms/call, {100 * both / copy_busy:.0f}% of it while the"
+                   " compute stream was busy")
+    gaps = collections.Counter()
+    gap_n = collections.Counter()
+    total_gap = 0.0
+    for a, b in zip(comp, comp[1:]):
+      g = b["ts"] - (a["ts"] + a["dur"])
+      if g > gap_us:
+        key = f"{_short(a['name'], 36)} -> {_short(b['name'], 36)}"
+        gaps[key] += g
+        gap_n[key] += 1
+        total_gap += g
+    lines.append(f"  compute stream idle (gaps > {gap_us:g} us):"
+                 f" {total_gap / 1e3 / calls:.3f} ms/call")
+    for key, g in gaps.most_common(8):
+      lines.append(f"    {g / 1e3 / calls:.3f} ms/call in {gap_n[key] / calls:.1f}"
+                   f" gaps/call: {key}")
+    if gi == 0 and timeline_events:
+      start = t1 - (t1 - t0) / calls
+      last = sorted((e for e in evs if e["ts"] + e["dur"] >= start),
+                    key=lambda e: e["ts"])[:timeline_events]
+      lines.append("  last call's timeline (us from its start; stream; dur):")
+      for e in last:
+        lines.append(f"    {e['ts'] - start:9.1f} {str(threads.get((pid, e.get('tid')), e.get('tid')))[-14:]:>14}"
+                     f" {e['dur']:8.1f}  {_short(e['name'], 60)}")
+  host = collections.defaultdict(collections.Counter)
+  for pid, n in procs.items():
+    if "GPU" in n:
+      continue
+    for e in by_pid[pid]:
+      host[threads.get((pid, e.get("tid")), str(e.get("tid")))][
+          _short(e["name"], 40)] += e["dur"]
+  busiest = sorted(host.items(), key=lambda kv: -sum(kv[1].values()))[:6]
+  if busiest:
+    lines.append("## host threads (busiest; top events, ms per call)")
+    for name, c in busiest:
+      top = ", ".join(f"{n} {d / 1e3 / calls:.3f}" for n, d in c.most_common(4))
+      lines.append(f"  {name}: {top}")
+  return "\n".join(lines)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("trace_dir")
+  p.add_argument("--calls", type=int, default=1)
+  a = p.parse_args()
+  print(summarize(load(a.trace_dir), calls=a.calls))
+
+
+if __name__ == "__main__":
+  main()
