@@ -71,7 +71,7 @@ def _short(name: str, n: int = 48) -> str:
 
 
 def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
-              timeline_events: int = 50) -> str:
+              timeline_events: int = 50, host_events: int = 14) -> str:
   """A text report (see the module docstring)."""
   procs, threads = _names(events)
   gpus = sorted((pid for pid, n in procs.items() if "GPU" in n),
@@ -142,19 +142,40 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
       for e in last:
         lines.append(f"    {e['ts'] - start:9.1f} {str(threads.get((pid, e.get('tid')), e.get('tid')))[-14:]:>14}"
                      f" {e['dur']:8.1f}  {_short(e['name'], 60)}")
-  host = collections.defaultdict(collections.Counter)
+  # Host threads: self time (an event's duration minus its children's) per
+  # event name, so nested wrappers do not hide the work.
+  host_self = collections.defaultdict(collections.Counter)
+  host_count = collections.defaultdict(collections.Counter)
   for pid, n in procs.items():
     if "GPU" in n:
       continue
+    per_thread = collections.defaultdict(list)
     for e in by_pid[pid]:
-      host[threads.get((pid, e.get("tid")), str(e.get("tid")))][
-          _short(e["name"], 40)] += e["dur"]
-  busiest = sorted(host.items(), key=lambda kv: -sum(kv[1].values()))[:6]
+      per_thread[threads.get((pid, e.get("tid")), str(e.get("tid")))].append(e)
+    for tname, es in per_thread.items():
+      es.sort(key=lambda e: (e["ts"], -e["dur"]))
+      stack: list[list] = []  # [end, name, child time]
+      def pop_until(ts):
+        while stack and stack[-1][0] <= ts:
+          end, name, child, dur = stack.pop()
+          host_self[tname][name] += dur - child
+      for e in es:
+        pop_until(e["ts"])
+        if stack:
+          stack[-1][2] += e["dur"]
+        name = _short(e["name"], 44)
+        host_count[tname][name] += 1
+        stack.append([e["ts"] + e["dur"], name, 0.0, e["dur"]])
+      pop_until(float("inf"))
+  busiest = sorted(host_self.items(), key=lambda kv: -sum(kv[1].values()))[:5]
   if busiest:
-    lines.append("## host threads (busiest; top events, ms per call)")
+    lines.append("## host threads (busiest): self time per event name,"
+                 " ms per call (events per call)")
     for name, c in busiest:
-      top = ", ".join(f"{n} {d / 1e3 / calls:.3f}" for n, d in c.most_common(4))
-      lines.append(f"  {name}: {top}")
+      top = ", ".join(
+          f"{n} {d / 1e3 / calls:.3f} ({host_count[name][n] / calls:g})"
+          for n, d in c.most_common(host_events))
+      lines.append(f"  {name}: total {sum(c.values()) / 1e3 / calls:.3f}; {top}")
   return "\n".join(lines)
 
 
