@@ -47,7 +47,7 @@ struct CpuBackend {
   using Inv = Invocation<CpuBackend>;
   // XLA:CPU runs handlers on a small shared pool: a start that blocked for
   // its peers could starve them, so the last rank to arrive issues for all.
-  static constexpr bool kParallelIssue = false;
+  static bool ParallelIssue() { return false; }
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
     return AcquireCpuEvent(Pools(), device);

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,8 +38,16 @@ struct CudaBackend {
   // for its peers in start and enqueue the copies it receives itself: the
   // host work is spread over P threads and never switches devices. One
   // thread issuing for all (measured on 4xH200: ~15-20 us per copy with the
-  // device switches) made short ops host-bound.
-  static constexpr bool kParallelIssue = true;
+  // device switches) made short ops host-bound. FICCO_CUDA_ISSUE=last
+  // selects the last arriver instead (no thread waits for its peers in
+  // start), for measurements.
+  static bool ParallelIssue() {
+    static const bool parallel = [] {
+      const char* v = std::getenv("FICCO_CUDA_ISSUE");
+      return v == nullptr || std::string(v) != "last";
+    }();
+    return parallel;
+  }
 
   explicit CudaBackend(cudaStream_t compute) : compute(compute) {}
 

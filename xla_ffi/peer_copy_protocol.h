@@ -175,7 +175,7 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
   return ffi::Error::Success();
 }
 
-// Issues the copies rank `r` receives (kParallelIssue), on r's own thread.
+// Issues the copies rank `r` receives (ParallelIssue()), on r's own thread.
 // A forwarded copy waits, bounded, until the peer has recorded the arrival
 // events of the landing buffer it forwards: the peer issues in plan order
 // on its own thread, and a CUDA wait on an unrecorded event is a no-op.
@@ -234,7 +234,7 @@ ffi::Error IssueRank(Backend& backend,
   return RecordFinals(backend, inv, r);
 }
 
-// The rest of start with kParallelIssue: wait (bounded) for every rank to
+// The rest of start with ParallelIssue(): wait (bounded) for every rank to
 // publish, then enqueue this rank's copies; the last rank to finish marks
 // the invocation issued for the waits and dones of every rank.
 template <class Backend>
@@ -373,7 +373,7 @@ ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
   // wait and done of this device run after start returns (they consume its
   // outputs), so registering before the issue is early enough.
   registry.Register(device, run_id, inv, pos.rank);
-  if constexpr (Backend::kParallelIssue) {
+  if (backend.ParallelIssue()) {
     return StartParallel(backend, inv, key, pos.rank, device, last, where,
                          attrs.timeout_ms);
   }
@@ -540,7 +540,7 @@ ffi::Error BlockingWait(Backend& backend, int64_t run_id, int32_t device,
   if (!f.has_value()) return f.error();
   // With parallel issue this rank recorded its own arrival events before its
   // start returned; only a last-arriver issue must be awaited here.
-  if constexpr (!Backend::kParallelIssue) {
+  if (!backend.ParallelIssue()) {
     if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
       return err;
     }

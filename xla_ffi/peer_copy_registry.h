@@ -137,10 +137,10 @@ struct Invocation {
   int64_t arrived = 0;
   int64_t left = 0;
   // Every rank's copies and events are issued (by the last rank to arrive,
-  // or, with Backend::kParallelIssue, by each rank for the copies it
+  // or, with Backend::ParallelIssue(), by each rank for the copies it
   // receives; `issued` is then set by the last rank to finish).
   bool issued = false;
-  // kParallelIssue only: per rank, how many of its transfers have their
+  // ParallelIssue() only: per rank, how many of its transfers have their
   // arrival events recorded (ring forwarding waits on these), and how many
   // ranks have issued everything.
   std::vector<int64_t> recorded;
