@@ -120,7 +120,9 @@ def main(argv):
     kind, src = run_autotune(), "ficco_jax.autotune runs"
   with open(FLAGS.out) as f:
     data = json.load(f)
-  data["comment"] = COMMENT.format(kind=kind, src=src)
+  data["comment"] = COMMENT.format(kind=kind, src=src) + (
+      f" Options: --keep={FLAGS.keep} --margin={FLAGS.margin:g}"
+      f" --stat={FLAGS.stat}." if FLAGS.results else "")
   with open(FLAGS.out, "w") as f:
     json.dump(data, f, indent=1)
   print(f"wrote {FLAGS.out} ({len(data['entries'])} entries)")
