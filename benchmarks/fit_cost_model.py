@@ -218,6 +218,11 @@ PER_OP = {
     "ce_latency_s": (8e-6, 0.0, 200e-6),
     "alpha[dma]": (0.05, 0.0, 1.0),
     "beta[dma]": (0.05, 0.0, 1.0),
+    "decomposition_scale": (1.0, 0.0, 1.5),
+    # Copy-engine receive bandwidth with 1 / 3 peers sending at once, as a
+    # factor on the characterisation's (2 peers: interpolated).
+    "receive_bw[1]": (1.0, 0.5, 1.2),
+    "receive_bw[3]": (1.0, 0.5, 1.2),
 }
 
 
@@ -225,7 +230,14 @@ def _with(params: device_params.DeviceParams, values: dict):
   import dataclasses  # pylint: disable=g-import-not-at-top
   fields = {k: v for k, v in values.items() if "[" not in k}
   cont = {c: [a, b] for c, a, b in params.contention}
+  if "receive_bw[1]" in values or "receive_bw[3]" in values:
+    bw = list(params.receive_bw)
+    f1, f3 = values.get("receive_bw[1]", 1.0), values.get("receive_bw[3]", 1.0)
+    bw = [bw[0] * f1, bw[1] * (f1 + f3) / 2] + [b * f3 for b in bw[2:]]
+    fields["receive_bw"] = tuple(bw)
   for k, v in values.items():
+    if k.startswith("receive_bw["):
+      continue
     if "[" in k:
       name, comm = k[:-1].split("[")
       cont.setdefault(comm, [0.0, 0.0])[0 if name == "alpha" else 1] = v

@@ -116,7 +116,8 @@ def _dot_eff(rows: float, n: int, params: device_params.DeviceParams) -> float:
   # at lower efficiency in this model (decomposition loss stays monotone).
   ys = list(np.maximum.accumulate([min(e, 1.0) for _, e in table]))
   tiles = rows * n / TILE**2
-  return float(np.interp(math.log2(max(tiles, 1)), xs, ys))
+  eff = float(np.interp(math.log2(max(tiles, 1)), xs, ys))
+  return 1.0 - params.decomposition_scale * (1.0 - eff)
 
 
 def matmul_time(rows: float, k: int, n: int, *, itemsize: int = 2,

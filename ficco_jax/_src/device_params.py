@@ -41,6 +41,10 @@ class DeviceParams:
       tiles being ``rows * n / 128**2`` of a dot ``[rows, k] @ [k, n]``
       (efficiency relative to a large dot, <= 1, non-decreasing); they
       replace the ``rows_half`` curve. Empty: use ``rows_half``.
+    decomposition_scale: the table's loss ``1 - eff`` is multiplied by
+      this. The table times dots alone; inside a schedule XLA picks its own
+      kernels for the pieces, and the loss there, fitted from the schedule
+      benchmarks, is a fraction of it (1: the table as measured).
     launch_s: fixed cost of one dot of a piece (kernel launch, the
       update-slice that places it).
     hbm_bw: local memory bandwidth (read + write), the roofline's other arm.
@@ -72,6 +76,7 @@ class DeviceParams:
   matmul_eff: float
   rows_half: float
   decomposition: tuple[tuple[int, float], ...] = ()
+  decomposition_scale: float = 1.0
   launch_s: float
   hbm_bw: float
   receive_bw: tuple[float, ...]
