@@ -321,6 +321,61 @@ def fit_benchmarks(cases, kind: str, char: dict | None = None,
                        " compute='xla' schedules"}
 
 
+def fit_decomposition_scale(cases, params) -> float:
+  """``decomposition_scale`` minimizing `fit_error` on ``cases`` (grid 0.02).
+
+  The one structural term the schedule benchmarks pin down well: how much
+  of the characterised per-piece loss the schedules' pieces really lose.
+  ``params`` must carry no calibration.
+  """
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  grid = [i / 50 for i in range(0, 76)]
+  errs = [fit_error(cases, dataclasses.replace(params, decomposition_scale=g))
+          for g in grid]
+  return grid[min(range(len(grid)), key=errs.__getitem__)]
+
+
+def fit_calibration(cases, params, *, min_samples: int = 4,
+                    ridge: float = 1.0) -> list[list]:
+  """Per schedule family, the correction ``t * exp(a + b ln(t / 1 ms))``.
+
+  For every (op, dataflow, num_chunks, comm) with at least ``min_samples``
+  measured cases (compute='xla', what the heuristic returns): least squares
+  of ``ln(measured / predicted)`` on ``ln(predicted / 1 ms)``, the slope
+  shrunk toward 0 by ``ridge`` (so a family measured over a narrow size
+  range is corrected by a constant, not extrapolated) and clipped to
+  [-0.5, 0.5]. ``params`` must carry no calibration of its own.
+
+  Returns:
+    ``[[op, dataflow, num_chunks, comm, a, b], ...]`` for
+    ``DeviceParams.calibration``.
+  """
+  from ficco_jax._src import cost_model  # pylint: disable=g-import-not-at-top
+  samples = {}
+  for c in cases:
+    prob = c.problem()
+    for s, ms in c.times:
+      if s.compute != "xla":
+        continue
+      t = cost_model.predict_uncalibrated(prob, s, params).total * 1e3
+      key = (prob.op, s.dataflow, s.num_chunks,
+             s.comm if s.overlapped else "xla")
+      samples.setdefault(key, []).append((math.log(t), math.log(ms / t)))
+  out = []
+  for key, pts in sorted(samples.items()):
+    if len(pts) < min_samples:
+      continue
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    sxy = sum((x - mx) * (y - my) for x, y in pts)
+    b = max(-0.5, min(0.5, sxy / (sxx + ridge)))
+    a = my - b * mx
+    out.append([*key, float(f"{a:.4g}"), float(f"{b:.4g}")])
+  return out
+
+
 def main(argv):
   del argv
   with open(FLAGS.characterization) as f:

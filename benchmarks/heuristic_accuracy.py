@@ -58,17 +58,21 @@ from ficco_jax._src import device_params  # noqa: E402
 from ficco_jax._src import heuristics  # noqa: E402
 from ficco_jax._src import schedule as schedule_lib  # noqa: E402
 
+CALIBRATION_COMMENT = (
+    "Family calibration of the cost model (DeviceParams.calibration), fitted"
+    " by benchmarks/heuristic_accuracy.py --calibration_out on the fit split"
+    " of {inputs} (held out: models {models}, tokens {tokens}; labels:"
+    " {stat}).")
 RESULTS = "benchmarks/results"
-# Every committed 4-GPU AG/RS result with more than one schedule per case.
+# The interleaved session-3 sweeps (timing.interleaved): both ops, every
+# model at M = 2048 / 4096 / 8192 / 16384 and the square cases, measured
+# after the last change to either op's program. Older runs measured the
+# previous reduce-scatter "direct" program and drifted between runs.
 DEFAULT_RESULTS = [
-    f"{RESULTS}/h200x4_run2/all_results.json:ag_w4.json",
-    f"{RESULTS}/h200x4_run2/all_results.json:rs_w4.json",
-    f"{RESULTS}/h200x4_run3/all_results.json:ag_w4.json",
-    f"{RESULTS}/h200x4_run3/all_results.json:rs_w4.json",
-    f"{RESULTS}/h200x4_run4/ag_w4_default.json",
-    f"{RESULTS}/h200x4_run4/rs_w4_default.json",
-    f"{RESULTS}/h200x4_session2_c/ag_w4_acc.json",
-    f"{RESULTS}/h200x4_session2_c/rs_w4_acc.json",
+    f"{RESULTS}/h200x4_session3_a/rs_w4_direct.json",
+    f"{RESULTS}/h200x4_session3_d/ag_w4_sweep.json",
+    f"{RESULTS}/h200x4_session3_e/rs_w4_sweep2.json",
+    f"{RESULTS}/h200x4_session3_e/ag_w4_sweep2.json",
 ]
 
 FLAGS = flags.FLAGS
@@ -77,10 +81,14 @@ flags.DEFINE_list("results", DEFAULT_RESULTS,
                   " repository root or absolute.")
 flags.DEFINE_string("device_kind", None,
                     "Device kind (default: the results' meta.device_kind).")
-flags.DEFINE_list("holdout_models", ["gpt3-175b"], "Held-out model families.")
-flags.DEFINE_list("holdout_tokens", ["4096"], "Held-out token counts M.")
+flags.DEFINE_list("holdout_models", ["qwen2-72b", "gpt3-175b"],
+                  "Held-out model families.")
+flags.DEFINE_list("holdout_tokens", [], "Held-out token counts M.")
 flags.DEFINE_float("tolerance", 0.03, "A pick within this of the best counts.")
-flags.DEFINE_enum("stat", "median_ms", ["median_ms", "min_ms"],
+flags.DEFINE_string("calibration_out", None,
+                    "Write the family calibration fitted on the fit split"
+                    " here (ficco_jax/data/cost_model/<kind>.json ships it).")
+flags.DEFINE_enum("stat", "min_ms", ["median_ms", "min_ms"],
                   "Which per-schedule time is the label: the median over"
                   " rounds, or the fastest round (less noisy; see the noise"
                   " section).")
@@ -341,11 +349,19 @@ def markdown(report) -> str:
       f" {json.dumps(fp['fitted'])}; built-in (shipped) H200 values of the"
       f" same fields: {json.dumps(fp['builtin'])}"
       f" ({'the same' if fp['builtin'] == fp['fitted'] else 'they differ'}).",
+      "Params: builtin = what the installed package ships for this device"
+      " kind (its family calibration included); uncalibrated = the same"
+      " without the calibration; calibrated = uncalibrated with"
+      f" decomposition_scale={report['decomposition_scale']} and a family"
+      " calibration, both fitted on this fit split"
+      " (fit_cost_model.fit_decomposition_scale, fit_calibration);"
+      " fitted = the per-op terms refitted (older method).",
+      f"Labels: each schedule's `{FLAGS.stat}` over rounds.",
       "",
       f"| params | split | cases | pick within {100 * tol:.0f}% of best |"
       " sum(pick)/sum(best) |",
       "|---|---|---|---|---|"]
-  for name in ("builtin", "fitted"):
+  for name in ("builtin", "uncalibrated", "calibrated", "fitted"):
     for part in ("held_out", "fit"):
       r = report[name][part]
       lines.append(f"| {name} | {part} | {r['cases']} |"
@@ -422,6 +438,22 @@ def main(argv):
   fit_cases, held = split(cases)
   fit = fit_cost_model.fit_benchmarks(fit_cases, kind)
   fitted = device_params.params_for(kind, overrides=fit["params"])
+  # The component model without any family correction, and with one fitted
+  # on this fit split alone (what --calibration_out ships).
+  raw = dataclasses.replace(base, calibration=())
+  scale = fit_cost_model.fit_decomposition_scale(fit_cases, raw)
+  calibration = fit_cost_model.fit_calibration(
+      fit_cases, dataclasses.replace(raw, decomposition_scale=scale))
+  calibrated = dataclasses.replace(
+      raw, decomposition_scale=scale,
+      calibration=device_params._coerce("calibration", calibration))  # pylint: disable=protected-access
+  if FLAGS.calibration_out:
+    with open(FLAGS.calibration_out, "w") as f:
+      json.dump({"comment": CALIBRATION_COMMENT.format(
+          inputs=", ".join(FLAGS.results), models=FLAGS.holdout_models,
+          tokens=FLAGS.holdout_tokens, stat=FLAGS.stat),
+                 "params": {"decomposition_scale": scale,
+                            "calibration": calibration}}, f, indent=1)
   tol = FLAGS.tolerance
   # Predictions come from the installed package (like every benchmark
   # script): install the source tree first.
@@ -442,7 +474,10 @@ def main(argv):
       "noise": noise(cases, duplicates, tol),
       "noise_held_out": noise(held, [], tol),
   }
-  for name, params in (("builtin", base), ("fitted", fitted)):
+  report["calibration"] = calibration
+  report["decomposition_scale"] = scale
+  for name, params in (("builtin", base), ("fitted", fitted),
+                       ("uncalibrated", raw), ("calibrated", calibrated)):
     report[name] = {"held_out": evaluate(held, params, tol),
                     "fit": evaluate(fit_cases, params, tol)}
   os.makedirs(FLAGS.out_dir, exist_ok=True)

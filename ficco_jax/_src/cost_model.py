@@ -163,6 +163,9 @@ class Prediction:
     links_available: ``P - 1``.
     receive_bw: bytes/s into a device while its transfers run.
     pieces: dots the schedule runs (1 for ``"none"``).
+    calibration: the factor the fitted calibration of this schedule's
+      family applied to ``total`` (1.0: none; see
+      ``DeviceParams.calibration``). The other fields are uncalibrated.
   """
 
   schedule: schedule_lib.Schedule
@@ -181,6 +184,7 @@ class Prediction:
   links_available: int
   receive_bw: float
   pieces: int
+  calibration: float = 1.0
 
   @property
   def ideal(self) -> float:
@@ -404,7 +408,24 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
 
 def predict(prob: Problem, schedule: schedule_lib.Schedule,
             params: device_params.DeviceParams) -> Prediction:
-  """Predicted time of ``schedule`` for ``prob`` on a device with ``params``."""
+  """Predicted time of ``schedule`` for ``prob`` on a device with ``params``.
+
+  The component model (`predict_uncalibrated`), then the fitted correction
+  of the schedule's family, if ``params`` has one.
+  """
+  pr = predict_uncalibrated(prob, schedule, params)
+  ab = params.calibration_of(prob.op, schedule.dataflow, schedule.num_chunks,
+                             schedule.comm if schedule.overlapped else "xla")
+  if ab is None or pr.total <= 0:
+    return pr
+  a, b = ab
+  factor = math.exp(a + b * math.log(pr.total / 1e-3))
+  return dataclasses.replace(pr, total=pr.total * factor, calibration=factor)
+
+
+def predict_uncalibrated(prob: Problem, schedule: schedule_lib.Schedule,
+                         params: device_params.DeviceParams) -> Prediction:
+  """The component model alone (no fitted family correction)."""
   p = prob.axis_size
   # All rows of the op's one unsplit dot: the gathered operand's, or the
   # local operand's for the reduce-scatter (P times the rows kept).

@@ -67,6 +67,13 @@ class DeviceParams:
     contention: ``{comm: (alpha, beta)}``: while that engine's transfers
       are in flight a matmul runs ``1 + alpha`` times slower, and while a
       matmul runs transfers run ``1 + beta`` times slower.
+    calibration: per schedule family ``(op, dataflow, num_chunks, comm,
+      a, b)``: the model's total ``t`` becomes ``t * exp(a + b * ln(t /
+      1 ms))``. Fitted on the fit split of the schedule benchmarks
+      (benchmarks/fit_cost_model.py): what the component model misses for
+      that family (host-bound issue on short ops, copy queues that share
+      links) as a smooth function of the op's size. Families without an
+      entry are not corrected.
     measured: which fields were measured on this device kind rather than
       guessed (for explain).
   """
@@ -89,6 +96,7 @@ class DeviceParams:
   p2p_bw: float
   p2p_latency_s: float
   contention: tuple[tuple[str, float, float], ...]
+  calibration: tuple[tuple[str, str, int, str, float, float], ...] = ()
   measured: tuple[str, ...] = ()
 
   def __post_init__(self):
@@ -99,6 +107,14 @@ class DeviceParams:
     rows = [r for r, _ in self.decomposition]
     if rows != sorted(rows):
       raise ValueError(f"{self.decomposition=} must be sorted by tiles.")
+
+  def calibration_of(self, op: str, dataflow: str, num_chunks: int,
+                     comm: str) -> tuple[float, float] | None:
+    """``(a, b)`` of a schedule family, or None when it has no entry."""
+    for o, d, c, m, a, b in self.calibration:
+      if (o, d, c, m) == (op, dataflow, num_chunks, comm):
+        return a, b
+    return None
 
   def receive(self, peers: int) -> float:
     """Per-device receive bandwidth with ``peers`` concurrent senders."""
@@ -140,8 +156,13 @@ _H200 = DeviceParams(
     receive_bw=(365.7e9, 373.2e9, 338.8e9),
     ce_latency_s=27.3e-6,
     dma_op_s=0.937e-6,
-    host_op_s=61.3e-6,
-    host_call_s=221e-6,
+    # Host floor, measured (session-3 call A, rs 512x4096x4096, host-bound:
+    # 0.044 ms of device work): XLA's program 0.120 ms per call; each
+    # start / wait / done triple of the reduce-scatter adds 0.039-0.055 ms
+    # (direct / ring c1: 3 triples, 0.235-0.237 ms; c2 / bidirectional: 6,
+    # 0.416-0.453 ms), least squares 0.050 ms.
+    host_op_s=50e-6,
+    host_call_s=120e-6,
     collective_bw=326e9,
     collective_latency_s=25e-6,
     p2p_bw=296.6e9,
@@ -197,6 +218,9 @@ def _coerce(name: str, value: Any) -> Any:
     return tuple((int(r), float(e)) for r, e in value)
   if name == "contention":
     return tuple((str(c), float(a), float(b)) for c, a, b in value)
+  if name == "calibration":
+    return tuple((str(o), str(d), int(c), str(m), float(a), float(b))
+                 for o, d, c, m, a, b in value)
   if name in ("receive_bw", "measured"):
     return tuple(value)
   return value
