@@ -235,8 +235,10 @@ def pick(case: Case, params) -> tuple[schedule_lib.Schedule,
   allowed = set(cost_model.candidates(prob, heuristics.COMMS))
   preds = tuple(cost_model.predict(prob, s, params) for s in times
                 if s in allowed)
-  free = cost_model.best(cost_model.rank(prob, params, heuristics.COMMS))
-  return cost_model.best(preds).schedule, free.schedule
+  ok = lambda s: cost_model.eligible(params, case.op, s)  # noqa: E731
+  free = cost_model.best(cost_model.rank(prob, params, heuristics.COMMS),
+                         allowed=ok)
+  return cost_model.best(preds, allowed=ok).schedule, free.schedule
 
 
 def evaluate(cases, params, tol: float) -> dict:

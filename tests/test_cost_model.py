@@ -13,7 +13,9 @@ from ficco_jax._src import device_params
 from ficco_jax._src import heuristics
 from ficco_jax._src import plan as plan_lib
 
-H200 = device_params.params_for("NVIDIA H200")
+# The component model: the shipped family calibration is tested on its own.
+H200 = dataclasses.replace(device_params.params_for("NVIDIA H200"),
+                           calibration=())
 KINDS = ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "default"]
 OPS = ["all_gather_matmul", "matmul_reduce_scatter"]
 BF16 = "bfloat16"
@@ -288,3 +290,60 @@ def test_float32_costs_more_than_bf16():
   a = cost_model.predict(_prob(dtype=np.float32), s, H200)
   b = cost_model.predict(_prob(dtype=BF16), s, H200)
   assert a.t_mm > b.t_mm and a.t_comm > b.t_comm
+
+
+def test_calibration_scales_only_its_family():
+  prob = _prob("matmul_reduce_scatter")
+  ring = Schedule(dataflow="ring", num_chunks=1, comm="dma")
+  direct = Schedule(dataflow="direct", num_chunks=1, comm="dma")
+  cal = dataclasses.replace(H200, calibration=(
+      ("matmul_reduce_scatter", "ring", 1, "dma", 0.1, 0.0),
+      ("matmul_reduce_scatter", "none", 1, "xla", -0.05, 0.2)))
+  raw_ring = cost_model.predict(prob, ring, H200)
+  got = cost_model.predict(prob, ring, cal)
+  np.testing.assert_allclose(got.total, raw_ring.total * np.exp(0.1))
+  assert got.calibration == pytest.approx(np.exp(0.1))
+  # Parts stay the component model's.
+  assert got.compute == raw_ring.compute and got.host == raw_ring.host
+  # The slope term uses the uncalibrated total in ms.
+  raw_none = cost_model.predict(prob, schedule_lib_none(), H200)
+  got_none = cost_model.predict(prob, schedule_lib_none(), cal)
+  np.testing.assert_allclose(
+      got_none.total,
+      raw_none.total * np.exp(-0.05 + 0.2 * np.log(raw_none.total / 1e-3)))
+  # No entry: unchanged, and the op must match too.
+  assert cost_model.predict(prob, direct, cal) == cost_model.predict(
+      prob, direct, H200)
+  ag = _prob()
+  assert cost_model.predict(ag, ring, cal) == cost_model.predict(ag, ring, H200)
+
+
+def schedule_lib_none():
+  return Schedule(dataflow="none", num_chunks=1)
+
+
+def test_uncalibrated_families_are_not_chosen_when_a_calibration_ships():
+  prob = _prob("matmul_reduce_scatter")
+  ring = Schedule(dataflow="ring", num_chunks=1, comm="dma")
+  cal = dataclasses.replace(H200, calibration=(
+      ("matmul_reduce_scatter", "ring", 1, "dma", 0.0, 0.0),))
+  assert cost_model.eligible(cal, prob.op, ring)
+  assert cost_model.eligible(cal, prob.op, schedule_lib_none())
+  assert not cost_model.eligible(
+      cal, prob.op, Schedule(dataflow="direct", num_chunks=4, comm="dma"))
+  assert cost_model.eligible(  # No calibration at all: everything goes.
+      H200, prob.op, Schedule(dataflow="direct", num_chunks=4, comm="dma"))
+  preds = cost_model.rank(prob, cal, comms=("dma", "xla"))
+  chosen = cost_model.best(
+      preds, allowed=lambda s: cost_model.eligible(cal, prob.op, s))
+  assert chosen.schedule in (ring, schedule_lib_none())
+
+
+def test_shipped_h200_calibration_covers_the_measured_families():
+  shipped = device_params.params_for("NVIDIA H200")
+  families = {(o, d, c, m) for o, d, c, m, _, _ in shipped.calibration}
+  for op in cost_model.OPS:
+    assert (op, "none", 1, "xla") in families
+    assert (op, "direct", 1, "dma") in families
+    assert (op, "ring", 1, "dma") in families
+  assert 0 < shipped.decomposition_scale <= 1.5

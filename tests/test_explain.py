@@ -34,7 +34,11 @@ def test_large_op_on_h200_explains_an_overlapped_choice():
   assert e.chosen_prediction.total < e.t_mm_s + e.t_comm_s
   assert e.ideal_s == max(e.t_mm_s, e.t_comm_s)
   # Every runner-up says by how much and why it lost.
+  # Families the shipped calibration does not cover come last, unranked.
   for c in e.candidates[1:]:
+    if c.verdict.startswith("not considered"):
+      assert "never measured" in c.verdict
+      continue
     assert c.verdict.startswith("+"), c.verdict
     assert c.prediction.total >= e.chosen_prediction.total
   text = str(e)
@@ -93,8 +97,10 @@ def test_cache_entry_is_reported_as_the_source():
   # Candidates the model prefers are not called losers.
   faster = [c for c in e.candidates
             if c.prediction.total < e.chosen_prediction.total]
-  assert faster and all(c.verdict.startswith("predicted no slower")
+  assert faster and all(c.verdict.startswith(("predicted no slower",
+                                               "not considered (family"))
                         for c in faster)
+  assert any(c.verdict.startswith("predicted no slower") for c in faster)
 
 
 def test_reduce_scatter_is_explained(monkeypatch):

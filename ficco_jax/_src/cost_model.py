@@ -501,10 +501,35 @@ model's error is a few percent, and a schedule that only ties costs extra
 compile time and, for comm='dma', host rendezvous that can stall."""
 
 
-def best(preds: tuple[Prediction, ...], min_gain: float = MIN_GAIN) -> Prediction:
-  """The fastest prediction, or ``"none"``'s unless overlap wins by ``min_gain``."""
+def eligible(params: device_params.DeviceParams, op: str,
+             schedule: schedule_lib.Schedule) -> bool:
+  """Whether the heuristic may return ``schedule`` on this device kind.
+
+  With a fitted calibration (``params.calibration``), only the families it
+  covers: those were measured on this device kind, and the component model
+  alone misjudges some families by 10-20% (benchmarks/results/
+  heuristic_accuracy.md), so an unmeasured family would win on optimism.
+  Without one, every candidate.
+  """
+  if not params.calibration or not schedule.overlapped:
+    return True
+  return params.calibration_of(op, schedule.dataflow, schedule.num_chunks,
+                               schedule.comm) is not None
+
+
+def best(preds: tuple[Prediction, ...], min_gain: float = MIN_GAIN,
+         allowed=None) -> Prediction:
+  """The fastest prediction, or ``"none"``'s unless overlap wins by ``min_gain``.
+
+  Args:
+    preds: predictions, ``"none"``'s among them.
+    min_gain: the margin overlap must win by.
+    allowed: optional predicate on a schedule (e.g. `eligible`); others are
+      skipped.
+  """
   none = next(pr for pr in preds if not pr.schedule.overlapped)
-  top = min(preds, key=_order)
+  pool = [pr for pr in preds if allowed is None or allowed(pr.schedule)]
+  top = min(pool or [none], key=_order)
   if top.schedule.overlapped and top.total <= none.total * (1 - min_gain):
     return top
   return none

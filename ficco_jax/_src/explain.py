@@ -89,13 +89,17 @@ class Explanation:
 
 
 def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
-              none: cost_model.Prediction, gated: str | None) -> str:
+              none: cost_model.Prediction, gated: str | None,
+              eligible: bool = True) -> str:
   """The main term that makes ``p`` slower than ``chosen``, in words."""
   if p.schedule == chosen.schedule:
     return "chosen"
   slower = f"+{100 * (p.total / chosen.total - 1):.1f}%"
   if gated is not None and p.schedule.overlapped:
     return f"not considered ({gated})"
+  if not eligible:
+    return ("not considered (family never measured on this device kind;"
+            " the model alone is not trusted for it)")
   if p.total <= chosen.total:
     if not chosen.schedule.overlapped:
       gain = 100 * (1 - p.total / none.total)
@@ -192,6 +196,10 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       t_comm_s=none.t_comm, ideal_s=max(none.t_mm, none.t_comm),
       chosen_prediction=chosen_pred,
       candidates=tuple(Candidate(prediction=pr,
-                                 verdict=_why_lost(pr, chosen_pred, none,
-                                                   gated))
-                       for pr in sorted(preds, key=lambda pr: pr.total)))
+                                 verdict=_why_lost(
+                                     pr, chosen_pred, none, gated,
+                                     cost_model.eligible(params, op,
+                                                         pr.schedule)))
+                       for pr in sorted(preds, key=lambda pr: (
+                           not cost_model.eligible(params, op, pr.schedule),
+                           pr.total))))

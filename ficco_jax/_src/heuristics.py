@@ -115,13 +115,14 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
   prob = cost_model.problem(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
                             axis_size=axis_size, axis=axis)
   preds = cost_model.rank(prob, params, comms=COMMS)
-  chosen = cost_model.best(preds)
+  allowed = lambda s: cost_model.eligible(params, op, s)  # noqa: E731
+  chosen = cost_model.best(preds, allowed=allowed)
   none = next(pr for pr in preds if not pr.schedule.overlapped)
   gain = 1 - chosen.total / none.total
   if chosen.schedule.overlapped:
     return chosen.schedule, (f"lowest predicted time, {100 * gain:.1f}%"
                              " faster than no overlap")
-  top = preds[0]
+  top = next(pr for pr in preds if allowed(pr.schedule))
   if top.schedule.overlapped:
     return chosen.schedule, (
         f"best overlap ({top.schedule.short()}) is predicted only"
