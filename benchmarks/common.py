@@ -157,6 +157,22 @@ def platform_name() -> str:
   return jax.devices()[0].platform
 
 
+def schedule_from_label(label: str):
+  """``'dataflow/cN[/comm[/compute[/smK]]]'`` -> a ficco_jax.Schedule."""
+  import ficco_jax
+  parts = label.split("/")
+  kw: dict[str, Any] = {"dataflow": parts[0]}
+  if len(parts) > 1:
+    kw["num_chunks"] = int(parts[1].lstrip("c"))
+  if len(parts) > 2:
+    kw["comm"] = parts[2]
+  if len(parts) > 3:
+    kw["compute"] = parts[3]
+  if len(parts) > 4:
+    kw["num_sms"] = int(parts[4].lstrip("sm"))
+  return ficco_jax.Schedule(**kw)
+
+
 def parse_schedules(spec: list[str]) -> list[tuple[str, Any]]:
   """(label, Schedule or None) pairs; None is the library's default choice."""
   import ficco_jax
@@ -202,17 +218,7 @@ def parse_schedules(spec: list[str]) -> list[tuple[str, Any]]:
       s = ficco_jax.Schedule(dataflow="none", num_chunks=1)
       add(s.short(), s)
     else:
-      parts = item.split("/")
-      kw: dict[str, Any] = {"dataflow": parts[0]}
-      if len(parts) > 1:
-        kw["num_chunks"] = int(parts[1].lstrip("c"))
-      if len(parts) > 2:
-        kw["comm"] = parts[2]
-      if len(parts) > 3:
-        kw["compute"] = parts[3]
-      if len(parts) > 4:
-        kw["num_sms"] = int(parts[4].lstrip("sm"))
-      s = ficco_jax.Schedule(**kw)
+      s = schedule_from_label(item)
       add(s.short(), s)
   return out
 

@@ -21,20 +21,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
 import profile_summary  # noqa: E402
-
-
-def _schedule(label: str):
-  import ficco_jax
-  parts = label.split("/")
-  kw = {"dataflow": parts[0]}
-  if len(parts) > 1:
-    kw["num_chunks"] = int(parts[1].lstrip("c"))
-  if len(parts) > 2:
-    kw["comm"] = parts[2]
-  if len(parts) > 3:
-    kw["compute"] = parts[3]
-  return ficco_jax.Schedule(**kw)
 
 
 def build(op: str, m: int, k: int, n: int, label: str, w: int):
@@ -53,7 +41,7 @@ def build(op: str, m: int, k: int, n: int, label: str, w: int):
       body = lambda a, b: lax.all_gather(a, "x", tiled=True) @ b  # noqa: E731
     else:
       body = lambda a, b: ficco_jax.all_gather_matmul(  # noqa: E731
-          a, b, axis_name="x", schedule=_schedule(label))
+          a, b, axis_name="x", schedule=common.schedule_from_label(label))
   else:
     specs, out = (P(None, "x"), P("x", None)), P("x", None)
     if label == "xla":
@@ -61,7 +49,7 @@ def build(op: str, m: int, k: int, n: int, label: str, w: int):
           a @ b, "x", scatter_dimension=0, tiled=True)
     else:
       body = lambda a, b: ficco_jax.matmul_reduce_scatter(  # noqa: E731
-          a, b, axis_name="x", schedule=_schedule(label))
+          a, b, axis_name="x", schedule=common.schedule_from_label(label))
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out))
   keys = jax.random.split(jax.random.key(0), 4)
   args = []
