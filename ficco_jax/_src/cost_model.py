@@ -25,6 +25,12 @@ The model (FiCCO's two losses on top of a pipeline):
   dispatch of the op's program) plus ``host_op_s`` per copy-engine op.
   Copy-engine ops with many hops on small shapes are host-bound.
 * ``dataflow="none"``: one XLA collective, then one dot.
+* Calibration: the component model misjudges some schedule families by
+  10-20% on H200 (host-bound issue of short ops, copy queues sharing links);
+  ``DeviceParams.calibration`` holds a per-family correction fitted on
+  benchmark runs, applied to the total (`predict`; `predict_uncalibrated`
+  is the model alone), and the heuristic only returns families it covers
+  (`eligible`).
 
 All times are seconds. `predict` reports each term so that `explain` can say
 why a schedule lost.

@@ -141,9 +141,14 @@ class DeviceParams:
 #    its output tiles (single dots, relative to the largest);
 # 2. from the AG/RS benchmarks of runs 2-4 (benchmarks/results/h200x4_run*),
 #    fit split only (the gpt3-175b family and M=4096 are held out): the
-#    per-op terms host_call_s, host_op_s, dma_op_s, ce_latency_s and the
-#    copy-engine contention, by least squares on log time ratios within
-#    each case.
+#    per-op terms dma_op_s, ce_latency_s and the copy-engine contention, by
+#    least squares on log time ratios within each case;
+# 3. session 3: the host floor (host_call_s, host_op_s) measured on a
+#    host-bound op (below), and, in the package data file
+#    data/cost_model/nvidia_h200.json that `params_for` applies on top,
+#    decomposition_scale and the per-family calibration, fitted on the fit
+#    split of the interleaved session-3 sweeps (qwen2-72b and gpt3-175b
+#    held out; benchmarks/results/heuristic_accuracy.md).
 _H200 = DeviceParams(
     name="NVIDIA H200",
     matmul_flops=796e12,
