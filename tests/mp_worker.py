@@ -125,7 +125,10 @@ def main(mode: str) -> int:
       deadline = time.monotonic() + 120
       while not os.path.exists(flag) and time.monotonic() < deadline:
         time.sleep(0.1)
-      os._exit(0 if os.path.exists(flag) else 5)
+      seen = os.path.exists(flag)
+      with open(flag + ".left", "w") as fh:
+        fh.write("leaving")
+      os._exit(0 if seen else 5)
     start = time.monotonic()
     try:
       # On CUDA the failure surfaces at the next call (the watchdog poisons
@@ -140,6 +143,13 @@ def main(mode: str) -> int:
       ok = any(f"rank {r} " in msg for r in late) and took < 30
       with open(flag, "w") as fh:
         fh.write(msg)
+      # Process 0 hosts the coordination service: leaving before process 1
+      # has gone makes process 1's agent see the socket close and abort.
+      deadline = time.monotonic() + 60
+      while (not os.path.exists(flag + ".left")
+             and time.monotonic() < deadline):
+        time.sleep(0.05)
+      time.sleep(1.0)
       os._exit(0 if ok else 6)  # Skip the distributed shutdown barrier.
     return 7  # No error: the missing peer went unnoticed.
   if mode == "die":
