@@ -72,9 +72,13 @@ def _load(paths, stat):
 def from_results(paths, kind):
   cases, meta_kind = _load(paths, "median_ms")
   kind = kind or meta_kind
-  # The fastest round of each schedule, per (run, case), for --robust.
-  fastest = {(c.run, c.op, c.name): dict(c.times)
-             for c in _load(paths, "min_ms")[0]}
+  # The fastest round of each schedule, per result file and case (both loads
+  # read the same files in the same order, so cases pair up one to one).
+  fastest_cases = _load(paths, "min_ms")[0]
+  if [(c.run, c.op, c.name, c.p) for c in fastest_cases] != [
+      (c.run, c.op, c.name, c.p) for c in cases]:
+    raise ValueError("median and fastest-round loads disagree on the cases")
+  fastest = {id(c): dict(f.times) for c, f in zip(cases, fastest_cases)}
   # Per shape, keep the case that measured the most schedules (the later
   # run on a tie): a run that timed only the default must not replace a
   # fuller comparison of the same shape.
@@ -88,7 +92,7 @@ def from_results(paths, kind):
       chosen[key] = c
   for c in chosen.values():
     times = dict(c.times)  # Medians over rounds.
-    mins = fastest.get((c.run, c.op, c.name), times)
+    mins = fastest[id(c)]
     none = next((s for s in times if s.dataflow == "none"), None)
     if none is None:
       best = min(times, key=times.get)

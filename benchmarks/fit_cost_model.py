@@ -277,10 +277,14 @@ def fit_benchmarks(cases, kind: str, char: dict | None = None,
   if char is None:
     with open(FLAGS.characterization) as f:
       char = json.load(f)
+  import dataclasses  # pylint: disable=g-import-not-at-top
   base = device_params.params_for(kind)
   comp = fit(char, base)["params"]
-  params = device_params.params_for(
-      kind, overrides={k: comp[k] for k in COMPONENTS if k in comp})
+  # The per-op terms are fitted to the component model: without the shipped
+  # family calibration, which was fitted on top of them.
+  params = dataclasses.replace(device_params.params_for(
+      kind, overrides={k: comp[k] for k in COMPONENTS if k in comp}),
+                               calibration=())
   bounds = dict(PER_OP)
   # An op cannot take less than its host floor: host_call_s is at most the
   # fastest time measured for any op of the fit split. (The objective sees

@@ -235,7 +235,7 @@ def pick(case: Case, params) -> tuple[schedule_lib.Schedule,
   allowed = set(cost_model.candidates(prob, heuristics.COMMS))
   preds = tuple(cost_model.predict(prob, s, params) for s in times
                 if s in allowed)
-  ok = lambda s: cost_model.eligible(params, case.op, s)  # noqa: E731
+  ok = lambda s: cost_model.eligible(params, case.op, s, case.p)  # noqa: E731
   free = cost_model.best(cost_model.rank(prob, params, heuristics.COMMS),
                          allowed=ok)
   return cost_model.best(preds, allowed=ok).schedule, free.schedule
@@ -446,8 +446,13 @@ def main(argv):
   scale = fit_cost_model.fit_decomposition_scale(fit_cases, raw)
   calibration = fit_cost_model.fit_calibration(
       fit_cases, dataclasses.replace(raw, decomposition_scale=scale))
+  sizes = {c.p for c in fit_cases}
+  if len(sizes) != 1:
+    raise SystemExit(f"fit cases span axis sizes {sorted(sizes)}; the"
+                     " calibration is fitted at one axis size.")
+  axis_size = sizes.pop()
   calibrated = dataclasses.replace(
-      raw, decomposition_scale=scale,
+      raw, decomposition_scale=scale, calibrated_axis_size=axis_size,
       calibration=device_params._coerce("calibration", calibration))  # pylint: disable=protected-access
   if FLAGS.calibration_out:
     with open(FLAGS.calibration_out, "w") as f:
@@ -455,7 +460,8 @@ def main(argv):
           inputs=", ".join(FLAGS.results), models=FLAGS.holdout_models,
           tokens=FLAGS.holdout_tokens, stat=FLAGS.stat),
                  "params": {"decomposition_scale": scale,
-                            "calibration": calibration}}, f, indent=1)
+                            "calibration": calibration,
+                            "calibrated_axis_size": axis_size}}, f, indent=1)
   tol = FLAGS.tolerance
   # Predictions come from the installed package (like every benchmark
   # script): install the source tree first.

@@ -70,10 +70,13 @@ def profile(fn, args, calls: int) -> str:
   tmp = tempfile.mkdtemp(prefix="ficco_prof_")
   try:
     jax.profiler.start_trace(tmp, create_perfetto_trace=True)
-    for i in range(calls):
-      out = fn(*args[i % len(args)])
-    jax.block_until_ready(out)
-    jax.profiler.stop_trace()
+    try:
+      for i in range(calls):
+        out = fn(*args[i % len(args)])
+      jax.block_until_ready(out)
+    finally:
+      # A failed call must not leave the profiler on for the next spec.
+      jax.profiler.stop_trace()
     return profile_summary.summarize(profile_summary.load(tmp), calls=calls)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -117,8 +117,8 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
       copy_busy = _union(copies)
       both = _union(comp_iv) + copy_busy - _union(comp_iv + copies)
       lines.append(f"  copies off the compute stream: {copy_busy / 1e3 / calls:.3f}"
-                   f" ms/call, {100 * both / copy_busy:.0f}% of it while the"
-                   " compute stream was busy")
+                   f" ms/call, {100 * both / max(copy_busy, 1e-9):.0f}% of it"
+                   " while the compute stream was busy")
     gaps = collections.Counter()
     gap_n = collections.Counter()
     total_gap = 0.0
@@ -149,10 +149,14 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
   for pid, n in procs.items():
     if "GPU" in n:
       continue
+    # Nesting is per thread (tid); pool threads may share a name.
     per_thread = collections.defaultdict(list)
     for e in by_pid[pid]:
-      per_thread[threads.get((pid, e.get("tid")), str(e.get("tid")))].append(e)
-    for tname, es in per_thread.items():
+      per_thread[e.get("tid")].append(e)
+    for tid, es in per_thread.items():
+      tname = threads.get((pid, tid), str(tid))
+      if list(threads.values()).count(tname) > 1:
+        tname = f"{tname}#{tid}"
       es.sort(key=lambda e: (e["ts"], -e["dur"]))
       stack: list[list] = []  # [end, name, child time]
       def pop_until(ts):

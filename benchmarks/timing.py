@@ -17,7 +17,9 @@ warmed up and registered first, then timed round-robin (round r runs every
 candidate once, starting at a rotated position), so slow drift of the
 machine (clocks, temperature, a neighbour) spreads over all candidates
 instead of landing on whichever ran last. Each block is preceded by one
-untimed call, since the previous block ran another program.
+untimed call, since the previous block ran another program. The cost: every
+candidate's executable and inputs stay alive until the case is timed, and
+the bench scripts' time budgets cannot stop the round-robin phase.
 
 This module imports no framework at import time, so the torch script can use
 `summarize` without pulling JAX in.
@@ -67,7 +69,10 @@ def time_jax(
 
   Returns:
     ``{"median_ms", "min_ms", "rounds_ms", "rounds", "iters",
-    "compile_and_first_call_s"}``; times are per call.
+    "compile_and_first_call_s"}``; times are per call. Inside
+    `interleaved`, only ``compile_and_first_call_s`` and ``interleaved``
+    until the block exits, which fills in the rest of this same dict (so
+    callers must keep it, not copy it).
   """
   import jax  # Lazy: keep this module framework-free at import time.
 

@@ -221,10 +221,12 @@ def _profile(compiled, params, opt, batches, name: str) -> str:
   tmp = tempfile.mkdtemp(prefix="ficco_tp_prof_")
   try:
     jax.profiler.start_trace(tmp, create_perfetto_trace=True)
-    for i in range(FLAGS.profile_steps):
-      params, opt, loss = compiled(params, opt, *batches[i % 2])
-    jax.block_until_ready((params, opt, loss))
-    jax.profiler.stop_trace()
+    try:
+      for i in range(FLAGS.profile_steps):
+        params, opt, loss = compiled(params, opt, *batches[i % 2])
+      jax.block_until_ready((params, opt, loss))
+    finally:
+      jax.profiler.stop_trace()
     text = profile_summary.summarize(profile_summary.load(tmp),
                                      calls=FLAGS.profile_steps,
                                      timeline_events=0)

@@ -327,15 +327,20 @@ def test_uncalibrated_families_are_not_chosen_when_a_calibration_ships():
   ring = Schedule(dataflow="ring", num_chunks=1, comm="dma")
   cal = dataclasses.replace(H200, calibration=(
       ("matmul_reduce_scatter", "ring", 1, "dma", 0.0, 0.0),))
-  assert cost_model.eligible(cal, prob.op, ring)
-  assert cost_model.eligible(cal, prob.op, schedule_lib_none())
-  assert not cost_model.eligible(
-      cal, prob.op, Schedule(dataflow="direct", num_chunks=4, comm="dma"))
-  assert cost_model.eligible(  # No calibration at all: everything goes.
-      H200, prob.op, Schedule(dataflow="direct", num_chunks=4, comm="dma"))
+  assert cost_model.eligible(cal, prob.op, ring, 4)
+  assert cost_model.eligible(cal, prob.op, schedule_lib_none(), 4)
+  direct4 = Schedule(dataflow="direct", num_chunks=4, comm="dma")
+  assert not cost_model.eligible(cal, prob.op, direct4, 4)
+  # No calibration at all, or one fitted at another axis size: all go.
+  assert cost_model.eligible(H200, prob.op, direct4, 4)
+  at8 = dataclasses.replace(cal, calibrated_axis_size=8)
+  assert cost_model.eligible(at8, prob.op, direct4, 4)
+  assert not cost_model.eligible(at8, prob.op, direct4, 8)
+  assert cost_model.predict(prob, ring, at8) == cost_model.predict(
+      prob, ring, H200)
   preds = cost_model.rank(prob, cal, comms=("dma", "xla"))
   chosen = cost_model.best(
-      preds, allowed=lambda s: cost_model.eligible(cal, prob.op, s))
+      preds, allowed=lambda s: cost_model.eligible(cal, prob.op, s, 4))
   assert chosen.schedule in (ring, schedule_lib_none())
 
 
@@ -347,3 +352,4 @@ def test_shipped_h200_calibration_covers_the_measured_families():
     assert (op, "direct", 1, "dma") in families
     assert (op, "ring", 1, "dma") in families
   assert 0 < shipped.decomposition_scale <= 1.5
+  assert shipped.calibrated_axis_size == 4  # What the sweeps measured.

@@ -278,8 +278,10 @@ ffi::Error StartParallel(Backend& backend,
   return ffi::Error::Success();
 }
 
-// Start: publish this rank; the last to arrive issues everyone's copies.
-// Returns at once either way, so no thread ever waits here for a peer.
+// Start: publish this rank, then either (ParallelIssue(), CUDA) wait,
+// bounded, for every rank to publish and enqueue the copies this rank
+// receives, or (the CPU twin) return at once and let the last rank to
+// arrive issue everyone's copies, so that no pool thread waits for a peer.
 template <class Backend>
 ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
                  ffi::RemainingArgs args, ffi::RemainingRets rets,

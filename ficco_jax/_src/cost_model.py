@@ -123,7 +123,7 @@ def _dot_eff(rows: float, n: int, params: device_params.DeviceParams) -> float:
   ys = list(np.maximum.accumulate([min(e, 1.0) for _, e in table]))
   tiles = rows * n / TILE**2
   eff = float(np.interp(math.log2(max(tiles, 1)), xs, ys))
-  return 1.0 - params.decomposition_scale * (1.0 - eff)
+  return max(0.05, 1.0 - params.decomposition_scale * (1.0 - eff))
 
 
 def matmul_time(rows: float, k: int, n: int, *, itemsize: int = 2,
@@ -160,18 +160,20 @@ class Prediction:
     decomposition: ``sum(piece dots) - t_mm``.
     contention: what contention adds to ``total``.
     overhead: fixed device-side costs of the copy-engine ops.
-    host: time the host needs to issue the op (``total`` is at least this).
-    device: time the devices need (``total`` is at least this too).
+    host: time the host needs to issue the op (the uncalibrated total,
+      ``total / calibration``, is at least this).
+    device: time the devices need (likewise).
     dma_ops: copy-engine ops (start / wait / done) the schedule runs.
-    exposed_comm: ``total - compute - overhead``: communication not hidden
-      (and host time the device waits for).
+    exposed_comm: ``total - compute - overhead`` of the uncalibrated
+      total: communication not hidden (and host time the device waits for).
     links_used: peers a device receives from at once.
     links_available: ``P - 1``.
     receive_bw: bytes/s into a device while its transfers run.
     pieces: dots the schedule runs (1 for ``"none"``).
     calibration: the factor the fitted calibration of this schedule's
       family applied to ``total`` (1.0: none; see
-      ``DeviceParams.calibration``). The other fields are uncalibrated.
+      ``DeviceParams.calibration``). Every other field is the component
+      model's, uncalibrated.
   """
 
   schedule: schedule_lib.Schedule
@@ -201,7 +203,8 @@ class Prediction:
   def bound(self) -> str:
     """``"host"`` when issuing takes longer than running; else ``"comm"``
     when the transfers alone take longer than the dots; else ``"compute"``."""
-    if self.host >= self.total:
+    # The component model's own total: the parts are uncalibrated too.
+    if self.host >= self.total / self.calibration:
       return "host"
     return "comm" if self.t_comm > self.compute else "compute"
 
@@ -327,7 +330,9 @@ def _ag_timeline(prob: Problem, sched, params, alpha, beta):
 def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   """Partials computed piece by piece, each sent once computed.
 
-  Follows the program order of ``rs_matmul``. ring / bidirectional: per
+  Follows the program order of ``rs_matmul`` for comm='dma' (comm='xla'
+  direct with several chunks sums each chunk as it goes; modelled alike).
+  ring / bidirectional: per
   chunk and ring (the two rings of bidirectional one after the other, half
   of the rows each), ``P`` accumulate-and-forward steps: the running sum
   goes to the neighbour while the next partial is multiplied, then the
@@ -421,7 +426,8 @@ def predict(prob: Problem, schedule: schedule_lib.Schedule,
   """
   pr = predict_uncalibrated(prob, schedule, params)
   ab = params.calibration_of(prob.op, schedule.dataflow, schedule.num_chunks,
-                             schedule.comm if schedule.overlapped else "xla")
+                             schedule.comm if schedule.overlapped else "xla",
+                             prob.axis_size)
   if ab is None or pr.total <= 0:
     return pr
   a, b = ab
@@ -508,19 +514,19 @@ compile time and, for comm='dma', host rendezvous that can stall."""
 
 
 def eligible(params: device_params.DeviceParams, op: str,
-             schedule: schedule_lib.Schedule) -> bool:
+             schedule: schedule_lib.Schedule, axis_size: int) -> bool:
   """Whether the heuristic may return ``schedule`` on this device kind.
 
-  With a fitted calibration (``params.calibration``), only the families it
-  covers: those were measured on this device kind, and the component model
-  alone misjudges some families by 10-20% (benchmarks/results/
-  heuristic_accuracy.md), so an unmeasured family would win on optimism.
-  Without one, every candidate.
+  Where a fitted calibration applies (``params.calibrated_at(axis_size)``),
+  only the families it covers: those were measured on this device kind, and
+  the component model alone misjudges some families by 10-20%
+  (benchmarks/results/heuristic_accuracy.md), so an unmeasured family would
+  win on optimism. Elsewhere, every candidate.
   """
-  if not params.calibration or not schedule.overlapped:
+  if not params.calibrated_at(axis_size) or not schedule.overlapped:
     return True
   return params.calibration_of(op, schedule.dataflow, schedule.num_chunks,
-                               schedule.comm) is not None
+                               schedule.comm, axis_size) is not None
 
 
 def best(preds: tuple[Prediction, ...], min_gain: float = MIN_GAIN,

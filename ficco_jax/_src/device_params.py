@@ -74,6 +74,8 @@ class DeviceParams:
       that family (host-bound issue on short ops, copy queues that share
       links) as a smooth function of the op's size. Families without an
       entry are not corrected.
+    calibrated_axis_size: the axis size the calibration was fitted at; at
+      other sizes it does not apply (0: at every size).
     measured: which fields were measured on this device kind rather than
       guessed (for explain).
   """
@@ -97,6 +99,7 @@ class DeviceParams:
   p2p_latency_s: float
   contention: tuple[tuple[str, float, float], ...]
   calibration: tuple[tuple[str, str, int, str, float, float], ...] = ()
+  calibrated_axis_size: int = 0
   measured: tuple[str, ...] = ()
 
   def __post_init__(self):
@@ -104,13 +107,22 @@ class DeviceParams:
       raise ValueError(f"{self.receive_bw=} must be non-empty and positive.")
     if not 0 < self.matmul_eff <= 1:
       raise ValueError(f"{self.matmul_eff=} must be in (0, 1].")
+    if self.decomposition_scale < 0:
+      raise ValueError(f"{self.decomposition_scale=} must be >= 0.")
     rows = [r for r, _ in self.decomposition]
     if rows != sorted(rows):
       raise ValueError(f"{self.decomposition=} must be sorted by tiles.")
 
+  def calibrated_at(self, axis_size: int) -> bool:
+    """Whether the calibration applies to ops over ``axis_size`` devices."""
+    return bool(self.calibration) and self.calibrated_axis_size in (
+        0, axis_size)
+
   def calibration_of(self, op: str, dataflow: str, num_chunks: int,
-                     comm: str) -> tuple[float, float] | None:
-    """``(a, b)`` of a schedule family, or None when it has no entry."""
+                     comm: str, axis_size: int) -> tuple[float, float] | None:
+    """``(a, b)`` of a schedule family at ``axis_size``, or None."""
+    if not self.calibrated_at(axis_size):
+      return None
     for o, d, c, m, a, b in self.calibration:
       if (o, d, c, m) == (op, dataflow, num_chunks, comm):
         return a, b

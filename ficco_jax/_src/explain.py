@@ -111,7 +111,7 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
             f" {p.t_comm * 1e3:.3f} ms are all exposed")
   links = (f"uses {p.links_used} of {p.links_available} links at"
            f" {p.receive_bw / 1e9:.0f} GB/s in")
-  if p.bound == "host" and p.host > chosen.total:
+  if p.bound == "host" and p.host > chosen.total / chosen.calibration:
     return (f"{slower}: host-bound, issuing the call and its {p.dma_ops}"
             f" copy-engine ops takes {p.host * 1e3:.3f} ms")
   if p.bound == "comm":
@@ -199,7 +199,9 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
                                  verdict=_why_lost(
                                      pr, chosen_pred, none, gated,
                                      cost_model.eligible(params, op,
-                                                         pr.schedule)))
+                                                         pr.schedule,
+                                                         axis_size)))
                        for pr in sorted(preds, key=lambda pr: (
-                           not cost_model.eligible(params, op, pr.schedule),
+                           not cost_model.eligible(params, op, pr.schedule,
+                                                   axis_size),
                            pr.total))))

@@ -115,7 +115,7 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
   prob = cost_model.problem(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
                             axis_size=axis_size, axis=axis)
   preds = cost_model.rank(prob, params, comms=COMMS)
-  allowed = lambda s: cost_model.eligible(params, op, s)  # noqa: E731
+  allowed = lambda s: cost_model.eligible(params, op, s, axis_size)  # noqa: E731
   chosen = cost_model.best(preds, allowed=allowed)
   none = next(pr for pr in preds if not pr.schedule.overlapped)
   gain = 1 - chosen.total / none.total
