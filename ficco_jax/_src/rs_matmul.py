@@ -115,21 +115,15 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
 # --------------------------------------------------------------------------
 
 
-def _shift_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
-  """Rank r pulls, from peer r - shift, that peer's partial for r's rows.
+def _pull_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
+  """Rank r pulls ``rows`` rows of source 0 of rank r - shift.
 
-  Every rank does the same at once, so the transfers of one plan form a
+  Every rank does the same at once, so the plan's transfers form a
   permutation: each device sends one piece and receives one, over one link.
+  The direct dataflow pulls a peer's partial for r's rows with it; a ring
+  hop (shift = its direction) pulls the neighbour's running sum.
   """
-  transfer = plan_lib.Transfer(dst=0, dst_row=0, src_offset=(p - shift) % p,
-                               src=0, src_row=0, rows=rows, stream=0)
-  return plan_lib.GatherPlan(axis_size=p, shard_rows=rows, landing_rows=(rows,),
-                             transfers=(transfer,), blocks=(), num_streams=1)
-
-
-def _neighbour_plan(p: int, rows: int, direction: int) -> plan_lib.GatherPlan:
-  """Rank r pulls the running sum of rank r - direction."""
-  transfer = plan_lib.Transfer(dst=0, dst_row=0, src_offset=(-direction) % p,
+  transfer = plan_lib.Transfer(dst=0, dst_row=0, src_offset=(-shift) % p,
                                src=0, src_row=0, rows=rows, stream=0)
   return plan_lib.GatherPlan(axis_size=p, shard_rows=rows, landing_rows=(rows,),
                              transfers=(transfer,), blocks=(), num_streams=1)
@@ -160,7 +154,7 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   peer_copy, kw = _dma(st)
   p = st.axis_size
   num_chunks = st.schedule.num_chunks
-  plans = {s: _shift_plan(p, mc, s) for s in range(1, p)}
+  plans = {s: _pull_plan(p, mc, s) for s in range(1, p)}
   in_flight = []  # (chunk, part, landing, site) in issue order.
   for j in range(num_chunks):
     for s in range(1, p):
@@ -202,7 +196,7 @@ def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype):
   """
   peer_copy, kw = _dma(st)
   p = st.axis_size
-  gplan = _neighbour_plan(p, rows, direction)
+  gplan = _pull_plan(p, rows, direction)
   block = lambda step: (rank - direction * (1 + step)) % p
   acc = _dot(_rows(h0, block(0) * m + row0, rows), w, st).astype(out_dtype)
   for step in range(1, p):
