@@ -60,21 +60,12 @@ def _local(c):
   return (c.m, c.k // c.p), (c.k // c.p, c.n)
 
 
-def _load(paths, stat):
-  saved = FLAGS.stat
-  FLAGS.stat = stat
-  try:
-    return heuristic_accuracy.load(paths)
-  finally:
-    FLAGS.stat = saved
-
-
 def from_results(paths, kind):
-  cases, meta_kind = _load(paths, "median_ms")
+  cases, meta_kind = heuristic_accuracy.load(paths, stat="median_ms")
   kind = kind or meta_kind
   # The fastest round of each schedule, per result file and case (both loads
   # read the same files in the same order, so cases pair up one to one).
-  fastest_cases = _load(paths, "min_ms")[0]
+  fastest_cases = heuristic_accuracy.load(paths, stat="min_ms")[0]
   if [(c.run, c.op, c.name, c.p) for c in fastest_cases] != [
       (c.run, c.op, c.name, c.p) for c in cases]:
     raise ValueError("median and fastest-round loads disagree on the cases")

@@ -154,15 +154,17 @@ def _read(spec: str) -> tuple[dict, str]:
   return data, run.replace("h200x4_", "")
 
 
-def load(paths, duplicates: list | None = None) -> tuple[list[Case],
-                                                         str | None]:
+def load(paths, duplicates: list | None = None,
+         stat: str | None = None) -> tuple[list[Case], str | None]:
   """Cases with at least two measured schedules, and the device kind.
 
-  A ``"default"`` method (schedule=None) counts as a measurement of the
+  Each schedule's time is its ``stat`` (``"median_ms"`` or ``"min_ms"``;
+  None: --stat). A ``"default"`` method (schedule=None) counts as a measurement of the
   schedule it resolved to when the case has no explicit one; otherwise the
   pair goes to ``duplicates`` as ``(case label, schedule, explicit ms,
   default ms)``: the same program timed twice in one run.
   """
+  stat = stat or FLAGS.stat
   cases, kind = [], None
   for spec in paths:
     data, run = _read(spec)
@@ -179,17 +181,17 @@ def load(paths, duplicates: list | None = None) -> tuple[list[Case],
           if s and ms:
             times[s] = float(ms)
       for mth in c.get("methods", []):
-        if (mth.get("method") != "ficco" or not mth.get(FLAGS.stat)
+        if (mth.get("method") != "ficco" or not mth.get(stat)
             or mth.get("ok", True) is False):
           continue
         s = parse_label(mth.get("label", ""))
         if s:
-          times[s] = float(mth[FLAGS.stat])
+          times[s] = float(mth[stat])
         elif mth.get("label") == "default":
           s = parse_label(mth.get("resolved") or "")
           if s:
-            defaults[s] = float(mth[FLAGS.stat])
-      xla = c.get("baselines", {}).get("xla", {}).get(FLAGS.stat)
+            defaults[s] = float(mth[stat])
+      xla = c.get("baselines", {}).get("xla", {}).get(stat)
       if xla and schedule_lib.NO_OVERLAP not in times:
         # XLA's collective + dot in shard_map is exactly dataflow "none".
         times[schedule_lib.NO_OVERLAP] = float(xla)

@@ -12,6 +12,7 @@ from ficco_jax._src import cost_model
 from ficco_jax._src import device_params
 from ficco_jax._src import heuristics
 from ficco_jax._src import plan as plan_lib
+from ficco_jax._src import schedule as schedule_lib
 
 # The component model: the shipped family calibration is tested on its own.
 H200 = dataclasses.replace(device_params.params_for("NVIDIA H200"),
@@ -306,8 +307,8 @@ def test_calibration_scales_only_its_family():
   # Parts stay the component model's.
   assert got.compute == raw_ring.compute and got.host == raw_ring.host
   # The slope term uses the uncalibrated total in ms.
-  raw_none = cost_model.predict(prob, schedule_lib_none(), H200)
-  got_none = cost_model.predict(prob, schedule_lib_none(), cal)
+  raw_none = cost_model.predict(prob, schedule_lib.NO_OVERLAP, H200)
+  got_none = cost_model.predict(prob, schedule_lib.NO_OVERLAP, cal)
   np.testing.assert_allclose(
       got_none.total,
       raw_none.total * np.exp(-0.05 + 0.2 * np.log(raw_none.total / 1e-3)))
@@ -318,17 +319,13 @@ def test_calibration_scales_only_its_family():
   assert cost_model.predict(ag, ring, cal) == cost_model.predict(ag, ring, H200)
 
 
-def schedule_lib_none():
-  return Schedule(dataflow="none", num_chunks=1)
-
-
 def test_uncalibrated_families_are_not_chosen_when_a_calibration_ships():
   prob = _prob("matmul_reduce_scatter")
   ring = Schedule(dataflow="ring", num_chunks=1, comm="dma")
   cal = dataclasses.replace(H200, calibration=(
       ("matmul_reduce_scatter", "ring", 1, "dma", 0.0, 0.0),))
   assert cost_model.eligible(cal, prob.op, ring, 4)
-  assert cost_model.eligible(cal, prob.op, schedule_lib_none(), 4)
+  assert cost_model.eligible(cal, prob.op, schedule_lib.NO_OVERLAP, 4)
   direct4 = Schedule(dataflow="direct", num_chunks=4, comm="dma")
   assert not cost_model.eligible(cal, prob.op, direct4, 4)
   # No calibration at all, or one fitted at another axis size: all go.
@@ -341,7 +338,7 @@ def test_uncalibrated_families_are_not_chosen_when_a_calibration_ships():
   preds = cost_model.rank(prob, cal, comms=("dma", "xla"))
   chosen = cost_model.best(
       preds, allowed=lambda s: cost_model.eligible(cal, prob.op, s, 4))
-  assert chosen.schedule in (ring, schedule_lib_none())
+  assert chosen.schedule in (ring, schedule_lib.NO_OVERLAP)
 
 
 def test_shipped_h200_calibration_covers_the_measured_families():
