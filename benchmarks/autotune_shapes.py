@@ -70,6 +70,7 @@ def from_results(paths, kind):
       (c.run, c.op, c.name, c.p) for c in cases]:
     raise ValueError("median and fastest-round loads disagree on the cases")
   fastest = {id(c): dict(f.times) for c, f in zip(cases, fastest_cases)}
+  fastest_xla = {id(c): f.xla_ms for c, f in zip(cases, fastest_cases)}
   # Per shape, keep the case that measured the most schedules (the later
   # run on a tie): a run that timed only the default must not replace a
   # fuller comparison of the same shape.
@@ -92,10 +93,16 @@ def from_results(paths, kind):
       # median and in the fastest round: short copy-engine ops are bimodal
       # (host-bound rounds), and one statistic alone picked schedules that
       # lost to XLA when measured again (session-3 call F).
+      # XLA's program is timed twice when a case lists "none" besides the
+      # harness's baseline; a schedule must beat the faster of the two
+      # (call D of session 4 read "none" 15% slower than the baseline on a
+      # 0.28 ms op).
+      ref = min(x for x in (times[none], c.xla_ms) if x is not None)
+      ref_min = min(x for x in (mins.get(none, times[none]),
+                                fastest_xla[id(c)]) if x is not None)
       wins = [s for s in times if s != none
-              and times[s] <= (1 - FLAGS.margin) * times[none]
-              and mins.get(s, times[s]) <= (1 - FLAGS.margin) * mins.get(
-                  none, times[none])]
+              and times[s] <= (1 - FLAGS.margin) * ref
+              and mins.get(s, times[s]) <= (1 - FLAGS.margin) * ref_min]
       best = min(wins, key=times.get) if wins else none
     x, w = _local(c)
     key = autotune_cache.Key.of(c.op, device_kind=kind, axis_size=c.p,
@@ -140,7 +147,8 @@ def main(argv):
   data["comment"] = COMMENT.format(kind=kind, src=src) + (
       f" Options: --keep={FLAGS.keep} --margin={FLAGS.margin:g}"
       " (overlap kept only where it wins by the margin in both the median"
-      " and the fastest round)." if FLAGS.results else "")
+      " and the fastest round, against the faster of XLA's program's"
+      " timings)." if FLAGS.results else "")
   with open(FLAGS.out, "w") as f:
     json.dump(data, f, indent=1)
   print(f"wrote {FLAGS.out} ({len(data['entries'])} entries)")

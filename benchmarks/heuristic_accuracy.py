@@ -107,6 +107,9 @@ class Case:
   p: int
   times: tuple[tuple[schedule_lib.Schedule, float], ...]
   run: str = ""
+  # XLA's collective + dot as the harness's baseline, when the case also
+  # timed dataflow "none" (the same program) explicitly.
+  xla_ms: float | None = None
 
   @property
   def model(self) -> str:
@@ -192,13 +195,15 @@ def load(paths, duplicates: list | None = None,
           if s:
             defaults[s] = float(mth[stat])
       xla = c.get("baselines", {}).get("xla", {}).get(stat)
-      if xla and schedule_lib.NO_OVERLAP not in times:
+      explicit_none = schedule_lib.NO_OVERLAP in times
+      if xla and not explicit_none:
         # XLA's collective + dot in shard_map is exactly dataflow "none".
         times[schedule_lib.NO_OVERLAP] = float(xla)
       case = Case(name=c.get("name", "?"), op=op, m=int(c["M"]),
                   k=int(c["K"]), n=int(c["N"]),
                   p=int(c.get("W", c.get("axis_size", 0))), times=(),
-                  run=run)
+                  run=run,
+                  xla_ms=float(xla) if xla and explicit_none else None)
       for s, ms in defaults.items():
         if s in times:
           if duplicates is not None:

@@ -238,6 +238,43 @@ def test_reduce_scatter_switch(gpu_with_dma, monkeypatch):
   assert s.overlapped and (8192 // 4) % s.num_chunks == 0
 
 
+@pytest.mark.parametrize("x_shape,w_shape,dtype,compute", [
+    # llama3-70b's reduce-scatter: K = 7168 takes full-depth steps.
+    ((8192, 7168), (7168, 8192), BF16, "pallas"),
+    # A folded batch axis and the scatter axis second: same pieces.
+    ((1, 8192, 7168), (7168, 8192), BF16, "pallas"),
+    # qwen2-72b: K = 7392 needs half-depth steps, which measured slower.
+    ((8192, 7392), (7392, 8192), BF16, "xla"),
+    # The Hopper kernel takes 16-bit operands only.
+    ((8192, 7168), (7168, 8192), np.float32, "xla"),
+])
+def test_reduce_scatter_pieces_run_on_pallas_where_it_measured_faster(
+    gpu_with_dma, x_shape, w_shape, dtype, compute):
+  axis = len(x_shape) - 2
+  s = ficco_jax.choose_schedule("matmul_reduce_scatter", x_shape=x_shape,
+                                w_shape=w_shape, dtype=dtype, axis_size=4,
+                                axis=axis, platform="gpu",
+                                device_kind="NVIDIA H200")
+  assert s.overlapped and s.comm == "dma" and s.compute == compute
+  # Only where a device kind's params say so (the H100 was never measured).
+  h100 = ficco_jax.choose_schedule("matmul_reduce_scatter", x_shape=x_shape,
+                                   w_shape=w_shape, dtype=dtype, axis_size=4,
+                                   axis=axis, platform="gpu",
+                                   device_kind="NVIDIA H100 80GB HBM3")
+  assert h100.compute == "xla"
+
+
+def test_pallas_fits_checks_every_piece():
+  kw = dict(x_shape=(8192, 7168), w_shape=(7168, 8192), dtype=BF16,
+            axis_size=4, axis=0)
+  fits = lambda s: heuristics.pallas_fits("matmul_reduce_scatter", s, **kw)
+  assert fits(Schedule(dataflow="direct", num_chunks=2, comm="dma"))
+  # 2048 / 3 rows per piece: no CTA tile divides them.
+  assert not fits(Schedule(dataflow="direct", num_chunks=3, comm="dma"))
+  assert not heuristics.pallas_fits(
+      "all_gather_matmul", Schedule(dataflow="direct", comm="dma"), **kw)
+
+
 def test_gpu_without_library_warns_and_does_not_overlap(monkeypatch, caplog):
   monkeypatch.setattr(heuristics, "dma_available", lambda platform: False)
   heuristics._warn_once.cache_clear()  # pylint: disable=protected-access

@@ -156,9 +156,9 @@ def test_compiled_program_aliases_and_keeps_ops(platform):
   f = _shard_map(mesh, lambda x: (_gather(x, plan),), 1)
   hlo = f.lower(_input(mesh, (5,))).compile().as_text()
   assert hlo.count('custom_call_target="ficco_peer_copy_start"') == 1
-  assert hlo.count('custom_call_target="ficco_peer_copy_wait"') == len(
-      plan.landing_rows)
-  assert hlo.count('custom_call_target="ficco_peer_copy_done"') == 1
+  # One sync per wait, plus one for the done.
+  assert hlo.count('custom_call_target="ficco_peer_copy_sync"') == len(
+      plan.landing_rows) + 1
   assert "output_to_operand_aliasing" in hlo
 
 
@@ -197,6 +197,56 @@ def test_two_call_sites_in_one_program(platform):
   np.testing.assert_array_equal(np.asarray(b), np.asarray(ref))
   np.testing.assert_array_equal(np.asarray(c), 2 * np.asarray(ref))
   _assert_idle(platform)
+
+
+def test_one_sync_waits_for_and_ends_several_invocations(platform):
+  """sync: every landing buffer of three starts awaited, and the three
+  invocations ended, in one call (what the direct reduce-scatter does)."""
+  mesh = _mesh(platform, "4")
+  plans = [_plan("direct", 1), _plan("ring", 3), _plan("direct", 3)]
+  kw = dict(axis_name="x", op_name="batched", timeout_s=TIMEOUT_S)
+
+  def body(x):
+    started = []
+    for k, plan in enumerate(plans):
+      site = peer_copy.new_site()
+      src = (k + 1) * x
+      started.append((src, site, peer_copy.start([src], plan, site=site,
+                                                  **kw)))
+    # Forwarded landings must be kept alive by their waits' outputs, so a
+    # ring needs its waits before its done: end only the plans that forward
+    # nothing, and the ring with its own done.
+    landings = [(buf, site) for _, site, bufs in started for buf in bufs]
+    ends = [([src], site) for (src, site, _), plan in zip(started, plans)
+            if not plan.forwarded_landings]
+    waited = peer_copy.sync(landings, ends, **kw)
+    ring_src, ring_site, ring_bufs = started[1]
+    first = len(started[0][2])
+    ring_waited = waited[first:first + len(ring_bufs)]
+    keep = [ring_src] + [ring_waited[b] for b in plans[1].forwarded_landings]
+    total = sum(jnp.sum(w) for w in waited)
+    total = peer_copy.done(total, keep, site=ring_site, **kw)
+    return (jnp.broadcast_to(total, x.shape),)
+
+  f = _shard_map(mesh, body, 1)
+  x = _input(mesh, (5,))
+  hlo = f.lower(x).compile().as_text()
+  assert hlo.count('custom_call_target="ficco_peer_copy_start"') == 3
+  assert hlo.count('custom_call_target="ficco_peer_copy_sync"') == 2
+  out = np.asarray(f(x)[0])
+  # Every rank receives the other three shards once per plan, scaled by
+  # 1, 2, 3: the sum of everything but its own shard, times 6.
+  xs = np.asarray(x).reshape(4, -1)
+  for r in range(4):
+    expect = 6 * (xs.sum() - xs[r].sum())
+    np.testing.assert_allclose(out[r * SHARD_ROWS:(r + 1) * SHARD_ROWS],
+                               expect, rtol=1e-6)
+  _assert_idle(platform)
+
+
+def test_sync_needs_something_to_return():
+  with pytest.raises(ValueError, match="landing buffer or `out`"):
+    peer_copy.sync([], [], axis_name="x", op_name="t", timeout_s=1)
 
 
 def test_two_jitted_functions_alternating(platform):

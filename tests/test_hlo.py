@@ -67,5 +67,27 @@ def test_dma_comm_has_no_collectives(dataflow):
   gplan = plan_lib.gather_plan(schedule, axis_size=4, shard_rows=6)
   calls = lambda name: len(re.findall(rf'custom_call_target="{name}"', text))
   assert calls("ficco_peer_copy_start") == 1
-  assert calls("ficco_peer_copy_wait") == len(gplan.landing_rows)
-  assert calls("ficco_peer_copy_done") == 1
+  # One sync per landing buffer, then one for the done.
+  assert calls("ficco_peer_copy_sync") == len(gplan.landing_rows) + 1
+
+
+@pytest.mark.parametrize("dataflow,starts,syncs", [
+    # P - 1 pulls, then one sync waits for all of them and ends them all.
+    ("direct", 3, 1),
+    # P - 1 hops, each waited for; one sync at the end ends them all.
+    ("ring", 3, 4)])
+def test_dma_reduce_scatter_ffi_calls(dataflow, starts, syncs):
+  mesh = util.mesh((4,), ("x",))
+  f = jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                        schedule=Schedule(dataflow=dataflow, comm="dma")),
+      mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x")))
+  h = jax.ShapeDtypeStruct((24, 20), np.float32,
+                           sharding=NamedSharding(mesh, P(None, "x")))
+  w = jax.ShapeDtypeStruct((20, 9), np.float32,
+                           sharding=NamedSharding(mesh, P("x")))
+  text = f.lower(h, w).compile().as_text()
+  calls = lambda name: len(re.findall(rf'custom_call_target="{name}"', text))
+  assert calls("ficco_peer_copy_start") == starts
+  assert calls("ficco_peer_copy_sync") == syncs
+  assert _count(text, "reduce-scatter") == 0

@@ -284,3 +284,57 @@ def test_inside_shard_map_with_axis_index_offset():
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()),
                             out_specs=P(), check_vma=False))
   _check(f(out, x, w), out, x, w, 18, TOL[jnp.float32])
+
+
+# ------------------------------------------- rows read in place (RS pieces)
+
+
+@pytest.mark.parametrize("off", [0, 12, 35])
+def test_chunk_matmul_rows_reads_the_rows_it_names(off):
+  rng = np.random.default_rng(21)
+  x = jnp.asarray(rng.standard_normal((47, 10)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((10, 7)), jnp.float32)
+  f = jax.jit(lambda x, w, off: cm.chunk_matmul_rows(x, off, 12, w,
+                                                     interpret=True))
+  got = np.asarray(f(x, w, jnp.int32(off)), np.float64)
+  ref = np.asarray(x, np.float64)[off:off + 12] @ np.asarray(w, np.float64)
+  assert got.shape == (12, 7)
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL[jnp.float32]
+
+
+@pytest.mark.parametrize("rows", [0, 48, 2.0])
+def test_chunk_matmul_rows_rejects_bad_rows(rows):
+  x, w = jnp.zeros((47, 10)), jnp.zeros((10, 7))
+  with pytest.raises(ValueError, match="rows="):
+    cm.chunk_matmul_rows(x, 0, rows, w)
+
+
+def test_default_config_takes_half_depth_steps_for_odd_k():
+  # qwen2-72b's reduce-scatter contracts over 29568 / 4 = 7392 = 115.5 x 64.
+  cfg = cm.default_config(1024, 7392, 8192)
+  assert cfg.tile_k == 32
+  cfg.check_shapes(1024, 8192, 7392)
+  assert cm.default_config(1024, 7168, 8192).tile_k == 64
+
+
+@pytest.mark.parametrize("tile_k,k", [(64, 128), (32, 96)])
+def test_hopper_kernel_reads_rows_in_place_in_mosaic_gpu_interpreter(
+    monkeypatch, tile_k, k):
+  # The reduce-scatter's use: rows [x_row, x_row + rows) of a taller operand,
+  # TMA-loaded at a run-time row, into a fresh output (every tile written);
+  # tile_k=32: 64-byte swizzled steps, for K not a multiple of 64.
+  params = _mosaic_gpu_interpret_params(monkeypatch)
+  cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=128, tile_k=tile_k,
+                             max_concurrent_steps=2)
+  rows, n = 2 * cfg.cta_tile_m, 2 * cfg.cta_tile_n
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.standard_normal((3 * rows + 8, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+  x_row = rows + 8
+  result = cm._mgpu_into(None, x, w, cm._offset_operand(0, x_row),
+                         num_sms=3, config=cfg, rows=rows,
+                         out_dtype=jnp.bfloat16, mosaic_interpret=params)
+  assert result.shape == (rows, n)
+  ref = np.asarray(x, np.float64)[x_row:x_row + rows] @ np.asarray(w, np.float64)
+  got = np.asarray(result, np.float64)
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2

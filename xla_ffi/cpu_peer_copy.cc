@@ -225,41 +225,27 @@ ffi::Error StartImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
   return Start(backend, run_id.run_id, device, args, rets, attrs);
 }
 
-ffi::Future WaitImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer buf,
-                     ffi::Result<ffi::AnyBuffer> out, SyncAttrs attrs) {
-  if (buf.untyped_data() != out->untyped_data()) {
-    return Failed(ffi::Error::Internal("ficco peer copy wait: output not aliased"));
-  }
-  auto f = FindWait<CpuBackend>(run_id.run_id, device, buf.untyped_data(),
-                                attrs.op_name);
+// One landing buffer's arrivals on this device.
+ffi::Future AwaitLanding(int64_t run_id, int32_t device, const void* address,
+                         const SyncAttrs& attrs) {
+  auto f = FindWait<CpuBackend>(run_id, device, address, attrs.op_name);
   if (!f.has_value()) return Failed(f.error());
   const int64_t landing = f->landing;
   return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/false,
                [landing](Invocation<CpuBackend>& inv, int64_t rank) {
                  std::vector<CpuEvent*> events;
-                 const auto& transfers = inv.plan->transfers;
-                 for (size_t i = 0; i < transfers.size(); ++i) {
-                   if (transfers[i].dst == landing) {
-                     events.push_back(inv.ranks[rank].arrival[i]);
-                   }
+                 for (size_t i : TransfersInto(*inv.plan, landing)) {
+                   events.push_back(inv.ranks[rank].arrival[i]);
                  }
                  return events;
                });
 }
 
-ffi::Future DoneImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer out_in,
-                     ffi::RemainingArgs keepalive,
-                     ffi::Result<ffi::AnyBuffer> out, SyncAttrs attrs) {
-  if (out_in.untyped_data() != out->untyped_data()) {
-    return Failed(ffi::Error::Internal("ficco peer copy done: output not aliased"));
-  }
-  std::vector<const void*> addresses;
-  for (size_t i = 0; i < keepalive.size(); ++i) {
-    auto b = keepalive.get<ffi::AnyBuffer>(i);
-    if (!b.has_value()) return Failed(b.error());
-    addresses.push_back(b->untyped_data());
-  }
-  auto f = FindDone<CpuBackend>(run_id.run_id, device, addresses, attrs.op_name);
+// Every rank's final events of the invocation `keepalive` keeps alive.
+ffi::Future AwaitDone(int64_t run_id, int32_t device,
+                      const std::vector<const void*>& keepalive,
+                      const SyncAttrs& attrs) {
+  auto f = FindDone<CpuBackend>(run_id, device, keepalive, attrs.op_name);
   if (!f.has_value()) return Failed(f.error());
   return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/true,
                [](Invocation<CpuBackend>& inv, int64_t) {
@@ -269,6 +255,37 @@ ffi::Future DoneImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer out_in,
                  }
                  return events;
                });
+}
+
+// One future per awaited landing buffer and ended invocation, joined: the
+// call completes when all have (with an error if any failed), on the thread
+// that completes the last one, as a single one would.
+ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets, SyncAttrs attrs) {
+  auto call = DecodeSync(args, rets, attrs);
+  if (!call.has_value()) return Failed(call.error());
+  std::vector<ffi::Future> parts;
+  for (const void* address : call->waits) {
+    parts.push_back(AwaitLanding(run_id.run_id, device, address, attrs));
+  }
+  for (const auto& group : call->groups) {
+    parts.push_back(AwaitDone(run_id.run_id, device, group, attrs));
+  }
+  if (parts.empty()) {
+    ffi::Promise promise;
+    ffi::Future future(promise);
+    promise.SetAvailable();
+    return future;
+  }
+  if (parts.size() == 1) return std::move(parts[0]);
+  ffi::CountDownPromise joined(static_cast<int64_t>(parts.size()));
+  ffi::Future future(joined);
+  for (auto& part : parts) {
+    part.OnReady([joined](const std::optional<ffi::Error>& error) mutable {
+      joined.CountDown(error.value_or(ffi::Error::Success()));
+    });
+  }
+  return future;
 }
 
 }  // namespace
@@ -291,19 +308,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopyStartCpu, ficco::StartImpl,
                                   .RemainingRets()                 // landings
                                   .Attrs<ficco::StartAttrs>());    // plan
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopyWaitCpu, ficco::WaitImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopySyncCpu, ficco::SyncImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::RunId>()          // execution
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
-                                  .Arg<xla::ffi::AnyBuffer>()      // landing
-                                  .Ret<xla::ffi::AnyBuffer>()      // aliased
-                                  .Attrs<ficco::SyncAttrs>());     // messages
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopyDoneCpu, ficco::DoneImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::RunId>()          // execution
-                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
-                                  .Arg<xla::ffi::AnyBuffer>()      // out
-                                  .RemainingArgs()                 // keepalive
-                                  .Ret<xla::ffi::AnyBuffer>()      // aliased
-                                  .Attrs<ficco::SyncAttrs>());     // messages
+                                  .RemainingArgs()  // outs, keepalive
+                                  .RemainingRets()  // outs, aliased
+                                  .Attrs<ficco::SyncAttrs>());  // layout

@@ -124,23 +124,15 @@ ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   return Start(backend, run_id.run_id, device, args, rets, attrs);
 }
 
-ffi::Error WaitImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
-                    ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
+ffi::Error SyncImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
+                    ffi::RemainingArgs args, ffi::RemainingRets rets,
                     SyncAttrs attrs) {
+  auto call = DecodeSync(args, rets, attrs);
+  if (!call.has_value()) return call.error();
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
-  return BlockingWait(backend, run_id.run_id, device, buf, out, attrs);
-}
-
-ffi::Error DoneImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
-                    ffi::AnyBuffer out_in, ffi::RemainingArgs keepalive,
-                    ffi::Result<ffi::AnyBuffer> out, SyncAttrs attrs) {
-  ScopedDevice scoped;
-  if (auto err = scoped.Set(device); err.failure()) return err;
-  CudaBackend backend(stream);
-  return BlockingDone(backend, run_id.run_id, device, out_in, keepalive, out,
-                      attrs);
+  return BlockingSync(backend, run_id.run_id, device, *call, attrs);
 }
 
 }  // namespace
@@ -166,22 +158,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attrs<ficco::StartAttrs>());                   // plan
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    FiccoPeerCopyWaitCuda, ficco::WaitImpl,
+    FiccoPeerCopySyncCuda, ficco::SyncImpl,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
         .Ctx<xla::ffi::RunId>()                         // execution
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
-        .Arg<xla::ffi::AnyBuffer>()                     // landing
-        .Ret<xla::ffi::AnyBuffer>()                     // aliased
-        .Attrs<ficco::SyncAttrs>());                    // messages
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    FiccoPeerCopyDoneCuda, ficco::DoneImpl,
-    xla::ffi::Ffi::Bind()
-        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
-        .Ctx<xla::ffi::RunId>()                         // execution
-        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
-        .Arg<xla::ffi::AnyBuffer>()                     // out
-        .RemainingArgs()                                // keepalive
-        .Ret<xla::ffi::AnyBuffer>()                     // aliased
-        .Attrs<ficco::SyncAttrs>());                    // messages
+        .RemainingArgs()                                // outs, keepalive
+        .RemainingRets()                                // outs, aliased
+        .Attrs<ficco::SyncAttrs>());                    // layout, messages

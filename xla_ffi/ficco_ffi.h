@@ -11,8 +11,7 @@
 
 // CPU twin (cpu_peer_copy.cc): worker threads and memcpy.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyStartCpu);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyWaitCpu);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyDoneCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopySyncCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowStartCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCpu);
@@ -20,8 +19,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCpu);
 #ifdef FICCO_WITH_CUDA
 // CUDA (cuda_peer_copy.cu): cudaMemcpyPeerAsync on side streams.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyStartCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyWaitCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyDoneCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopySyncCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCuda);

@@ -35,10 +35,16 @@ struct StartAttrs {
   int64_t timeout_ms;                   // bound of every host wait
 };
 
-// Attributes of ficco_peer_copy_wait and ficco_peer_copy_done.
+// Attributes of ficco_peer_copy_sync, which waits for landing buffers and
+// ends invocations in one call. Its results alias operands [0, R) ("outs");
+// outs [0, num_wait) are landing buffers to wait for; keepalive group g is
+// operands [keep_bounds[g], keep_bounds[g + 1]), one per invocation to end,
+// so keep_bounds[0] == R and its last entry is the operand count.
 struct SyncAttrs {
-  std::string_view op_name;  // for messages
-  int64_t timeout_ms;        // bound of every host wait
+  int64_t num_wait;                      // leading outs that are landings
+  ffi::Span<const int64_t> keep_bounds;  // R, then each group's end
+  std::string_view op_name;              // for messages
+  int64_t timeout_ms;                    // bound of every host wait
 };
 
 struct Transfer {
@@ -107,6 +113,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::ficco::SyncAttrs,
+    ::xla::ffi::StructMember<int64_t>("num_wait"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("keep_bounds"),
     ::xla::ffi::StructMember<std::string_view>("op_name"),
     ::xla::ffi::StructMember<int64_t>("timeout_ms"));
 

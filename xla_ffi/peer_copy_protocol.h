@@ -2,12 +2,13 @@
 // cpu_peer_copy.cc and cuda_peer_copy.cu supply the backend and bind the
 // handlers.
 //
-// start never blocks: it publishes its rank, and the last rank to arrive
-// issues every rank's copies. wait and done then wait for that issue and for
-// events: CUDA handlers block their (dedicated, per-device) host thread for
-// the issue, bounded, and enqueue stream waits (BlockingWait/BlockingDone);
-// the CPU twin returns futures instead, because XLA:CPU runs handlers on a
-// small shared pool where a blocked thread can starve a peer's start.
+// start publishes its rank; then each rank issues the copies it receives
+// (CUDA) or the last rank to arrive issues everyone's (CPU twin). sync's
+// waits and dones then wait for that issue and for events: CUDA handlers
+// block their (dedicated, per-device) host thread for the issue, bounded,
+// and enqueue stream waits (BlockingSync); the CPU twin returns futures
+// instead, because XLA:CPU runs handlers on a small shared pool where a
+// blocked thread can starve a peer's start.
 //
 // Besides the Registry's requirements, a Backend instance (one per call; it
 // holds the compute stream) provides, each returning ffi::Error:
@@ -529,65 +530,110 @@ ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
   return Abandon(f.inv, f.rank, device, message);
 }
 
-// wait for backends whose handler may block its thread (CUDA): the compute
-// stream waits for every copy into the landing buffer.
-template <class Backend>
-ffi::Error BlockingWait(Backend& backend, int64_t run_id, int32_t device,
-                        ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
-                        const SyncAttrs& attrs) {
-  if (buf.untyped_data() != out->untyped_data()) {
-    return ffi::Error::Internal("ficco peer copy wait: output not aliased");
+// The buffers of one ficco_peer_copy_sync call, checked against its
+// attributes: the landing buffers to wait for, and one keepalive group per
+// invocation to end (PROTOCOL.md, "sync").
+struct SyncCall {
+  std::vector<const void*> waits;
+  std::vector<std::vector<const void*>> groups;
+};
+
+inline ffi::ErrorOr<SyncCall> DecodeSync(ffi::RemainingArgs args,
+                                         ffi::RemainingRets rets,
+                                         const SyncAttrs& attrs) {
+  const std::string head =
+      "ficco peer copy sync of '" + std::string(attrs.op_name) + "'";
+  const auto& bounds = attrs.keep_bounds;
+  const int64_t num_outs = static_cast<int64_t>(rets.size());
+  if (bounds.size() < 1 || bounds[0] != num_outs ||
+      bounds[bounds.size() - 1] != static_cast<int64_t>(args.size()) ||
+      attrs.num_wait < 0 || attrs.num_wait > num_outs) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        head + ": keep_bounds must start at the " + std::to_string(num_outs) +
+        " outs and end at the " + std::to_string(args.size()) +
+        " operands, and num_wait = " + std::to_string(attrs.num_wait) +
+        " must not exceed the outs"));
   }
-  auto f = FindWait<Backend>(run_id, device, buf.untyped_data(), attrs.op_name);
-  if (!f.has_value()) return f.error();
-  // With parallel issue this rank recorded its own arrival events before its
-  // start returned; only a last-arriver issue must be awaited here.
-  if (!backend.ParallelIssue()) {
-    if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
-      return err;
+  SyncCall call;
+  for (int64_t i = 0; i < num_outs; ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    if (!in.has_value()) return ffi::Unexpected(in.error());
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!out.has_value()) return ffi::Unexpected(out.error());
+    if (in->untyped_data() != (*out)->untyped_data()) {
+      return ffi::Unexpected(
+          ffi::Error::Internal(head + ": out " + std::to_string(i) +
+                               " is not aliased to its operand"));
+    }
+    if (i < attrs.num_wait) call.waits.push_back(in->untyped_data());
+  }
+  for (size_t g = 0; g + 1 < bounds.size(); ++g) {
+    if (bounds[g + 1] <= bounds[g]) {
+      return ffi::Unexpected(ffi::Error::InvalidArgument(
+          head + ": keepalive group " + std::to_string(g) +
+          " is empty; it needs the sources[0] given to start"));
+    }
+    auto& group = call.groups.emplace_back();
+    for (int64_t i = bounds[g]; i < bounds[g + 1]; ++i) {
+      auto b = args.get<ffi::AnyBuffer>(i);
+      if (!b.has_value()) return ffi::Unexpected(b.error());
+      group.push_back(b->untyped_data());
     }
   }
-  const Plan& plan = *f->inv->plan;
-  for (size_t i = 0; i < plan.transfers.size(); ++i) {
-    if (plan.transfers[i].dst != f->landing) continue;
-    if (auto err = backend.ComputeWait(*f->inv,
-                                       f->inv->ranks[f->rank].arrival[i]);
-        err.failure()) {
-      return Abandon(f->inv, f->rank, device, f->where + ": " + err.message());
-    }
-  }
-  return ffi::Error::Success();
+  return call;
 }
 
-// done for backends whose handler may block its thread (CUDA): the compute
-// stream waits for every rank's queues to drain this invocation.
+// The transfers whose arrival events a wait on landing buffer `landing`
+// awaits (every backend waits for the same ones).
+inline std::vector<size_t> TransfersInto(const Plan& plan, int64_t landing) {
+  std::vector<size_t> into;
+  for (size_t i = 0; i < plan.transfers.size(); ++i) {
+    if (plan.transfers[i].dst == landing) into.push_back(i);
+  }
+  return into;
+}
+
+// sync for backends whose handler may block its thread (CUDA): the compute
+// stream waits for every copy into each landing buffer, then, per keepalive
+// group, for every rank's queues to drain that invocation.
 template <class Backend>
-ffi::Error BlockingDone(Backend& backend, int64_t run_id, int32_t device,
-                        ffi::AnyBuffer out_in, ffi::RemainingArgs keepalive,
-                        ffi::Result<ffi::AnyBuffer> out,
-                        const SyncAttrs& attrs) {
-  if (out_in.untyped_data() != out->untyped_data()) {
-    return ffi::Error::Internal("ficco peer copy done: output not aliased");
-  }
-  std::vector<const void*> addresses;
-  for (size_t i = 0; i < keepalive.size(); ++i) {
-    auto b = keepalive.get<ffi::AnyBuffer>(i);
-    if (!b.has_value()) return b.error();
-    addresses.push_back(b->untyped_data());
-  }
-  auto f = FindDone<Backend>(run_id, device, addresses, attrs.op_name);
-  if (!f.has_value()) return f.error();
-  if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
-    return err;
-  }
-  for (const auto& r : f->inv->ranks) {
-    for (auto* e : r.finals) {
-      if (auto err = backend.ComputeWait(*f->inv, e); err.failure()) {
+ffi::Error BlockingSync(Backend& backend, int64_t run_id, int32_t device,
+                        const SyncCall& call, const SyncAttrs& attrs) {
+  for (const void* address : call.waits) {
+    auto f = FindWait<Backend>(run_id, device, address, attrs.op_name);
+    if (!f.has_value()) return f.error();
+    // With parallel issue this rank recorded its own arrival events before
+    // its start returned; only a last-arriver issue must be awaited here.
+    if (!backend.ParallelIssue()) {
+      if (auto err = AwaitIssued(*f, device, attrs.timeout_ms);
+          err.failure()) {
+        return err;
+      }
+    }
+    for (size_t i : TransfersInto(*f->inv->plan, f->landing)) {
+      if (auto err = backend.ComputeWait(*f->inv,
+                                         f->inv->ranks[f->rank].arrival[i]);
+          err.failure()) {
         return Abandon(f->inv, f->rank, device, f->where + ": " + err.message());
       }
     }
   }
-  MarkLeft(*f->inv, f->rank);
+  for (const auto& group : call.groups) {
+    auto f = FindDone<Backend>(run_id, device, group, attrs.op_name);
+    if (!f.has_value()) return f.error();
+    if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
+      return err;
+    }
+    for (const auto& r : f->inv->ranks) {
+      for (auto* e : r.finals) {
+        if (auto err = backend.ComputeWait(*f->inv, e); err.failure()) {
+          return Abandon(f->inv, f->rank, device,
+                         f->where + ": " + err.message());
+        }
+      }
+    }
+    MarkLeft(*f->inv, f->rank);
+  }
   return ffi::Error::Success();
 }
 

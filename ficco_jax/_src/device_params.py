@@ -76,6 +76,9 @@ class DeviceParams:
       entry are not corrected.
     calibrated_axis_size: the axis size the calibration was fitted at; at
       other sizes it does not apply (0: at every size).
+    pallas_pieces: ops whose copy-engine schedules run their pieces on
+      ficco's Pallas kernel by default where its tiles divide them (full
+      depth steps), because it measured faster than XLA's dot there.
     measured: which fields were measured on this device kind rather than
       guessed (for explain).
   """
@@ -100,6 +103,7 @@ class DeviceParams:
   contention: tuple[tuple[str, float, float], ...]
   calibration: tuple[tuple[str, str, int, str, float, float], ...] = ()
   calibrated_axis_size: int = 0
+  pallas_pieces: tuple[str, ...] = ()
   measured: tuple[str, ...] = ()
 
   def __post_init__(self):
@@ -185,6 +189,14 @@ _H200 = DeviceParams(
     p2p_bw=296.6e9,
     p2p_latency_s=75.5e-6,
     contention=(("dma", 0.0979, 0.122), ("xla", 0.74, 0.74)),
+    # The reduce-scatter's pieces are row blocks of h at rank-dependent
+    # offsets: the kernel TMA-loads them in place, where XLA's dot needs a
+    # slice copy first. Same-run pairs of one schedule on 4xH200 (session 4,
+    # calls C and D, benchmarks/results/h200x4_session4_{c,d}): Pallas
+    # faster in 31 of 40, at most 7% slower (ops under 0.5 ms), at most 3%
+    # on ops of 1 ms and more. With half-depth steps (K % 64 != 0,
+    # qwen2-72b) it lost 6-9%, so those keep XLA's dot.
+    pallas_pieces=("matmul_reduce_scatter",),
     measured=("matmul_flops", "matmul_eff", "hbm_bw", "decomposition",
               "receive_bw", "collective_bw", "collective_latency_s",
               "contention[dma]", "contention[xla]", "p2p_bw",
@@ -196,7 +208,7 @@ _H200 = DeviceParams(
 # (3.35 vs 4.8 TB/s). Nothing here was measured on an H100.
 _H100 = dataclasses.replace(
     _H200, name="NVIDIA H100 80GB HBM3", matmul_flops=760e12, hbm_bw=2.9e12,
-    measured=())
+    pallas_pieces=(), measured=())
 
 # Unknown devices: a cautious PCIe-class guess, so that overlap is chosen
 # only where it wins by a wide margin.
@@ -238,7 +250,7 @@ def _coerce(name: str, value: Any) -> Any:
   if name == "calibration":
     return tuple((str(o), str(d), int(c), str(m), float(a), float(b))
                  for o, d, c, m, a, b in value)
-  if name in ("receive_bw", "measured"):
+  if name in ("receive_bw", "measured", "pallas_pieces"):
     return tuple(value)
   return value
 

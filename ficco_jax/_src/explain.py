@@ -94,6 +94,11 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
   """The main term that makes ``p`` slower than ``chosen``, in words."""
   if p.schedule == chosen.schedule:
     return "chosen"
+  if (p.schedule.compute == "xla" and chosen.schedule.compute == "pallas"
+      and p.schedule == dataclasses.replace(chosen.schedule, compute="xla")):
+    # The model times XLA's dot for both (DeviceParams.pallas_pieces).
+    return ("same pieces on XLA's dot; the Pallas kernel measured faster"
+            " for this op on this device kind")
   slower = f"+{100 * (p.total / chosen.total - 1):.1f}%"
   if gated is not None and p.schedule.overlapped:
     return f"not considered ({gated})"

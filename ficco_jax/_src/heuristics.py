@@ -9,8 +9,10 @@ this (see ``api._resolve``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import math
 
 import jax
 import numpy as np
@@ -93,6 +95,32 @@ def gate(op: str, *, x_shape, dtype, axis_size: int, axis: int,
   return None
 
 
+def pallas_fits(op: str, schedule: schedule_lib.Schedule, *, x_shape,
+                w_shape, dtype, axis_size: int, axis: int) -> bool:
+  """Whether every piece of ``schedule`` suits the Hopper kernel at full
+  depth: 16-bit operands, CTA tiles dividing every piece's rows and the
+  output columns, and K a multiple of 64 (half-depth steps measured slower
+  than XLA's dot)."""
+  if op != "matmul_reduce_scatter" or np.dtype(dtype).itemsize != 2:
+    return False
+  from ficco_jax._src.pallas import chunk_matmul  # pylint: disable=g-import-not-at-top
+
+  m = x_shape[axis] // axis_size
+  fold = math.prod(d for i, d in enumerate(x_shape[:-1]) if i != axis)
+  mc = m // schedule.num_chunks
+  rows = {m, mc}
+  if schedule.dataflow == "bidirectional":
+    rows = {mc // 2, mc - mc // 2} - {0}
+  k, n = x_shape[-1], w_shape[-1]
+  try:
+    for r in rows:
+      if chunk_matmul.default_config(r * fold, k, n).tile_k != 64:
+        return False
+  except ValueError:
+    return False
+  return True
+
+
 def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
            platform: str, params: device_params.DeviceParams,
            assume_dma: bool = False) -> tuple[schedule_lib.Schedule, str]:
@@ -120,8 +148,19 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
   none = next(pr for pr in preds if not pr.schedule.overlapped)
   gain = 1 - chosen.total / none.total
   if chosen.schedule.overlapped:
-    return chosen.schedule, (f"lowest predicted time, {100 * gain:.1f}%"
-                             " faster than no overlap")
+    reason = (f"lowest predicted time, {100 * gain:.1f}% faster than no"
+              " overlap")
+    schedule = chosen.schedule
+    if (schedule.comm == "dma" and op in params.pallas_pieces
+        and pallas_fits(op, schedule, x_shape=x_shape, w_shape=w_shape,
+                        dtype=dtype, axis_size=axis_size, axis=axis)):
+      # The model times XLA's dot; the kernel measured faster for this op
+      # on this device kind (DeviceParams.pallas_pieces), so the pieces
+      # run on it.
+      schedule = dataclasses.replace(schedule, compute="pallas")
+      reason += ("; pieces on ficco's Pallas kernel (measured faster than"
+                 " XLA's dot for this op on this device kind)")
+    return schedule, reason
   top = next(pr for pr in preds if allowed(pr.schedule))
   if top.schedule.overlapped:
     return chosen.schedule, (

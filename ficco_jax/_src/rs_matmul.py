@@ -7,6 +7,8 @@ rank's rows of the sum over ranks).
 
 from __future__ import annotations
 
+import math
+
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -16,20 +18,26 @@ from ficco_jax._src import plan as plan_lib
 
 
 def _dot(a, w, st: ag_matmul.Static):
-  """One partial product; ``compute="pallas"`` runs it through ficco's kernel."""
-  if st.schedule.compute == "pallas" and st.schedule.overlapped:
-    from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
-
-    out_dtype = ag_matmul.dot_dtype(a, w, st)
-    y = chunk_matmul.chunk_matmul(a.reshape(-1, a.shape[-1]), w,
-                                  num_sms=st.schedule.num_sms,
-                                  preferred_element_type=out_dtype)
-    return y.reshape(a.shape[:-1] + (w.shape[1],))
   return ag_matmul._dot(a, w, st)  # pylint: disable=protected-access
 
 
-def _rows(h0, start, size):
-  return lax.dynamic_slice_in_dim(h0, start, size, axis=0)
+def _rows_dot(h0, start, size, w, st: ag_matmul.Static):
+  """``h0[start:start + size] @ w``: one partial product.
+
+  ``compute="pallas"`` runs ficco's kernel, which TMA-loads the rows from
+  ``h0`` in place; XLA's dot needs them sliced out first (a copy kernel per
+  piece, ~4% of a 70B-class reduce-scatter on an H200).
+  """
+  if st.schedule.compute == "pallas":
+    from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+    fold = math.prod(h0.shape[1:-1])
+    y = chunk_matmul.chunk_matmul_rows(
+        h0.reshape(-1, h0.shape[-1]), start * fold, size * fold, w,
+        num_sms=st.schedule.num_sms,
+        preferred_element_type=ag_matmul.dot_dtype(h0, w, st))
+    return y.reshape((size,) + h0.shape[1:-1] + (w.shape[1],))
+  return _dot(lax.dynamic_slice_in_dim(h0, start, size, axis=0), w, st)
 
 
 def _send(x, axis_name, shift, p):
@@ -47,7 +55,7 @@ def _ring(h0, w, st, rank, m, row0, rows, direction):
   acc = None
   for step in range(p):
     block = (rank - direction * (1 + step)) % p
-    part = _dot(_rows(h0, block * m + row0, rows), w, st)
+    part = _rows_dot(h0, block * m + row0, rows, w, st)
     if acc is not None:
       received = _send(acc, st.axis_name, direction, p)
       acc_dtype = _acc_dtype(part.dtype)
@@ -87,9 +95,9 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
       received = []
       for shift in range(1, p):
         dest = (rank + shift) % p
-        part = _dot(_rows(h0, dest * m + row0, mc), w, st)
+        part = _rows_dot(h0, dest * m + row0, mc, w, st)
         received.append(_send(part, st.axis_name, shift, p))
-      acc = _dot(_rows(h0, rank * m + row0, mc), w, st)
+      acc = _rows_dot(h0, rank * m + row0, mc, w, st)
       acc = acc.astype(_acc_dtype(acc.dtype))
       for r in received:
         acc = acc + r.astype(acc.dtype)
@@ -158,20 +166,23 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   in_flight = []  # (chunk, part, landing, site) in issue order.
   for j in range(num_chunks):
     for s in range(1, p):
-      rows = _rows(h0, ((rank + s) % p) * m + j * mc, mc)
-      part = _dot(rows, w, st).astype(out_dtype)
+      part = _rows_dot(h0, ((rank + s) % p) * m + j * mc, mc, w,
+                       st).astype(out_dtype)
       site = peer_copy.new_site()
       landing = peer_copy.start([part], plans[s], site=site, **kw)[0]
       # The next matmul reads h0 through the barrier, so XLA cannot run it
       # before this start has handed the partial to the copy engines.
       h0, landing = lax.optimization_barrier((h0, landing))
       in_flight.append((j, part, landing, site))
-  own = _dot(_rows(h0, rank * m, m), w, st)
+  own = _rows_dot(h0, rank * m, m, w, st)
   # Wait only after the own rows' matmul was issued (it hides the last pull).
   landings = tuple(f[2] for f in in_flight)
   own, landings = lax.optimization_barrier((own, landings))
-  pulled = [peer_copy.wait(buf, site=f[3], **kw)
-            for buf, f in zip(landings, in_flight)]
+  # One call waits for every pulled partial and ends every invocation (the
+  # partials for peers are free after it): on short ops each FFI call is
+  # ~10 us of host time the device waits for.
+  pulled = peer_copy.sync([(buf, f[3]) for buf, f in zip(landings, in_flight)],
+                          [([f[1]], f[3]) for f in in_flight], **kw)
   acc_dtype = _acc_dtype(own.dtype)
   chunks = []
   for j in range(num_chunks):
@@ -180,35 +191,33 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
       if f[0] == j:
         acc = acc + buf.astype(acc_dtype)
     chunks.append(acc.astype(out_dtype))
-  out = chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
-  # Partials stay alive until every peer has pulled them.
-  for _, part, _, site in in_flight:
-    out = peer_copy.done(out, [part], site=site, **kw)
-  return [out]
+  return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
 
 
-def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype):
+def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype, ends):
   """Accumulate-and-forward ring; each hop is one copy-engine pull.
 
   While the running sum of step t travels to the next rank, this rank
-  multiplies its partial for step t + 1. Live buffers: the running sum being
-  read by the neighbour and the one being received, ``2 * rows`` rows.
+  multiplies its partial for step t + 1. Each hop's sent sum must outlive
+  the neighbour's read: it is appended to ``ends`` (keepalive, site), which
+  the caller ends in one call after the op, so live buffers are the P - 1
+  sent sums and the one being received, ``P * rows`` rows.
   """
   peer_copy, kw = _dma(st)
   p = st.axis_size
   gplan = _pull_plan(p, rows, direction)
   block = lambda step: (rank - direction * (1 + step)) % p
-  acc = _dot(_rows(h0, block(0) * m + row0, rows), w, st).astype(out_dtype)
+  acc = _rows_dot(h0, block(0) * m + row0, rows, w, st).astype(out_dtype)
   for step in range(1, p):
     site = peer_copy.new_site()
     landing = peer_copy.start([acc], gplan, site=site, **kw)[0]
     h0, landing = lax.optimization_barrier((h0, landing))
-    part = _dot(_rows(h0, block(step) * m + row0, rows), w, st)
+    part = _rows_dot(h0, block(step) * m + row0, rows, w, st)
     part, landing = lax.optimization_barrier((part, landing))
     received = peer_copy.wait(landing, site=site, **kw)
     acc_dtype = _acc_dtype(part.dtype)
-    new = (part.astype(acc_dtype) + received.astype(acc_dtype)).astype(out_dtype)
-    acc = peer_copy.done(new, [acc], site=site, **kw)
+    ends.append(([acc], site))
+    acc = (part.astype(acc_dtype) + received.astype(acc_dtype)).astype(out_dtype)
   return acc
 
 
@@ -218,19 +227,23 @@ def _forward_dma(h0, w, st, m):
   mc = m // schedule.num_chunks
   out_dtype = _out_dtype(h0, w, st)
   if schedule.dataflow == "direct":
-    chunks = _direct_dma(h0, w, st, rank, m, mc, out_dtype)
-  else:
-    chunks = []
-    for c in range(schedule.num_chunks):
-      row0 = c * mc
-      if schedule.dataflow == "ring":
-        chunks.append(_ring_dma(h0, w, st, rank, m, row0, mc, +1, out_dtype))
-        continue
-      half = mc // 2
-      parts = []
-      if half:
-        parts.append(_ring_dma(h0, w, st, rank, m, row0, half, +1, out_dtype))
-      parts.append(_ring_dma(h0, w, st, rank, m, row0 + half, mc - half, -1,
-                             out_dtype))
-      chunks.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, 0))
-  return chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks, 0)
+    return _direct_dma(h0, w, st, rank, m, mc, out_dtype)
+  ends = []  # (keepalive, site) of every ring hop, ended together below.
+  chunks = []
+  for c in range(schedule.num_chunks):
+    row0 = c * mc
+    if schedule.dataflow == "ring":
+      chunks.append(_ring_dma(h0, w, st, rank, m, row0, mc, +1, out_dtype,
+                              ends))
+      continue
+    half = mc // 2
+    parts = []
+    if half:
+      parts.append(_ring_dma(h0, w, st, rank, m, row0, half, +1, out_dtype,
+                             ends))
+    parts.append(_ring_dma(h0, w, st, rank, m, row0 + half, mc - half, -1,
+                           out_dtype, ends))
+    chunks.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, 0))
+  out = chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks, 0)
+  peer_copy, kw = _dma(st)
+  return peer_copy.sync([], ends, out=out, **kw)[0]

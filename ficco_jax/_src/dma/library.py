@@ -20,8 +20,7 @@ _CPU, _CUDA = 0, 1  # FiccoPlatform in xla_ffi/ficco_ffi.h
 # target name -> handler symbol stem; the platform suffix picks the backend.
 TARGETS: dict[str, str] = {
     "ficco_peer_copy_start": "FiccoPeerCopyStart",
-    "ficco_peer_copy_wait": "FiccoPeerCopyWait",
-    "ficco_peer_copy_done": "FiccoPeerCopyDone",
+    "ficco_peer_copy_sync": "FiccoPeerCopySync",
     "ficco_window_start": "FiccoWindowStart",
     "ficco_window_wait": "FiccoWindowWait",
     "ficco_window_done": "FiccoWindowDone",

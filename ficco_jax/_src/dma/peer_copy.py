@@ -1,18 +1,20 @@
-"""The three peer-copy primitives, used inside shard_map.
+"""The peer-copy primitives, used inside shard_map.
 
 ``start`` issues every copy of a GatherPlan on the copy engines and returns the
 landing buffers at once; ``wait`` makes compute wait for one landing buffer;
-``done`` holds the buffers peers still read until they may be reused. Each is
-a JAX primitive lowered to an XLA FFI custom call of one of two transports;
-the same targets run on CPU (twins in xla_ffi/cpu_*.cc) and CUDA:
+``done`` holds the buffers peers still read until they may be reused; ``sync``
+does any number of both in one call (``wait`` and ``done`` are its one-buffer
+forms). Each is a JAX primitive lowered to XLA FFI custom calls of one of two
+transports; the same targets run on CPU (twins in xla_ffi/cpu_*.cc) and CUDA:
 
 * ``rendezvous`` (xla_ffi/PROTOCOL.md): ranks meet on the host per call and
   copy straight between XLA's buffers. Every device of the axis must be in
-  this process.
+  this process. A sync is one custom call.
 * ``window`` (xla_ffi/WINDOWS.md): each rank stages its sources in a window
   of memory every peer mapped once (peer access, CUDA IPC or shared memory)
   and ranks synchronise through flags in the windows, with no host wait. It
-  works across the processes of one host.
+  works across the processes of one host. A sync lowers to one wait or done
+  call per buffer or invocation.
 
 ``FICCO_DMA_TRANSPORT`` picks: ``auto`` (default: window when the axis spans
 processes, else rendezvous), ``window`` or ``rendezvous``; lowering reads it.
@@ -51,9 +53,11 @@ from ficco_jax._src.dma import library
 from ficco_jax._src.dma import windows
 from ficco_jax._src.plan import GatherPlan
 
+# start, then how waits and dones lower: the rendezvous transport has one
+# sync target that does any number of both in one call; the window
+# transport one target each, one call per landing buffer or invocation.
 _TARGETS = {
-    "rendezvous": ("ficco_peer_copy_start", "ficco_peer_copy_wait",
-                   "ficco_peer_copy_done"),
+    "rendezvous": ("ficco_peer_copy_start", "ficco_peer_copy_sync"),
     "window": ("ficco_window_start", "ficco_window_wait", "ficco_window_done"),
 }
 TRANSPORTS = ("auto", "rendezvous", "window")
@@ -131,8 +135,8 @@ def wait(buf: jax.Array, *, axis_name: str, site: int, op_name: str,
   ``axis_name`` and ``site`` are the start's (they pick its transport and
   windows). Returns ``buf`` itself (aliased in place), complete.
   """
-  return _wait_p.bind(buf, axis_name=axis_name, site=site, op_name=op_name,
-                      timeout_ms=_timeout_ms(timeout_s))
+  return sync([(buf, site)], [], axis_name=axis_name, op_name=op_name,
+              timeout_s=timeout_s)[0]
 
 
 def done(out: jax.Array, keepalive: Sequence[jax.Array], *, axis_name: str,
@@ -146,8 +150,47 @@ def done(out: jax.Array, keepalive: Sequence[jax.Array], *, axis_name: str,
   keepalive = list(keepalive)
   if not keepalive:
     raise ValueError("done needs keepalive[0] = the sources[0] given to start.")
-  return _done_p.bind(out, *keepalive, axis_name=axis_name, site=site,
-                      op_name=op_name, timeout_ms=_timeout_ms(timeout_s))
+  return sync([], [(keepalive, site)], out=out, axis_name=axis_name,
+              op_name=op_name, timeout_s=timeout_s)[0]
+
+
+def sync(landings: Sequence[tuple[jax.Array, int]],
+         ends: Sequence[tuple[Sequence[jax.Array], int]], *,
+         axis_name: str, op_name: str, timeout_s: float,
+         out: jax.Array | None = None) -> list[jax.Array]:
+  """Several waits and dones in one call (one FFI call on the rendezvous
+  transport, where each call costs the host ~10 us on a short op).
+
+  Args:
+    landings: ``(landing buffer, its start's site)`` pairs to wait for, each
+      buffer given unchanged, as to `wait`.
+    ends: ``(keepalive, site)`` per invocation to end, as to `done`.
+    axis_name: the manual mesh axis of the starts.
+    op_name: named in error messages.
+    timeout_s: bound of every host wait for peers.
+    out: an extra array returned aliased after everything, as `done`'s
+      ``out``; needed when ``landings`` is empty.
+
+  Returns:
+    The landing buffers (complete), then ``out`` if given. Use them: they
+    carry the order, and an unused result lets XLA drop the dones.
+  """
+  outs = [b for b, _ in landings] + ([] if out is None else [out])
+  if not outs:
+    raise ValueError("sync needs a landing buffer or `out` to return.")
+  keep, bounds = [], [len(outs)]
+  for i, (group, _) in enumerate(ends):
+    group = list(group)
+    if not group:
+      raise ValueError(f"ends[{i}] keeps nothing alive; its first buffer must"
+                       " be the sources[0] given to start.")
+    keep += group
+    bounds.append(bounds[-1] + len(group))
+  return list(_sync_p.bind(
+      *outs, *keep, num_wait=len(landings), keep_bounds=tuple(bounds),
+      wait_sites=tuple(s for _, s in landings),
+      done_sites=tuple(s for _, s in ends), axis_name=axis_name,
+      op_name=op_name, timeout_ms=_timeout_ms(timeout_s)))
 
 
 # --- abstract evaluation ----------------------------------------------------
@@ -164,11 +207,10 @@ _start_p = Primitive("ficco_peer_copy_start")
 _start_p.multiple_results = True
 _start_p.def_abstract_eval(_start_abstract_eval)
 
-_wait_p = Primitive("ficco_peer_copy_wait")
-_wait_p.def_abstract_eval(lambda buf, **_: buf)
-
-_done_p = Primitive("ficco_peer_copy_done")
-_done_p.def_abstract_eval(lambda out, *keepalive, **_: out)
+_sync_p = Primitive("ficco_peer_copy_sync")
+_sync_p.multiple_results = True
+_sync_p.def_abstract_eval(
+    lambda *args, keep_bounds, **_: list(args[:keep_bounds[0]]))
 
 
 # --- lowering ---------------------------------------------------------------
@@ -260,36 +302,48 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
       timeout_ms=np.int64(timeout_ms), **extra)
 
 
-def _sync_attrs(ctx, axis_name: str, site: int) -> tuple[str, dict]:
-  """wait/done: the start's transport, and its window family."""
-  mesh = _concrete_mesh(ctx, axis_name)
-  kind = transport(mesh, axis_name)
-  if kind == "rendezvous":
-    return kind, {}
+def _window_of(ctx, mesh, axis_name: str, site: int) -> dict:
+  """The window family a window wait or done of ``site`` syncs on."""
   fam = windows.lowered_family(mesh, axis_name, site=site,
                                platform=_platform_of(ctx))
-  return kind, {"window": np.int64(fam.id)}
+  return {"window": np.int64(fam.id)}
 
 
-def _wait_lowering(ctx, buf, *, axis_name: str, site: int, op_name: str,
-                   timeout_ms: int):
+def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
+                   wait_sites: tuple[int, ...], done_sites: tuple[int, ...],
+                   axis_name: str, op_name: str, timeout_ms: int):
   library.ensure_registered()
-  kind, extra = _sync_attrs(ctx, axis_name, site)
-  return jax.ffi.ffi_lowering(_TARGETS[kind][1], operand_output_aliases={0: 0})(
-      ctx, buf, op_name=op_name, timeout_ms=np.int64(timeout_ms), **extra)
+  mesh = _concrete_mesh(ctx, axis_name)
+  kind = transport(mesh, axis_name)
+  num_outs = keep_bounds[0]
+  common = dict(op_name=op_name, timeout_ms=np.int64(timeout_ms))
+  if kind == "rendezvous":
+    return jax.ffi.ffi_lowering(
+        _TARGETS[kind][1], has_side_effect=bool(done_sites),
+        operand_output_aliases={i: i for i in range(num_outs)})(
+            ctx, *args, num_wait=np.int64(num_wait),
+            keep_bounds=np.asarray(keep_bounds, np.int64), **common)
+  # Window transport: one wait per landing buffer, then one done per
+  # invocation, threaded through the last out (aliased, so no copies).
+  outs = list(args[:num_outs])
+  avals = list(ctx.avals_in[:num_outs])
 
+  def call(target, operands, operand_avals, site):
+    extra = _window_of(ctx, mesh, axis_name, site)
+    sub = ctx.replace(avals_in=operand_avals, avals_out=[operand_avals[0]])
+    return jax.ffi.ffi_lowering(target, operand_output_aliases={0: 0},
+                                has_side_effect=target.endswith("done"))(
+                                    sub, *operands, **common, **extra)[0]
 
-def _done_lowering(ctx, out, *keepalive, axis_name: str, site: int,
-                   op_name: str, timeout_ms: int):
-  library.ensure_registered()
-  kind, extra = _sync_attrs(ctx, axis_name, site)
-  return jax.ffi.ffi_lowering(
-      _TARGETS[kind][2], operand_output_aliases={0: 0}, has_side_effect=True)(
-          ctx, out, *keepalive, op_name=op_name,
-          timeout_ms=np.int64(timeout_ms), **extra)
+  for i, site in enumerate(wait_sites):
+    outs[i] = call(_TARGETS[kind][1], [outs[i]], [avals[i]], site)
+  for g, site in enumerate(done_sites):
+    lo, hi = keep_bounds[g], keep_bounds[g + 1]
+    outs[-1] = call(_TARGETS[kind][2], [outs[-1], *args[lo:hi]],
+                    [avals[-1], *ctx.avals_in[lo:hi]], site)
+  return outs
 
 
 for _platform in ("cpu", "cuda"):
   mlir.register_lowering(_start_p, _start_lowering, platform=_platform)
-  mlir.register_lowering(_wait_p, _wait_lowering, platform=_platform)
-  mlir.register_lowering(_done_p, _done_lowering, platform=_platform)
+  mlir.register_lowering(_sync_p, _sync_lowering, platform=_platform)

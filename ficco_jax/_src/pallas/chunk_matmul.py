@@ -179,9 +179,14 @@ def default_config(mc: int, k: int, n: int, in_dtype=jnp.bfloat16,
   Raises:
     ValueError: if no candidate divides the shape (mc not a multiple of 64
       (128 for most tiles), n not a multiple of 64 / 128, K not a multiple
-      of 64 for 2-byte dtypes).
+      of 32 for 2-byte dtypes).
   """
-  tile_k = 128 // jnp.dtype(in_dtype).itemsize  # 128-byte swizzle rows.
+  # 128-byte swizzle rows; a K that is not a multiple of them (qwen2-72b's
+  # 29568 / 4 = 7392 = 115.5 x 64) takes 64-byte rows, at half the depth
+  # per pipeline step.
+  tile_k = 128 // jnp.dtype(in_dtype).itemsize
+  if k % tile_k:
+    tile_k //= 2
   k_iters = max(1, k // tile_k)
   best, best_cost = None, math.inf
   for tm, tn, wg, rel in _CANDIDATES:
@@ -266,10 +271,12 @@ def _check_args(out, x, w, row_offset, preferred_element_type):
           f" shape={getattr(row_offset, 'shape', None)}.")
 
 
-def _offset_operand(row_offset) -> jax.Array:
-  # A (1,) int32 operand: the kernels read it as a scalar at run time, so a
-  # traced offset (e.g. from lax.axis_index) compiles once for all devices.
-  return jnp.reshape(jnp.asarray(row_offset, jnp.int32), (1,))
+def _offset_operand(row_offset, x_row_offset=0) -> jax.Array:
+  # A (2,) int32 operand, [first row written in out, first row read of x]:
+  # the kernels read it at run time, so a traced offset (e.g. from
+  # lax.axis_index) compiles once for all devices.
+  return jnp.stack([jnp.asarray(row_offset, jnp.int32),
+                    jnp.asarray(x_row_offset, jnp.int32)])
 
 
 # ----------------------------------------------------------------------------
@@ -277,18 +284,22 @@ def _offset_operand(row_offset) -> jax.Array:
 
 
 def _out_type_like(out) -> jax.ShapeDtypeStruct:
+  return _out_type(out.shape, out.dtype, like=out)
+
+
+def _out_type(shape, dtype, *, like) -> jax.ShapeDtypeStruct:
   # Inside shard_map with check_vma the result varies over the mesh axes that
   # out varies over (jax >= 0.10: manual_axis_type; older: vma). Note that
   # jax 0.10.2's Pallas interpreter rejects even trivial kernels under
   # check_vma=True ("requires varying manual axes to match"), so interpret
   # mode inside shard_map needs check_vma=False; the Hopper kernel does not.
-  aval = jax.typeof(out)
+  aval = jax.typeof(like)
   if getattr(aval, "manual_axis_type", None) is not None:
-    return jax.ShapeDtypeStruct(out.shape, out.dtype,
+    return jax.ShapeDtypeStruct(shape, dtype,
                                 manual_axis_type=aval.manual_axis_type)
   if getattr(aval, "vma", None):
-    return jax.ShapeDtypeStruct(out.shape, out.dtype, vma=aval.vma)
-  return jax.ShapeDtypeStruct(out.shape, out.dtype)
+    return jax.ShapeDtypeStruct(shape, dtype, vma=aval.vma)
+  return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def _largest_divisor_at_most(v: int, cap: int) -> int:
@@ -299,7 +310,7 @@ def _largest_divisor_at_most(v: int, cap: int) -> int:
 
 
 def _kernel(off_ref, x_ref, w_ref, out_in_ref, out_ref, *, block_m, block_n):
-  # off_ref:    (1,) int32, whole: first row of the chunk inside out.
+  # off_ref:    (2,) int32, whole: [0] first row of the chunk inside out.
   # x_ref:      (block_m, K) block of x at (i, 0).
   # w_ref:      (K, block_n) block of w at (0, j).
   # out_in_ref: (M, n) all of out, unblocked (pl.ANY); aliased to out_ref and
@@ -352,17 +363,20 @@ def _device_num_sms() -> int:
   return getattr(jax.devices()[0], "core_count", None) or 1
 
 
-def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters):
-  # off_gmem: (1,) int32 GMEM: first row of the chunk inside out.
-  # x_gmem:   (mc, K) GMEM, TMA-loaded in (cta_tile_m, tile_k) blocks.
+def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
+  # off_gmem: (2,) int32 GMEM: [first row of the chunk inside out, first row
+  #           of the chunk inside x].
+  # x_gmem:   (>= mc, K) GMEM, TMA-loaded in (cta_tile_m, tile_k) blocks from
+  #           its x row offset on, so a chunk of a larger operand needs no
+  #           slice copy.
   # w_gmem:   (K, n) GMEM, TMA-loaded in (tile_k, cta_tile_n) blocks.
-  # out_gmem: (M, n) GMEM, all of out (aliased); (epi_tile_m, epi_tile_n)
-  #           sub-tiles are TMA-stored at row offset + tile row.
+  # out_gmem: (M, n) GMEM, all of out (aliased, or a fresh (mc, n) output);
+  #           (epi_tile_m, epi_tile_n) sub-tiles are TMA-stored at row
+  #           offset + tile row.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
   dtype = x_gmem.dtype
   out_dtype = out_gmem.dtype
-  mc = x_gmem.shape[0]
   n = w_gmem.shape[1]
   c = config
   tile_m, tile_n, tile_k = c.tile_m, c.tile_n, c.tile_k
@@ -414,6 +428,8 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters):
     # The hint lets layout inference keep the (8, swizzle) tiling of out_smem
     # for TMA stores at a run-time row; the wrapper requires row_offset % 8 == 0.
     row0 = pl.multiple_of(off_gmem[0], 8)
+    # TMA loads at a run-time row need the same proof of alignment.
+    x_row0 = pl.multiple_of(off_gmem[1], 8)
 
     @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
     def _mn_loop(info):
@@ -421,7 +437,7 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters):
       (lin_idx,) = getattr(info, "index", info)
       m_idx, n_idx = plgpu.planar_snake(
           lin_idx, (m_iters, n_iters), minor, c.grid_tile_width)
-      cta_m_slice = pl.ds(m_idx * cta_tile_m, cta_tile_m)
+      cta_m_slice = pl.ds(x_row0 + m_idx * cta_tile_m, cta_tile_m)
       cta_n_slice = pl.ds(n_idx * cta_tile_n, cta_tile_n)
       if c.wg_dimension == "m":
         wg_m_slice, wg_n_slice = pl.ds(wg_idx * tile_m, tile_m), slice(None)
@@ -468,13 +484,18 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters):
 
 
 def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
-               mosaic_interpret=None):
+               mosaic_interpret=None, rows=None, out_dtype=None):
+  """The Hopper kernel: ``x[off[1]:][:rows] @ w`` into rows ``off[0]:`` of
+  ``out`` (aliased), or into a fresh ``[rows, n]`` array when ``out`` is None
+  (every tile is written, so nothing needs zeroing first)."""
   # mosaic_interpret: tests only; jax's Mosaic GPU interpreter params, which
   # run this very kernel on CPU (simulated threads, TMA and wgmma).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
-  mc, k = x.shape
+  k = x.shape[1]
+  mc = x.shape[0] if rows is None else rows
   n = w.shape[1]
+  out_dtype = out.dtype if out is not None else out_dtype
   if jnp.dtype(x.dtype) not in _MGPU_DTYPES:
     raise TypeError(
         f"x.dtype={x.dtype}: the Hopper kernel takes bfloat16 or float16"
@@ -482,7 +503,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   device_sms = _device_num_sms()
   sms = min(num_sms, device_sms) if num_sms is not None else device_sms
   if config is None:
-    config = default_config(mc, k, n, x.dtype, out.dtype, num_sms=sms)
+    config = default_config(mc, k, n, x.dtype, out_dtype, num_sms=sms)
   elif not isinstance(config, ChunkMatmulConfig):
     raise TypeError(f"config must be a ChunkMatmulConfig, got {type(config)}.")
   config.check_shapes(mc, n, k)
@@ -494,8 +515,10 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   grid = min(sms, num_tiles)
 
   kernel = pl.kernel(
-      functools.partial(_mgpu_kernel, config=config, k_iters=k // config.tile_k),
-      out_type=(),
+      functools.partial(_mgpu_kernel, config=config,
+                        k_iters=k // config.tile_k, mc=mc),
+      out_type=(() if out is not None
+                else _out_type((mc, n), out_dtype, like=x)),
       mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",),
                       num_threads=3, thread_name="wg"),
       compiler_params=plgpu.CompilerParams(
@@ -503,6 +526,8 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
       name="ficco_chunk_matmul_into",
       interpret=mosaic_interpret or False,
   )
+  if out is None:
+    return kernel(off, x, w)
   # A Ref operand is aliased in and out of the kernel (input_output_aliases
   # after discharge): the kernel writes the chunk's rows of out in place.
   out_ref = jax.new_ref(out)
@@ -512,6 +537,16 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
 
 # ----------------------------------------------------------------------------
 # Public (in _src) entry points.
+
+
+def _hopper_offset(row_offset) -> int | None:
+  """Checks that the Hopper kernel can run here; the offset if static."""
+  if jax.default_backend() != "gpu":
+    raise ValueError(
+        f"interpret=False needs a GPU backend (Hopper); the default backend is"
+        f" {jax.default_backend()!r}. Use interpret=None or True.")
+  return (int(row_offset) if isinstance(row_offset, (int, np.integer))
+          else None)
 
 
 def _resolve_interpret(interpret: bool | None) -> bool:
@@ -568,12 +603,7 @@ def chunk_matmul_into(
   off = _offset_operand(row_offset)
   if _resolve_interpret(interpret):
     return _portable_into(out, x, w, off, interpret=True)
-  if jax.default_backend() != "gpu":
-    raise ValueError(
-        f"interpret=False needs a GPU backend (Hopper); the default backend is"
-        f" {jax.default_backend()!r}. Use interpret=None or True.")
-  off_static = (int(row_offset) if isinstance(row_offset, (int, np.integer))
-                else None)
+  off_static = _hopper_offset(row_offset)
   return _mgpu_into(out, x, w, off, num_sms=num_sms, config=config,
                     off_static=off_static)
 
@@ -600,3 +630,55 @@ def chunk_matmul(
   return chunk_matmul_into(out, x, w, 0, num_sms=num_sms,
                            preferred_element_type=dtype, interpret=interpret,
                            config=config)
+
+
+def chunk_matmul_rows(
+    x: jax.Array,
+    row_offset: int | jax.Array,
+    rows: int,
+    w: jax.Array,
+    *,
+    num_sms: int | None = None,
+    preferred_element_type: Any = None,
+    interpret: bool | None = None,
+    config: ChunkMatmulConfig | None = None,
+) -> jax.Array:
+  """``x[row_offset : row_offset + rows] @ w`` → ``[rows, n]``, reading the
+  rows in place.
+
+  The reduce-scatter's pieces are row blocks of its left operand at offsets
+  that depend on the rank; the Hopper kernel TMA-loads them straight from
+  ``x`` (no slice copy) into a fresh output (no zero fill).
+
+  Args:
+    x: ``[M, K]`` left operand, bf16/f16/f32.
+    row_offset: first row read; a Python int (checked: ``0 <= row_offset <=
+      M - rows``) or a traced int32 scalar (not checked), a multiple of 8 on
+      the Hopper path.
+    rows: rows read (a multiple of the CTA tile's rows on the Hopper path).
+    w: ``[K, n]``, same dtype as ``x``.
+    num_sms, preferred_element_type, interpret, config: as for
+      ``chunk_matmul_into``.
+
+  Returns:
+    ``[rows, n]`` array of ``preferred_element_type`` (default ``x.dtype``).
+  """
+  if getattr(x, "ndim", None) != 2 or getattr(w, "ndim", None) != 2:
+    raise ValueError(
+        f"x and w must be 2-D, got x.shape={getattr(x, 'shape', None)},"
+        f" w.shape={getattr(w, 'shape', None)}.")
+  if isinstance(rows, bool) or not isinstance(rows, int) or not 0 < rows <= x.shape[0]:
+    raise ValueError(f"rows={rows!r} must be an int in [1, {x.shape[0]}] (x.shape={x.shape}).")
+  dtype = jnp.dtype(preferred_element_type or x.dtype)
+  if _resolve_interpret(interpret):
+    piece = lax.dynamic_slice_in_dim(x, row_offset, rows, axis=0)
+    return chunk_matmul(piece, w, preferred_element_type=dtype,
+                        interpret=True)
+  # Same checks as chunk_matmul_into, on the view the kernel reads.
+  piece_type = jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype)
+  _check_args(jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), dtype),
+              piece_type, w, row_offset, dtype)
+  off_static = _hopper_offset(row_offset)
+  return _mgpu_into(None, x, w, _offset_operand(0, row_offset),
+                    num_sms=num_sms, config=config, off_static=off_static,
+                    rows=rows, out_dtype=dtype)
