@@ -64,14 +64,18 @@ CALIBRATION_COMMENT = (
     " of {inputs} (held out: models {models}, tokens {tokens}; labels:"
     " {stat}).")
 RESULTS = "benchmarks/results"
-# The interleaved session-3 sweeps (timing.interleaved): both ops, every
-# model at M = 2048 / 4096 / 8192 / 16384 and the square cases, measured
-# after the last change to either op's program. Older runs measured the
-# previous reduce-scatter "direct" program and drifted between runs.
+# Interleaved sweeps (timing.interleaved) of the programs on main: the
+# reduce-scatter measured after session 4's sync call changed its
+# copy-engine schedules (calls A and B), the all-gather in session 3 (its
+# programs did not change since); every model at M = 2048 / 4096 / 8192 /
+# 16384 and the square cases. The shipped calibration was fitted on the
+# session-3 sweeps' fit split (its "comment" names them), before the
+# session-4 reduce-scatter cases existed.
 DEFAULT_RESULTS = [
-    f"{RESULTS}/h200x4_session3_a/rs_w4_direct.json",
+    f"{RESULTS}/h200x4_session4_a/rs_w4_sync.json",
     f"{RESULTS}/h200x4_session3_d/ag_w4_sweep.json",
-    f"{RESULTS}/h200x4_session3_e/rs_w4_sweep2.json",
+    f"{RESULTS}/h200x4_session4_b/rs_w4_sweep_m2048.json",
+    f"{RESULTS}/h200x4_session4_b/rs_w4_sweep_m16384.json",
     f"{RESULTS}/h200x4_session3_e/ag_w4_sweep2.json",
 ]
 

@@ -1,8 +1,9 @@
 """The benchmark tooling the committed GPU evidence relies on.
 
 `benchmarks/timing.py`'s interleaved mode (results filled in place after the
-round-robin) and `benchmarks/profile_summary.py` (stream busy time, gaps,
-copy overlap and host self time read from a perfetto trace).
+round-robin), `benchmarks/profile_summary.py` (stream busy time, gaps,
+copy overlap and host self time read from a perfetto trace) and
+`benchmarks/autotune_shapes.py`'s rule for what enters the shipped cache.
 """
 
 import gzip
@@ -117,3 +118,46 @@ def test_profile_summary_streams_gaps_overlap_and_host_self_time(tmp_path):
 def test_profile_summary_needs_a_trace(tmp_path):
   with pytest.raises(FileNotFoundError, match="perfetto"):
     profile_summary.load(str(tmp_path))
+
+
+def test_autotune_shapes_needs_a_win_over_xlas_faster_timing(tmp_path,
+                                                              monkeypatch):
+  """A case times XLA's program twice (the baseline, and "none"); a schedule
+  enters the cache only if it beats the faster of the two by the margin."""
+  import autotune_shapes  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ficco_jax._src import autotune_cache  # pylint: disable=g-import-not-at-top
+
+  def case(name, baseline_ms, none_ms, ring_ms):
+    method = lambda label, ms: {"method": "ficco", "label": label,
+                                "median_ms": ms, "min_ms": ms}
+    return {"name": name, "M": 4096, "K": 8192, "N": 8192, "W": 4,
+            "baselines": {"xla": {"median_ms": baseline_ms,
+                                  "min_ms": baseline_ms}},
+            "methods": [method("none/c1/xla/xla", none_ms),
+                        method("ring/c1/dma/xla", ring_ms),
+                        method("direct/c1/dma/xla", 2.0)]}
+
+  results = tmp_path / "rs.json"
+  results.write_text(json.dumps({
+      "meta": {"device_kind": "Test GPU"}, "op": "rs",
+      # ring beats "none" by 8% but the baseline (the same program) is
+      # faster than ring: not cached.
+      "cases": [case("a/M4096", 1.0, 1.2, 1.1)]}))
+  flags.FLAGS(["autotune_shapes", "--margin=0.03", "--keep=latest",
+               "--min_schedules=2"])
+  try:
+    stored = []
+    monkeypatch.setattr(autotune_cache, "store",
+                        lambda key, schedule, **_: stored.append(schedule))
+    autotune_shapes.from_results([str(results)], None)
+    assert [s.dataflow for s in stored] == ["none"]
+    # With the baseline as slow as "none", ring's 8% win counts.
+    results.write_text(json.dumps({
+        "meta": {"device_kind": "Test GPU"}, "op": "rs",
+        "cases": [case("a/M4096", 1.2, 1.2, 1.1)]}))
+    stored.clear()
+    autotune_shapes.from_results([str(results)], None)
+    assert [s.dataflow for s in stored] == ["ring"]
+  finally:
+    flags.FLAGS.unparse_flags()
