@@ -112,7 +112,10 @@ class Case:
   times: tuple[tuple[schedule_lib.Schedule, float], ...]
   run: str = ""
   # XLA's collective + dot as the harness's baseline, when the case also
-  # timed dataflow "none" (the same program) explicitly.
+  # timed dataflow "none" (the same program) explicitly. The labels keep one
+  # timing per schedule ("none"'s own), so no schedule gets two draws; the
+  # autotune cache's rule uses the faster of the two, to stay on XLA's
+  # program where a win is doubtful.
   xla_ms: float | None = None
 
   @property

@@ -11,6 +11,7 @@
 // completion thread (XLA continues the execution on it), or with an error
 // when a watchdog finds the deadline passed.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -280,9 +281,15 @@ ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
   if (parts.size() == 1) return std::move(parts[0]);
   ffi::CountDownPromise joined(static_cast<int64_t>(parts.size()));
   ffi::Future future(joined);
+  // CountDown keeps the last error it is given; pass only the first, which
+  // names the root cause (later ones read "a peer failed: ...").
+  auto failed = std::make_shared<std::atomic<bool>>(false);
   for (auto& part : parts) {
-    part.OnReady([joined](const std::optional<ffi::Error>& error) mutable {
-      joined.CountDown(error.value_or(ffi::Error::Success()));
+    part.OnReady([joined, failed](
+                     const std::optional<ffi::Error>& error) mutable {
+      const bool first = error.has_value() && error->failure() &&
+                         !failed->exchange(true);
+      joined.CountDown(first ? *error : ffi::Error::Success());
     });
   }
   return future;

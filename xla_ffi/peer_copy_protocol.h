@@ -571,7 +571,8 @@ inline ffi::ErrorOr<SyncCall> DecodeSync(ffi::RemainingArgs args,
     if (bounds[g + 1] <= bounds[g]) {
       return ffi::Unexpected(ffi::Error::InvalidArgument(
           head + ": keepalive group " + std::to_string(g) +
-          " is empty; it needs the sources[0] given to start"));
+          " is empty or its bounds are out of order; each group needs at"
+          " least the sources[0] given to start"));
     }
     auto& group = call.groups.emplace_back();
     for (int64_t i = bounds[g]; i < bounds[g + 1]; ++i) {

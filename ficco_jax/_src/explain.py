@@ -97,8 +97,8 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
   if (p.schedule.compute == "xla" and chosen.schedule.compute == "pallas"
       and p.schedule == dataclasses.replace(chosen.schedule, compute="xla")):
     # The model times XLA's dot for both (DeviceParams.pallas_pieces).
-    return ("same pieces on XLA's dot; the Pallas kernel measured faster"
-            " for this op on this device kind")
+    return ("same pieces on XLA's dot; the chosen schedule runs them on"
+            " the Pallas kernel, measured faster")
   slower = f"+{100 * (p.total / chosen.total - 1):.1f}%"
   if gated is not None and p.schedule.overlapped:
     return f"not considered ({gated})"

@@ -15,6 +15,7 @@ import logging
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ficco_jax._src import cost_model
@@ -101,7 +102,9 @@ def pallas_fits(op: str, schedule: schedule_lib.Schedule, *, x_shape,
   depth: 16-bit operands, CTA tiles dividing every piece's rows and the
   output columns, and K a multiple of 64 (half-depth steps measured slower
   than XLA's dot)."""
-  if op != "matmul_reduce_scatter" or np.dtype(dtype).itemsize != 2:
+  if (op != "matmul_reduce_scatter"
+      or jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16),
+                                  jnp.dtype(jnp.float16))):
     return False
   from ficco_jax._src.pallas import chunk_matmul  # pylint: disable=g-import-not-at-top
 

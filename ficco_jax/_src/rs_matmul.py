@@ -180,7 +180,9 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   own, landings = lax.optimization_barrier((own, landings))
   # One call waits for every pulled partial and ends every invocation (the
   # partials for peers are free after it): on short ops each FFI call is
-  # ~10 us of host time the device waits for.
+  # ~10 us of host time the device waits for. The price: the sum below also
+  # waits until every peer has pulled this rank's partials, not only for
+  # this rank's own pulls.
   pulled = peer_copy.sync([(buf, f[3]) for buf, f in zip(landings, in_flight)],
                           [([f[1]], f[3]) for f in in_flight], **kw)
   acc_dtype = _acc_dtype(own.dtype)
@@ -200,8 +202,10 @@ def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype, ends):
   While the running sum of step t travels to the next rank, this rank
   multiplies its partial for step t + 1. Each hop's sent sum must outlive
   the neighbour's read: it is appended to ``ends`` (keepalive, site), which
-  the caller ends in one call after the op, so live buffers are the P - 1
-  sent sums and the one being received, ``P * rows`` rows.
+  the caller ends in one call after the whole op. So every sent sum of every
+  chunk and direction stays live until then: ``(P - 1) m`` rows per op (m:
+  this rank's output rows), plus the sum being received, against ``P m``
+  for XLA's full partial product.
   """
   peer_copy, kw = _dma(st)
   p = st.axis_size

@@ -173,7 +173,8 @@ def sync(landings: Sequence[tuple[jax.Array, int]],
 
   Returns:
     The landing buffers (complete), then ``out`` if given. Use them: they
-    carry the order, and an unused result lets XLA drop the dones.
+    order what follows after the waits and dones (a sync that ends nothing
+    has no side effect, and XLA drops it when its results go unused).
   """
   outs = [b for b, _ in landings] + ([] if out is None else [out])
   if not outs:

@@ -72,7 +72,8 @@ class ChunkMatmulConfig:
     tile_m: rows of one warpgroup's accumulator (multiple of 64).
     tile_n: columns of one warpgroup's accumulator (multiple of 64, at most 256).
     tile_k: depth of one pipeline step (its bytes per row must be a TMA swizzle:
-      32, 64 or 128 bytes, i.e. 64 for bf16/f16).
+      32, 64 or 128 bytes, i.e. 64 for bf16/f16, or 32 when K is not a
+      multiple of 64).
     max_concurrent_steps: pipeline stages in shared memory.
     epi_tile_m, epi_tile_n: the epilogue stores the accumulator in sub-tiles of
       this size, double buffered, so the TMA store of one overlaps the next.
@@ -284,7 +285,7 @@ def _offset_operand(row_offset, x_row_offset=0) -> jax.Array:
 
 
 def _out_type_like(out) -> jax.ShapeDtypeStruct:
-  return _out_type(out.shape, out.dtype, like=out)
+  return _out_type(out.shape, out.dtype, like=(out,))
 
 
 def _out_type(shape, dtype, *, like) -> jax.ShapeDtypeStruct:
@@ -293,12 +294,16 @@ def _out_type(shape, dtype, *, like) -> jax.ShapeDtypeStruct:
   # jax 0.10.2's Pallas interpreter rejects even trivial kernels under
   # check_vma=True ("requires varying manual axes to match"), so interpret
   # mode inside shard_map needs check_vma=False; the Hopper kernel does not.
-  aval = jax.typeof(like)
-  if getattr(aval, "manual_axis_type", None) is not None:
+  # ``like``: the operands the result is computed from; it varies over the
+  # axes any of them varies over.
+  avals = [jax.typeof(a) for a in like]
+  typed = [a for a in avals if getattr(a, "manual_axis_type", None) is not None]
+  if typed:
     return jax.ShapeDtypeStruct(shape, dtype,
-                                manual_axis_type=aval.manual_axis_type)
-  if getattr(aval, "vma", None):
-    return jax.ShapeDtypeStruct(shape, dtype, vma=aval.vma)
+                                manual_axis_type=typed[0].manual_axis_type)
+  vma = frozenset().union(*(getattr(a, "vma", None) or () for a in avals))
+  if vma:
+    return jax.ShapeDtypeStruct(shape, dtype, vma=vma)
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
@@ -510,7 +515,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   if isinstance(off_static, int) and off_static % 8:
     raise ValueError(
         f"row_offset={off_static} must be a multiple of 8 on the Hopper path"
-        " (TMA stores of 8-row tiled shared memory).")
+        " (TMA transfers of 8-row tiled shared memory).")
   num_tiles = (mc // config.cta_tile_m) * (n // config.cta_tile_n)
   grid = min(sms, num_tiles)
 
@@ -518,7 +523,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
       functools.partial(_mgpu_kernel, config=config,
                         k_iters=k // config.tile_k, mc=mc),
       out_type=(() if out is not None
-                else _out_type((mc, n), out_dtype, like=x)),
+                else _out_type((mc, n), out_dtype, like=(x, w, off))),
       mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",),
                       num_threads=3, thread_name="wg"),
       compiler_params=plgpu.CompilerParams(
@@ -653,8 +658,9 @@ def chunk_matmul_rows(
   Args:
     x: ``[M, K]`` left operand, bf16/f16/f32.
     row_offset: first row read; a Python int (checked: ``0 <= row_offset <=
-      M - rows``) or a traced int32 scalar (not checked), a multiple of 8 on
-      the Hopper path.
+      M - rows``) or a traced int32 scalar, a multiple of 8 on the Hopper
+      path. A traced offset is not checked: out of range, the Hopper kernel
+      reads zeros past the end of ``x`` where interpret mode clamps it.
     rows: rows read (a multiple of the CTA tile's rows on the Hopper path).
     w: ``[K, n]``, same dtype as ``x``.
     num_sms, preferred_element_type, interpret, config: as for
