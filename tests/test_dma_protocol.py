@@ -283,6 +283,41 @@ def test_1000_calls_allocate_nothing_new(platform):
     assert pooled == now, f"device {o}: {now - pooled} events not returned"
 
 
+@pytest.mark.parametrize("dataflow", ["direct", "ring"])
+def test_host_stats_count_handlers_and_stream_waits(platform, dataflow):
+  mesh = _mesh(platform, "4")
+  plan = _plan(dataflow, 3)
+  f = _shard_map(mesh, lambda x: (_gather(x, plan),), 1)
+  x = _input(mesh, (5,))
+  f(x)[0].block_until_ready()
+  _assert_idle(platform)
+  library.reset_host_stats(platform)
+  calls, devices = 5, 4
+  for _ in range(calls):
+    out = f(x)[0]
+  _assert_gathered(out, x)
+  _assert_idle(platform)
+  stats = library.host_stats(platform)
+  syncs = len(plan.landing_rows) + 1  # one wait per landing, one done
+  assert stats["start"][0] == calls * devices
+  assert stats["sync"][0] == calls * devices * syncs
+  assert stats["start"][1] > 0 and stats["sync"][1] > 0
+  if platform == "cuda":
+    # Each rank waits for its own copies; a wait enqueues one stream wait
+    # per copy queue into its landing buffer, a done one per (reader, queue)
+    # of the copies that read this rank's shard: the newest event of a
+    # queue implies the older ones.
+    p = plan.axis_size
+    per_rank = sum(len({t.stream for t in plan.transfers if t.dst == b})
+                   for b in range(len(plan.landing_rows)))
+    per_rank += len({((-t.src_offset) % p, t.stream) for t in plan.transfers})
+    assert stats["start_rendezvous"][0] == calls * devices
+    assert stats["start_issue"][0] == calls * devices
+    assert stats["sync_waits"][0] == calls * devices * per_rank
+  library.reset_host_stats(platform)
+  assert all(v == (0, 0.0) for v in library.host_stats(platform).values())
+
+
 def test_peer_that_never_arrives_times_out_then_recovers(platform):
   mesh = _mesh(platform, "4")
   plan = _plan("direct", 1)

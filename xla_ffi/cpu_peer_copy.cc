@@ -213,6 +213,14 @@ ffi::Future Await(Found<CpuBackend> found, int32_t device, int64_t timeout_ms,
   return future;
 }
 
+// The CPU queues' events complete in order too, but every callback is
+// cheap here: await them all.
+std::vector<CpuEvent*> EventsOf(const std::vector<Awaited<CpuBackend>>& all) {
+  std::vector<CpuEvent*> events;
+  for (const auto& a : all) events.push_back(a.event);
+  return events;
+}
+
 ffi::Future Failed(ffi::Error error) {
   ffi::Promise promise;
   ffi::Future future(promise);
@@ -234,35 +242,29 @@ ffi::Future AwaitLanding(int64_t run_id, int32_t device, const void* address,
   const int64_t landing = f->landing;
   return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/false,
                [landing](Invocation<CpuBackend>& inv, int64_t rank) {
-                 std::vector<CpuEvent*> events;
-                 for (size_t i : TransfersInto(*inv.plan, landing)) {
-                   events.push_back(inv.ranks[rank].arrival[i]);
-                 }
-                 return events;
+                 return EventsOf(LandingEvents(inv, rank, landing));
                });
 }
 
-// Every rank's final events of the invocation `keepalive` keeps alive.
+// The copies that read the buffers of the invocation `keepalive` keeps
+// alive (ReaderEvents).
 ffi::Future AwaitDone(int64_t run_id, int32_t device,
                       const std::vector<const void*>& keepalive,
                       const SyncAttrs& attrs) {
   auto f = FindDone<CpuBackend>(run_id, device, keepalive, attrs.op_name);
   if (!f.has_value()) return Failed(f.error());
   return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/true,
-               [](Invocation<CpuBackend>& inv, int64_t) {
-                 std::vector<CpuEvent*> events;
-                 for (const auto& r : inv.ranks) {
-                   events.insert(events.end(), r.finals.begin(), r.finals.end());
-                 }
-                 return events;
+               [](Invocation<CpuBackend>& inv, int64_t rank) {
+                 return EventsOf(ReaderEvents(inv, rank));
                });
 }
 
 // One future per awaited landing buffer and ended invocation, joined: the
 // call completes when all have (with an error if any failed), on the thread
 // that completes the last one, as a single one would.
-ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
-                     ffi::RemainingRets rets, SyncAttrs attrs) {
+ffi::Future SyncUntimed(ffi::RunId run_id, int32_t device,
+                        ffi::RemainingArgs args, ffi::RemainingRets rets,
+                        const SyncAttrs& attrs) {
   auto call = DecodeSync(args, rets, attrs);
   if (!call.has_value()) return Failed(call.error());
   std::vector<ffi::Future> parts;
@@ -295,12 +297,23 @@ ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
   return future;
 }
 
+ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets, SyncAttrs attrs) {
+  const auto since = Clock::now();
+  ffi::Future future = SyncUntimed(run_id, device, args, rets, attrs);
+  Registry<CpuBackend>::Get().stats().Add(kSyncTotal, since);
+  return future;
+}
+
 }  // namespace
 
 int64_t CpuLiveInvocations() { return Invocation<CpuBackend>::live.load(); }
 int64_t CpuPendingEntries() { return Registry<CpuBackend>::Get().Pending(); }
 void CpuEventCounts(int device, int64_t* created, int64_t* pooled) {
   Pools().Counts(device, created, pooled);
+}
+bool CpuHostStat(int stat, int64_t* calls, int64_t* ns, bool reset) {
+  return Registry<CpuBackend>::Get().stats().Read(stat, calls, ns, reset);
 }
 
 }  // namespace ficco

@@ -66,7 +66,7 @@ struct CudaBackend {
   }
 
   // Enqueued on the compute stream: the host does not block.
-  ffi::Error ComputeWait(Inv&, Event* e) {
+  ffi::Error ComputeWait(Event* e) {
     FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, e, 0));
     return ffi::Error::Success();
   }
@@ -141,6 +141,9 @@ int64_t CudaLiveInvocations() { return Invocation<CudaBackend>::live.load(); }
 int64_t CudaPendingEntries() { return Registry<CudaBackend>::Get().Pending(); }
 void CudaEventCounts(int device, int64_t* created, int64_t* pooled) {
   Pools().Counts(device, created, pooled);
+}
+bool CudaHostStat(int stat, int64_t* calls, int64_t* ns, bool reset) {
+  return Registry<CudaBackend>::Get().stats().Read(stat, calls, ns, reset);
 }
 
 }  // namespace ficco

@@ -39,10 +39,13 @@ inline ffi::Error Check(cudaError_t status, const char* call) {
 // created on the current device, and XLA's thread may have another one set.
 class ScopedDevice {
  public:
+  // Every Side* call of a start sets its device; with parallel issue it is
+  // already current (the handler set it), so most calls skip the set.
   ffi::Error Set(int device) {
     FICCO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous_));
+    if (previous_ == device) return ffi::Error::Success();
     FICCO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    restore_ = previous_ != device;
+    restore_ = true;
     return ffi::Error::Success();
   }
   ~ScopedDevice() {

@@ -45,6 +45,14 @@ int64_t FiccoPendingEntries(int platform);
 int FiccoEventCounts(int platform, int device, int64_t* created,
                      int64_t* pooled);
 
+// Host time spent in the peer-copy handlers since the last reset, for one
+// section `stat` (0 start, 1 of which waiting for peers, 2 of which issuing
+// copies, 3 sync, 4 of which enqueueing compute-stream waits; for 4, `calls`
+// counts the waits): summed over devices, in nanoseconds. Returns 0, or -1
+// if the platform is not compiled in or `stat` is out of range.
+int FiccoHostStats(int platform, int stat, int64_t* calls, int64_t* ns);
+void FiccoHostStatsReset(int platform);
+
 // Test hook: every start on `device` fails at once without joining its
 // peers, which then run into their timeout. -1 (or the clear call) disables.
 void FiccoTestSetNeverArrive(int device);
@@ -85,10 +93,12 @@ namespace ficco {
 int64_t CpuLiveInvocations();
 int64_t CpuPendingEntries();
 void CpuEventCounts(int device, int64_t* created, int64_t* pooled);
+bool CpuHostStat(int stat, int64_t* calls, int64_t* ns, bool reset);
 #ifdef FICCO_WITH_CUDA
 int64_t CudaLiveInvocations();
 int64_t CudaPendingEntries();
 void CudaEventCounts(int device, int64_t* created, int64_t* pooled);
+bool CudaHostStat(int stat, int64_t* calls, int64_t* ns, bool reset);
 #endif
 }  // namespace ficco
 

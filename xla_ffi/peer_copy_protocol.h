@@ -13,7 +13,7 @@
 // Besides the Registry's requirements, a Backend instance (one per call; it
 // holds the compute stream) provides, each returning ffi::Error:
 //   RecordOnCompute(device, event)            event <- compute stream now
-//   ComputeWait(inv, event)                   compute stream waits for event
+//   ComputeWait(event)                        compute stream waits for event
 //   EnsurePeerAccess(device, peer_device)     once per pair
 //   SideWait(inv, device, stream, event)      copy queue waits for event
 //   SideCopy(inv, device, stream, dst, src, src_device, bytes)
@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -73,7 +74,7 @@ ffi::Error CopyTransfer(Backend& backend,
                         int64_t r, size_t i) {
   const Plan& plan = *inv->plan;
   const Transfer& t = plan.transfers[i];
-  const auto& me = inv->ranks[r];
+  auto& me = inv->ranks[r];
   const auto& peer = inv->ranks[(r + t.src_offset) % plan.axis_size];
   ffi::Error err = ffi::Error::Success();
   const char* src = nullptr;
@@ -97,6 +98,7 @@ ffi::Error CopyTransfer(Backend& backend,
   if (err.success()) {
     err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
   }
+  if (err.success()) me.stamps[i] = IssueStamp();
   return err;
 }
 
@@ -119,23 +121,6 @@ ffi::Error PrepareRank(Backend& backend,
   }
   for (int64_t stream : plan.streams_used) {
     if (auto err = backend.SideWait(inv, me.device, stream, me.ready);
-        err.failure()) {
-      return err;
-    }
-  }
-  return ffi::Error::Success();
-}
-
-// After rank `r`'s last copy: one `final` event per side stream it used.
-template <class Backend>
-ffi::Error RecordFinals(Backend& backend,
-                        const std::shared_ptr<Invocation<Backend>>& inv,
-                        int64_t r) {
-  const Plan& plan = *inv->plan;
-  const auto& me = inv->ranks[r];
-  for (size_t k = 0; k < plan.streams_used.size(); ++k) {
-    if (auto err = backend.SideRecord(inv, me.device, plan.streams_used[k],
-                                      me.finals[k]);
         err.failure()) {
       return err;
     }
@@ -169,9 +154,6 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
       if (err.success()) err = CopyTransfer(backend, inv, r, i);
       if (err.failure()) return err;
     }
-  }
-  for (int64_t r = 0; r < p; ++r) {
-    if (auto err = RecordFinals(backend, inv, r); err.failure()) return err;
   }
   return ffi::Error::Success();
 }
@@ -232,7 +214,7 @@ ffi::Error IssueRank(Backend& backend,
       inv->cv.notify_all();
     }
   }
-  return RecordFinals(backend, inv, r);
+  return ffi::Error::Success();
 }
 
 // The rest of start with ParallelIssue(): wait (bounded) for every rank to
@@ -246,6 +228,7 @@ ffi::Error StartParallel(Backend& backend,
                          int64_t timeout_ms) {
   const int64_t p = inv->plan->axis_size;
   auto& registry = Registry<Backend>::Get();
+  const auto waited_since = Clock::now();
   if (last) {
     registry.Forget(key, inv.get());
     inv->cv.notify_all();
@@ -259,7 +242,10 @@ ffi::Error StartParallel(Backend& backend,
       return Abandon(inv, rank, device, message);
     }
   }
+  const auto issue_since = Clock::now();
+  registry.stats().Add(kStartRendezvous, waited_since);
   ffi::Error err = IssueRank(backend, inv, rank, timeout_ms);
+  registry.stats().Add(kStartIssue, issue_since);
   if (err.failure()) {
     const std::string message =
         where + ": issuing this rank's copies: " + err.message();
@@ -284,9 +270,9 @@ ffi::Error StartParallel(Backend& backend,
 // receives, or (the CPU twin) return at once and let the last rank to
 // arrive issue everyone's copies, so that no pool thread waits for a peer.
 template <class Backend>
-ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
-                 ffi::RemainingArgs args, ffi::RemainingRets rets,
-                 const StartAttrs& attrs) {
+ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
+                        ffi::RemainingArgs args, ffi::RemainingRets rets,
+                        const StartAttrs& attrs) {
   using Inv = Invocation<Backend>;
   using Rank = typename Inv::Rank;
   if (NeverArrives(device)) {
@@ -336,9 +322,7 @@ ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
     for (size_t i = 0; err.success() && i < plan->transfers.size(); ++i) {
       err = acquire(&mine.arrival.emplace_back(nullptr));
     }
-    for (size_t i = 0; err.success() && i < plan->streams_used.size(); ++i) {
-      err = acquire(&mine.finals.emplace_back(nullptr));
-    }
+    mine.stamps.assign(plan->transfers.size(), 0);
     // The sources are complete on the compute stream here, and the landing
     // buffers free.
     if (err.success()) err = backend.RecordOnCompute(device, mine.ready);
@@ -399,6 +383,16 @@ ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
   for (auto& callback : callbacks) callback();
   if (err.failure()) return ffi::Error(ffi::ErrorCode::kInternal, message);
   return ffi::Error::Success();
+}
+
+template <class Backend>
+ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
+                 ffi::RemainingArgs args, ffi::RemainingRets rets,
+                 const StartAttrs& attrs) {
+  const auto since = Clock::now();
+  ffi::Error err = StartUntimed(backend, run_id, device, args, rets, attrs);
+  Registry<Backend>::Get().stats().Add(kStartTotal, since);
+  return err;
 }
 
 // The invocation a wait or done belongs to, and this device's rank in it.
@@ -594,48 +588,136 @@ inline std::vector<size_t> TransfersInto(const Plan& plan, int64_t landing) {
   return into;
 }
 
-// sync for backends whose handler may block its thread (CUDA): the compute
-// stream waits for every copy into each landing buffer, then, per keepalive
-// group, for every rank's queues to drain that invocation.
+// An event sync makes the compute stream wait for, and where it is recorded.
 template <class Backend>
-ffi::Error BlockingSync(Backend& backend, int64_t run_id, int32_t device,
-                        const SyncCall& call, const SyncAttrs& attrs) {
+struct Awaited {
+  typename Backend::Event* event;
+  int32_t device;
+  int64_t stream;
+  uint64_t stamp;
+};
+
+// The arrivals into landing buffer `landing` of rank `rank`.
+template <class Backend>
+std::vector<Awaited<Backend>> LandingEvents(const Invocation<Backend>& inv,
+                                            int64_t rank, int64_t landing) {
+  std::vector<Awaited<Backend>> out;
+  const auto& me = inv.ranks[rank];
+  for (size_t i : TransfersInto(*inv.plan, landing)) {
+    out.push_back({me.arrival[i], me.device, inv.plan->transfers[i].stream,
+                   me.stamps[i]});
+  }
+  return out;
+}
+
+// The arrivals of every copy that reads rank `rank`'s buffers (its sources,
+// or landing buffers it forwards): once they are complete, no peer reads
+// what rank `rank` may hand back to XLA. Copies of other ranks that read
+// elsewhere are not its concern (each rank's own landings are covered by its
+// own waits).
+template <class Backend>
+std::vector<Awaited<Backend>> ReaderEvents(const Invocation<Backend>& inv,
+                                           int64_t rank) {
+  std::vector<Awaited<Backend>> out;
+  const Plan& plan = *inv.plan;
+  const int64_t p = plan.axis_size;
+  for (int64_t q = 0; q < p; ++q) {
+    if (q == rank) continue;
+    const auto& reader = inv.ranks[q];
+    for (size_t i = 0; i < plan.transfers.size(); ++i) {
+      const Transfer& t = plan.transfers[i];
+      if ((q + t.src_offset) % p != rank) continue;
+      out.push_back({reader.arrival[i], reader.device, t.stream,
+                     reader.stamps[i]});
+    }
+  }
+  return out;
+}
+
+// sync for backends whose handler may block its thread (CUDA): the compute
+// stream waits for every copy into each landing buffer and, per keepalive
+// group, for every copy that reads this rank's buffers. Of the events on one
+// copy queue only the newest is awaited (a queue runs in order): a direct
+// reduce-scatter's sync enqueues 4 stream waits instead of 15.
+//
+// Every part is looked up (which unregisters it) before anything can fail,
+// so a failing sync leaves none of its parts registered: each is abandoned.
+template <class Backend>
+ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
+                               int32_t device, const SyncCall& call,
+                               const SyncAttrs& attrs) {
+  std::vector<Found<Backend>> parts;
+  ffi::Error failure = ffi::Error::Success();
+  auto keep = [&](auto&& f) {
+    if (f.has_value()) {
+      parts.push_back(std::move(*f));
+    } else if (failure.success()) {
+      failure = f.error();
+    }
+  };
   for (const void* address : call.waits) {
-    auto f = FindWait<Backend>(run_id, device, address, attrs.op_name);
-    if (!f.has_value()) return f.error();
-    // With parallel issue this rank recorded its own arrival events before
-    // its start returned; only a last-arriver issue must be awaited here.
-    if (!backend.ParallelIssue()) {
-      if (auto err = AwaitIssued(*f, device, attrs.timeout_ms);
-          err.failure()) {
+    keep(FindWait<Backend>(run_id, device, address, attrs.op_name));
+  }
+  const size_t found_waits = parts.size();
+  for (const auto& group : call.groups) {
+    keep(FindDone<Backend>(run_id, device, group, attrs.op_name));
+  }
+  auto abandon_all = [&](const std::string& why) {
+    for (const auto& f : parts) {
+      Abandon(f.inv, f.rank, device, f.where + ": " + why);
+    }
+  };
+  if (failure.failure()) {
+    abandon_all("another part of this sync failed: " + failure.message());
+    return failure;
+  }
+
+  // With parallel issue each rank recorded its own arrival events before its
+  // start returned, so a landing needs no host wait; a done reads peers'
+  // events, recorded once the whole group is issued.
+  std::vector<Awaited<Backend>> events;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const auto& f = parts[k];
+    const bool is_wait = k < found_waits;
+    if (!is_wait || !backend.ParallelIssue()) {
+      if (auto err = AwaitIssued(f, device, attrs.timeout_ms); err.failure()) {
+        abandon_all("another part of this sync failed: " + err.message());
         return err;
       }
     }
-    for (size_t i : TransfersInto(*f->inv->plan, f->landing)) {
-      if (auto err = backend.ComputeWait(*f->inv,
-                                         f->inv->ranks[f->rank].arrival[i]);
-          err.failure()) {
-        return Abandon(f->inv, f->rank, device, f->where + ": " + err.message());
-      }
+    auto more = is_wait ? LandingEvents(*f.inv, f.rank, f.landing)
+                        : ReaderEvents(*f.inv, f.rank);
+    events.insert(events.end(), more.begin(), more.end());
+  }
+  // Newest event per (device, queue).
+  std::map<std::pair<int32_t, int64_t>, Awaited<Backend>> newest;
+  for (const auto& e : events) {
+    auto [it, added] = newest.try_emplace({e.device, e.stream}, e);
+    if (!added && e.stamp > it->second.stamp) it->second = e;
+  }
+  const auto since = Clock::now();
+  for (const auto& [queue, e] : newest) {
+    if (auto err = backend.ComputeWait(e.event); err.failure()) {
+      abandon_all(err.message());
+      return ffi::Error(err.errc().value_or(ffi::ErrorCode::kInternal),
+                        parts.front().where + ": " + err.message());
     }
   }
-  for (const auto& group : call.groups) {
-    auto f = FindDone<Backend>(run_id, device, group, attrs.op_name);
-    if (!f.has_value()) return f.error();
-    if (auto err = AwaitIssued(*f, device, attrs.timeout_ms); err.failure()) {
-      return err;
-    }
-    for (const auto& r : f->inv->ranks) {
-      for (auto* e : r.finals) {
-        if (auto err = backend.ComputeWait(*f->inv, e); err.failure()) {
-          return Abandon(f->inv, f->rank, device,
-                         f->where + ": " + err.message());
-        }
-      }
-    }
-    MarkLeft(*f->inv, f->rank);
+  Registry<Backend>::Get().stats().Add(kSyncWaits, since,
+                                       static_cast<int64_t>(newest.size()));
+  for (size_t k = found_waits; k < parts.size(); ++k) {
+    MarkLeft(*parts[k].inv, parts[k].rank);
   }
   return ffi::Error::Success();
+}
+
+template <class Backend>
+ffi::Error BlockingSync(Backend& backend, int64_t run_id, int32_t device,
+                        const SyncCall& call, const SyncAttrs& attrs) {
+  const auto since = Clock::now();
+  ffi::Error err = BlockingSyncUntimed(backend, run_id, device, call, attrs);
+  Registry<Backend>::Get().stats().Add(kSyncTotal, since);
+  return err;
 }
 
 }  // namespace ficco

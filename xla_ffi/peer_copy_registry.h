@@ -62,6 +62,53 @@ inline Clock::time_point DeadlineAfter(int64_t ms) {
 // never arrives, so the timeout path can be exercised.
 bool NeverArrives(int32_t device);
 
+// Order of enqueues on the side queues, process-wide: a queue's enqueues
+// come from one thread at a time (its device's thread, or the last arriver
+// under the issue lock), so stamps taken right after each record follow
+// every queue's order.
+inline uint64_t IssueStamp() {
+  static std::atomic<uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+// Host time of the handlers, per backend (FiccoHostStats in ficco_ffi.h):
+// what a host-bound op spends where, without a profiler (which inflates
+// every CUDA call). Always on: two clock reads per measured section.
+enum HostStat {
+  kStartTotal = 0,     // whole start handler
+  kStartRendezvous,    // of which: waiting for the peers to publish
+  kStartIssue,         // of which: enqueueing this rank's copies
+  kSyncTotal,          // whole sync handler
+  kSyncWaits,          // compute-stream waits sync enqueued
+  kNumHostStats,
+};
+
+struct HostStats {
+  std::atomic<int64_t> calls[kNumHostStats] = {};
+  std::atomic<int64_t> ns[kNumHostStats] = {};
+
+  void Add(HostStat s, Clock::time_point since, int64_t count = 1) {
+    calls[s].fetch_add(count, std::memory_order_relaxed);
+    ns[s].fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        Clock::now() - since).count(),
+                    std::memory_order_relaxed);
+  }
+  // The C API's half (FiccoHostStats): reads one section, or resets all.
+  bool Read(int stat, int64_t* n, int64_t* total_ns, bool reset) {
+    if (reset) {
+      for (int i = 0; i < kNumHostStats; ++i) {
+        calls[i].store(0);
+        ns[i].store(0);
+      }
+      return true;
+    }
+    if (stat < 0 || stat >= kNumHostStats) return false;
+    *n = calls[stat].load();
+    *total_ns = ns[stat].load();
+    return true;
+  }
+};
+
 // Identifies one invocation: the same on the P devices of a group.
 struct Key {
   int64_t run_id, site, group, seq;
@@ -84,7 +131,10 @@ struct Invocation {
     std::vector<char*> landings;
     Event* ready = nullptr;         // sources complete on the compute stream
     std::vector<Event*> arrival;    // per transfer: its copy has landed
-    std::vector<Event*> finals;     // per plan.streams_used: queue drained
+    // Per transfer: IssueStamp() when its arrival was recorded. A queue runs
+    // in issue order, so of several events on one queue the newest implies
+    // the others (sync waits for that one only).
+    std::vector<uint64_t> stamps;
     bool left = false;              // passed done or gave up
   };
 
@@ -94,8 +144,9 @@ struct Invocation {
     live.fetch_add(1);
   }
   ~Invocation() {
-    // Every queue that used these events has drained (done waited for the
-    // finals, or the invocation failed), so they can be recycled.
+    // Every rank passed its sync (which waited for the copies reading its
+    // buffers) or the invocation failed; a queued record of a recycled
+    // event is harmless (see ReleaseEvent), so they can be recycled.
     for (Rank& r : ranks) ReleaseEvents(r);
     live.fetch_sub(1);
   }
@@ -106,10 +157,8 @@ struct Invocation {
     if (r.device < 0) return;
     if (r.ready) Backend::ReleaseEvent(r.device, r.ready);
     for (Event* e : r.arrival) if (e) Backend::ReleaseEvent(r.device, e);
-    for (Event* e : r.finals) if (e) Backend::ReleaseEvent(r.device, e);
     r.ready = nullptr;
     r.arrival.clear();
-    r.finals.clear();
   }
 
   // Records the first failure and wakes every host wait on this invocation,
@@ -169,6 +218,8 @@ class Registry {
     static Registry* registry = new Registry();
     return *registry;
   }
+
+  HostStats& stats() { return stats_; }
 
   // seq of a start: how many starts of `site` this device ran before in this
   // execution. A scan runs one site many times under one run id.
@@ -329,6 +380,7 @@ class Registry {
     }
   }
 
+  HostStats stats_;
   std::mutex mu_;
   std::map<Key, std::shared_ptr<Inv>> pending_;
   Index<int64_t> waits_;  // -> landing buffer index

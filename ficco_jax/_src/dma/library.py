@@ -48,6 +48,12 @@ def _library() -> ctypes.CDLL:
   lib.FiccoEventCounts.argtypes = [
       ctypes.c_int, ctypes.c_int,
       ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]
+  lib.FiccoHostStats.restype = ctypes.c_int
+  lib.FiccoHostStats.argtypes = [
+      ctypes.c_int, ctypes.c_int,
+      ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]
+  lib.FiccoHostStatsReset.restype = None
+  lib.FiccoHostStatsReset.argtypes = [ctypes.c_int]
   lib.FiccoTestSetNeverArrive.argtypes = [ctypes.c_int]
   lib.FiccoTestSetNeverArrive.restype = None
   lib.FiccoTestClearNeverArrive.restype = None
@@ -130,6 +136,36 @@ def event_counts(device_ordinal: int, platform: str = "cpu") -> tuple[int, int]:
                                  ctypes.byref(created), ctypes.byref(pooled)):
     raise RuntimeError(f"{platform} handlers are not compiled in.")
   return created.value, pooled.value
+
+
+# Sections of FiccoHostStats, in its order (xla_ffi/ficco_ffi.h).
+HOST_STATS = ("start", "start_rendezvous", "start_issue", "sync",
+              "sync_waits")
+
+
+def host_stats(platform: str = "cpu") -> dict[str, tuple[int, float]]:
+  """Host time in the peer-copy handlers since the last reset.
+
+  Returns:
+    ``{section: (calls, seconds)}`` summed over devices, for the sections of
+    `HOST_STATS`: whole starts, their wait for peers and their copy issue,
+    whole syncs, and the compute-stream waits those enqueue (``calls``
+    counts the waits). Measured by the handlers themselves, so without a
+    profiler's overhead.
+  """
+  lib = _library()
+  out = {}
+  for i, name in enumerate(HOST_STATS):
+    calls, ns = ctypes.c_int64(), ctypes.c_int64()
+    if lib.FiccoHostStats(platform_id(platform), i, ctypes.byref(calls),
+                          ctypes.byref(ns)):
+      raise RuntimeError(f"{platform} handlers are not compiled in.")
+    out[name] = (calls.value, ns.value * 1e-9)
+  return out
+
+
+def reset_host_stats(platform: str = "cpu") -> None:
+  _library().FiccoHostStatsReset(platform_id(platform))
 
 
 def set_never_arrive(device_ordinal: int) -> None:
