@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -49,6 +50,18 @@ struct CudaBackend {
     return parallel;
   }
 
+  // How a copy is enqueued: cudaMemcpyPeerAsync (default), or, with
+  // FICCO_CUDA_MEMCPY=default, cudaMemcpyAsync(cudaMemcpyDefault), which
+  // unified addressing routes to the same copy engine once peer access is
+  // on; for measuring the host cost of the two (benchmarks/host_floor.py).
+  static bool PeerMemcpy() {
+    static const bool peer = [] {
+      const char* v = std::getenv("FICCO_CUDA_MEMCPY");
+      return v == nullptr || std::string(v) != "default";
+    }();
+    return peer;
+  }
+
   explicit CudaBackend(cudaStream_t compute) : compute(compute) {}
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
@@ -74,9 +87,15 @@ struct CudaBackend {
   // The Side* calls and peer access act for any rank's device (the last
   // rank to arrive issues for all), so each makes that device current.
   ffi::Error EnsurePeerAccess(int32_t device, int32_t peer) {
+    // Checked on every start: a per-thread memo skips the process-wide lock
+    // that the device threads would otherwise contend for.
+    thread_local std::set<std::pair<int32_t, int32_t>> enabled;
+    if (enabled.count({device, peer})) return ffi::Error::Success();
     ScopedDevice scoped;
     if (auto err = scoped.Set(device); err.failure()) return err;
-    return EnablePeerAccess(device, peer);
+    if (auto err = EnablePeerAccess(device, peer); err.failure()) return err;
+    enabled.insert({device, peer});
+    return ffi::Error::Success();
   }
 
   ffi::Error SideWait(const std::shared_ptr<Inv>&, int32_t device,
@@ -97,8 +116,13 @@ struct CudaBackend {
     if (auto err = scoped.Set(device); err.failure()) return err;
     auto side = SideStream(device, stream);
     if (!side.has_value()) return side.error();
-    FICCO_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyPeerAsync(dst, device, src, src_device, bytes, *side));
+    if (PeerMemcpy()) {
+      FICCO_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyPeerAsync(dst, device, src, src_device, bytes, *side));
+    } else {
+      FICCO_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, *side));
+    }
     return ffi::Error::Success();
   }
 

@@ -61,11 +61,18 @@ class ScopedDevice {
 // current) and never destroyed: destroying them at exit could race the
 // driver's own teardown.
 inline ffi::ErrorOr<cudaStream_t> SideStream(int32_t device, int64_t index) {
+  // A per-thread memo first: every copy of a start looks its queue up, and
+  // the device threads would contend for the lock below.
+  thread_local std::map<std::pair<int32_t, int64_t>, cudaStream_t> memo;
+  if (auto it = memo.find({device, index}); it != memo.end()) return it->second;
   static std::mutex* mu = new std::mutex();
   static auto* streams = new std::map<std::pair<int32_t, int64_t>, cudaStream_t>();
   std::lock_guard<std::mutex> lock(*mu);
   auto it = streams->find({device, index});
-  if (it != streams->end()) return it->second;
+  if (it != streams->end()) {
+    memo.emplace(std::make_pair(device, index), it->second);
+    return it->second;
+  }
   cudaStream_t stream = nullptr;
   // Non-blocking: the side streams must not synchronize with the legacy
   // default stream.
@@ -75,6 +82,7 @@ inline ffi::ErrorOr<cudaStream_t> SideStream(int32_t device, int64_t index) {
     return ffi::Unexpected(err);
   }
   streams->emplace(std::make_pair(device, index), stream);
+  memo.emplace(std::make_pair(device, index), stream);
   return stream;
 }
 
