@@ -1,6 +1,6 @@
-// CUDA handlers of the peer-copy protocol: copies are cudaMemcpyPeerAsync
-// on non-blocking side streams of the receiving device (copy engines, no SM
-// kernels); events are CUDA events from per-device pools; streams of
+// CUDA handlers of the peer-copy protocol: copies are peer cudaMemcpyAsync
+// (unified addressing, peer access on) on non-blocking side streams of the
+// receiving device (copy engines, no SM kernels); events are CUDA events from per-device pools; streams of
 // different devices wait on each other with cudaStreamWaitEvent.
 //
 // Host code only: nothing here runs on the GPU's SMs.
@@ -50,14 +50,16 @@ struct CudaBackend {
     return parallel;
   }
 
-  // How a copy is enqueued: cudaMemcpyPeerAsync (default), or, with
-  // FICCO_CUDA_MEMCPY=default, cudaMemcpyAsync(cudaMemcpyDefault), which
-  // unified addressing routes to the same copy engine once peer access is
-  // on; for measuring the host cost of the two (benchmarks/host_floor.py).
+  // How a copy is enqueued: cudaMemcpyAsync(cudaMemcpyDefault), which
+  // unified addressing routes to the receiver's copy engine once peer access
+  // is on, or, with FICCO_CUDA_MEMCPY=peer (for measurements),
+  // cudaMemcpyPeerAsync. The former costs the host ~5 us less per copy
+  // (4xH200, benchmarks/results/h200x4_session5_b/host_floor_*: an
+  // all-gather start's issue of 3 copies 33 -> 18 us).
   static bool PeerMemcpy() {
     static const bool peer = [] {
       const char* v = std::getenv("FICCO_CUDA_MEMCPY");
-      return v == nullptr || std::string(v) != "default";
+      return v != nullptr && std::string(v) == "peer";
     }();
     return peer;
   }
