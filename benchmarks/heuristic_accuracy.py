@@ -97,6 +97,10 @@ flags.DEFINE_enum("stat", "min_ms", ["median_ms", "min_ms"],
                   " rounds, or the fastest round (less noisy; see the noise"
                   " section).")
 flags.DEFINE_string("out_dir", os.path.join(HERE, "results"), "Output folder.")
+flags.DEFINE_bool("latest_only", False,
+                  "A case (op, shape, axis size) measured in several inputs:"
+                  " score only the last input's run (later sweeps re-measured"
+                  " it on newer code) instead of every run.")
 
 ROOT = os.path.dirname(HERE)
 
@@ -220,6 +224,15 @@ def load(paths, duplicates: list | None = None,
       if len(times) >= 2:
         cases.append(dataclasses.replace(case, times=tuple(times.items())))
   return cases, kind
+
+
+def keep_latest(cases: list[Case]) -> list[Case]:
+  """Of the runs of one (op, shape, axis size), only the last input's."""
+  last = {}
+  for c in cases:
+    last[(c.op, c.name, c.m, c.k, c.n, c.p)] = c.run
+  return [c for c in cases if c.run == last[(c.op, c.name, c.m, c.k, c.n,
+                                             c.p)]]
 
 
 def pickable(case: Case) -> bool:
@@ -449,6 +462,9 @@ def main(argv):
   if not cases:
     raise SystemExit("No case with at least two measured schedules.")
   base = device_params.params_for(kind)
+  noise_all = noise(cases, duplicates, tol := FLAGS.tolerance)
+  if FLAGS.latest_only:
+    cases = keep_latest(cases)
   unpickable = [c.label for c in cases if not pickable(c)]
   cases = [c for c in cases if pickable(c)]
   fit_cases, held = split(cases)
@@ -476,7 +492,6 @@ def main(argv):
                  "params": {"decomposition_scale": scale,
                             "calibration": calibration,
                             "calibrated_axis_size": axis_size}}, f, indent=1)
-  tol = FLAGS.tolerance
   # Predictions come from the installed package (like every benchmark
   # script): install the source tree first.
   command = "pip install -q . && python3 benchmarks/heuristic_accuracy.py" + "".join(
@@ -493,7 +508,8 @@ def main(argv):
               "fitted": fit["params"],
               "builtin": json.loads(json.dumps(
                   {k: getattr(base, k) for k in fit["params"]}))},
-      "noise": noise(cases, duplicates, tol),
+      "latest_only": FLAGS.latest_only,
+      "noise": noise_all,
       "noise_held_out": noise(held, [], tol),
   }
   report["calibration"] = calibration

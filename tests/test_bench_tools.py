@@ -161,3 +161,16 @@ def test_autotune_shapes_needs_a_win_over_xlas_faster_timing(tmp_path,
     assert [s.dataflow for s in stored] == ["ring"]
   finally:
     flags.FLAGS.unparse_flags()
+
+
+def test_heuristic_accuracy_keeps_the_latest_run_of_a_case():
+  import heuristic_accuracy  # pylint: disable=g-import-not-at-top
+
+  def case(run, name, m):
+    return heuristic_accuracy.Case(name=name, op="matmul_reduce_scatter",
+                                   m=m, k=64, n=32, p=4, times=(), run=run)
+  cases = [case("old", "a", 8), case("old", "b", 8), case("new", "a", 8),
+           case("new", "a", 16)]
+  kept = heuristic_accuracy.keep_latest(cases)
+  assert [(c.run, c.name, c.m) for c in kept] == [
+      ("old", "b", 8), ("new", "a", 8), ("new", "a", 16)]
