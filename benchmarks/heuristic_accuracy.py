@@ -64,7 +64,9 @@ CALIBRATION_COMMENT = (
     " of {inputs} (held out: models {models}, tokens {tokens}; labels:"
     " {stat}).")
 RESULTS = "benchmarks/results"
-# Interleaved sweeps (timing.interleaved) of the programs on main: the
+# Interleaved sweeps (timing.interleaved), session 4's inputs (session 5's
+# protocol changes came after them; its M = 2048 re-measurements are added
+# with --latest_only, benchmarks/results/accuracy_session5): the
 # reduce-scatter measured after session 4's sync call changed its
 # copy-engine schedules (calls A and B), the all-gather in session 3 (its
 # programs did not change since); every model at M = 2048 / 4096 / 8192 /
