@@ -312,9 +312,10 @@ int64_t CpuPendingEntries() { return Registry<CpuBackend>::Get().Pending(); }
 void CpuEventCounts(int device, int64_t* created, int64_t* pooled) {
   Pools().Counts(device, created, pooled);
 }
-bool CpuHostStat(int stat, int64_t* calls, int64_t* ns, bool reset) {
-  return Registry<CpuBackend>::Get().stats().Read(stat, calls, ns, reset);
+bool CpuHostStat(int stat, int64_t* calls, int64_t* ns) {
+  return Registry<CpuBackend>::Get().stats().Read(stat, calls, ns);
 }
+void CpuHostStatsReset() { Registry<CpuBackend>::Get().stats().Reset(); }
 
 }  // namespace ficco
 

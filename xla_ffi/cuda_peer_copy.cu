@@ -168,9 +168,10 @@ int64_t CudaPendingEntries() { return Registry<CudaBackend>::Get().Pending(); }
 void CudaEventCounts(int device, int64_t* created, int64_t* pooled) {
   Pools().Counts(device, created, pooled);
 }
-bool CudaHostStat(int stat, int64_t* calls, int64_t* ns, bool reset) {
-  return Registry<CudaBackend>::Get().stats().Read(stat, calls, ns, reset);
+bool CudaHostStat(int stat, int64_t* calls, int64_t* ns) {
+  return Registry<CudaBackend>::Get().stats().Read(stat, calls, ns);
 }
+void CudaHostStatsReset() { Registry<CudaBackend>::Get().stats().Reset(); }
 
 }  // namespace ficco
 

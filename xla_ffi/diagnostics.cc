@@ -59,20 +59,20 @@ int FiccoEventCounts(int platform, int device, int64_t* created,
 
 int FiccoHostStats(int platform, int stat, int64_t* calls, int64_t* ns) {
   if (platform == kFiccoCpu) {
-    return ficco::CpuHostStat(stat, calls, ns, false) ? 0 : -1;
+    return ficco::CpuHostStat(stat, calls, ns) ? 0 : -1;
   }
 #ifdef FICCO_WITH_CUDA
   if (platform == kFiccoCuda) {
-    return ficco::CudaHostStat(stat, calls, ns, false) ? 0 : -1;
+    return ficco::CudaHostStat(stat, calls, ns) ? 0 : -1;
   }
 #endif
   return -1;
 }
 
 void FiccoHostStatsReset(int platform) {
-  if (platform == kFiccoCpu) ficco::CpuHostStat(0, nullptr, nullptr, true);
+  if (platform == kFiccoCpu) ficco::CpuHostStatsReset();
 #ifdef FICCO_WITH_CUDA
-  if (platform == kFiccoCuda) ficco::CudaHostStat(0, nullptr, nullptr, true);
+  if (platform == kFiccoCuda) ficco::CudaHostStatsReset();
 #endif
 }
 

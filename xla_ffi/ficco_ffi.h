@@ -93,12 +93,14 @@ namespace ficco {
 int64_t CpuLiveInvocations();
 int64_t CpuPendingEntries();
 void CpuEventCounts(int device, int64_t* created, int64_t* pooled);
-bool CpuHostStat(int stat, int64_t* calls, int64_t* ns, bool reset);
+bool CpuHostStat(int stat, int64_t* calls, int64_t* ns);
+void CpuHostStatsReset();
 #ifdef FICCO_WITH_CUDA
 int64_t CudaLiveInvocations();
 int64_t CudaPendingEntries();
 void CudaEventCounts(int device, int64_t* created, int64_t* pooled);
-bool CudaHostStat(int stat, int64_t* calls, int64_t* ns, bool reset);
+bool CudaHostStat(int stat, int64_t* calls, int64_t* ns);
+void CudaHostStatsReset();
 #endif
 }  // namespace ficco
 

@@ -93,15 +93,14 @@ struct HostStats {
                         Clock::now() - since).count(),
                     std::memory_order_relaxed);
   }
-  // The C API's half (FiccoHostStats): reads one section, or resets all.
-  bool Read(int stat, int64_t* n, int64_t* total_ns, bool reset) {
-    if (reset) {
-      for (int i = 0; i < kNumHostStats; ++i) {
-        calls[i].store(0);
-        ns[i].store(0);
-      }
-      return true;
+  void Reset() {
+    for (int i = 0; i < kNumHostStats; ++i) {
+      calls[i].store(0);
+      ns[i].store(0);
     }
+  }
+  // The C API's half (FiccoHostStats): false if `stat` is out of range.
+  bool Read(int stat, int64_t* n, int64_t* total_ns) const {
     if (stat < 0 || stat >= kNumHostStats) return false;
     *n = calls[stat].load();
     *total_ns = ns[stat].load();
