@@ -64,7 +64,11 @@ def define_flags(*, default_peers: str) -> None:
                      " seconds; 0: no limit.")
   flags.DEFINE_integer("warmup", 3, "Warm-up calls (the first compiles).")
   flags.DEFINE_integer("rounds", 5, "Timed rounds.")
-  flags.DEFINE_integer("iters", 20, "Back-to-back calls per round.")
+  flags.DEFINE_integer("iters", 20, "Back-to-back calls per round (at least).")
+  flags.DEFINE_float("min_round_ms", 25.0,
+                     "Raise the calls per round of short ops until a round"
+                     " lasts this long (timing.set_min_round_ms); 0: exactly"
+                     " --iters.")
   flags.DEFINE_integer("input_sets", 2, "Input sets calls rotate through.")
   flags.DEFINE_bool("tiny", False,
                     "Scale model dims down by 64 (CPU smoke tests).")
@@ -158,19 +162,9 @@ def platform_name() -> str:
 
 
 def schedule_from_label(label: str):
-  """``'dataflow/cN[/comm[/compute[/smK]]]'`` -> a ficco_jax.Schedule."""
+  """``'dataflow/cN[/comm[/compute[/smK][/piece|step]]]'`` -> a ficco_jax.Schedule."""
   import ficco_jax
-  parts = label.split("/")
-  kw: dict[str, Any] = {"dataflow": parts[0]}
-  if len(parts) > 1:
-    kw["num_chunks"] = int(parts[1].lstrip("c"))
-  if len(parts) > 2:
-    kw["comm"] = parts[2]
-  if len(parts) > 3:
-    kw["compute"] = parts[3]
-  if len(parts) > 4:
-    kw["num_sms"] = int(parts[4].lstrip("sm"))
-  return ficco_jax.Schedule(**kw)
+  return ficco_jax.Schedule.from_short(label)
 
 
 def parse_schedules(spec: list[str]) -> list[tuple[str, Any]]:
@@ -308,7 +302,8 @@ def env_info(op: str) -> dict[str, Any]:
       "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
       "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUDA_VISIBLE_DEVICES")}
   info["timing"] = {"warmup": FLAGS.warmup, "rounds": FLAGS.rounds,
-                    "iters": FLAGS.iters, "input_sets": FLAGS.input_sets,
+                    "iters": FLAGS.iters, "min_round_ms": FLAGS.min_round_ms,
+                    "input_sets": FLAGS.input_sets,
                     "interleave": FLAGS.interleave,
                     "stat": "median and min over rounds of round_time / iters"}
   return info
@@ -320,6 +315,8 @@ class Run:
   def __init__(self, op: str, title: str, md_row: Callable[[dict], str],
                md_header: str):
     import jax
+    import timing  # pylint: disable=g-import-not-at-top
+    timing.set_min_round_ms(FLAGS.min_round_ms)
     self.op = op
     self.title = title
     self.md_row = md_row

@@ -362,7 +362,7 @@ def fit_calibration(cases, params, *, min_samples: int = 4,
       if s.compute != "xla":
         continue
       t = cost_model.predict_uncalibrated(prob, s, params).total * 1e3
-      key = (prob.op, s.dataflow, s.num_chunks,
+      key = (prob.op, cost_model.family(prob.op, s), s.num_chunks,
              s.comm if s.overlapped else "xla")
       samples.setdefault(key, []).append((math.log(t), math.log(ms / t)))
   out = []

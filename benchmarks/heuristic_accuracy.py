@@ -148,11 +148,7 @@ def parse_label(label: str) -> schedule_lib.Schedule | None:
   if len(parts) < 4 or not parts[1].startswith("c"):
     return None  # "default", Mosaic configs, ...
   try:
-    kw = dict(dataflow=parts[0], num_chunks=int(parts[1][1:]), comm=parts[2],
-              compute=parts[3])
-    if len(parts) > 4:
-      kw["num_sms"] = int(parts[4][2:])
-    return schedule_lib.Schedule(**kw)
+    return schedule_lib.Schedule.from_short(label.split()[0])
   except (ValueError, TypeError):
     return None
 

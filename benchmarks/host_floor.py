@@ -84,6 +84,7 @@ def main(argv):
   del argv
   import jax
 
+  timing.set_min_round_ms(FLAGS.min_round_ms)
   w = _W.value
   mesh = common.mesh_of(w)
   results = {"env": common.env_info("host_floor"), "shape": [_M.value,

@@ -12,6 +12,14 @@ Inputs are rotated among several sets so that repeated calls do not measure
 a cache that holds the previous call's operands (METHOD.md: "rotate among
 several input sets"). They must be random: zeros can run faster.
 
+Short ops get more calls per round (`set_min_round_ms`): a round of 20
+calls of a 0.3 ms op lasts 6 ms, and host jitter of that order (the device
+threads' rendezvous of the copy-engine ops, a late dispatch) moved whole
+rounds by 30% on the 4xH200 machine; so after the warm-up the per-call time
+is estimated from one timed batch of ``iters`` calls and the calls per round
+raised until a round lasts at least ``min_round_ms`` (at most `MAX_ITERS`).
+The result's ``iters`` says how many ran.
+
 Interleaved mode (`interleaved`): the candidates of one case are compiled,
 warmed up and registered first, then timed round-robin (round r runs every
 candidate once, starting at a rotated position), so slow drift of the
@@ -35,6 +43,25 @@ from typing import Any, Callable, Sequence
 WARMUP = 3
 ROUNDS = 5
 ITERS = 20
+MAX_ITERS = 2000
+
+_min_round_ms = 0.0
+
+
+def set_min_round_ms(ms: float) -> None:
+  """Rounds of `time_jax` last at least ``ms`` (0: exactly ``iters`` calls)."""
+  global _min_round_ms
+  if ms < 0:
+    raise ValueError(f"min_round_ms={ms} must be >= 0.")
+  _min_round_ms = float(ms)
+
+
+def iters_for(per_call_ms: float, iters: int, min_round_ms: float) -> int:
+  """Calls per round: ``iters``, raised so a round lasts ``min_round_ms``."""
+  if min_round_ms <= 0 or per_call_ms <= 0:
+    return iters
+  need = int(-(-min_round_ms // per_call_ms))  # ceil
+  return max(iters, min(need, MAX_ITERS))
 
 
 def summarize(per_call_ms: Sequence[float], *, iters: int) -> dict[str, Any]:
@@ -86,6 +113,15 @@ def time_jax(
     out = fn(*arg_sets[i % len(arg_sets)])
   jax.block_until_ready(out)
   del out
+  if _min_round_ms > 0:
+    # One timed batch of `iters` calls estimates the per-call time.
+    t0 = time.perf_counter()
+    for i in range(iters):
+      out = fn(*arg_sets[i % len(arg_sets)])
+    jax.block_until_ready(out)
+    del out
+    iters = iters_for((time.perf_counter() - t0) * 1e3 / iters, iters,
+                      _min_round_ms)
 
   if _pending is not None:
     # Interleaved: the caller gets this dict now; `interleaved` fills it.

@@ -226,3 +226,27 @@ def test_shipped_h200_cache_is_what_schedule_none_uses(tmp_path):
       assert t[got.short()] <= t["none/c1/xla/xla"], (k, t)
   finally:
     ficco_jax.set_autotune_cache(None)
+
+
+def test_rank3_operand_with_unit_leading_dims_uses_the_2d_entry():
+  """A sequence-parallel [1, S/P, d] shard resolves through the [S/P, d] entry
+  (the same dots and bytes), only where its chunk count divides the axis."""
+  from ficco_jax._src import api
+  kind = util.test_devices()[0].device_kind
+  autotune_cache.store(_key(x_shape=(12, 10)), RING)
+  autotune_cache.store(_key(x_shape=(24, 10)),
+                       Schedule(dataflow="direct", num_chunks=8))
+
+  def resolve(x_shape, axis):
+    return api.default_schedule("all_gather_matmul", x_shape=x_shape,
+                                w_shape=W_LOCAL, dtype=np.float32,
+                                axis_size=4, axis=axis, device_kind=kind)
+
+  assert resolve((1, 12, 10), 1) == (RING, "autotune cache")
+  assert resolve((12, 1, 10), 0) == (RING, "autotune cache")
+  # Not a free fold: a leading dim > 1 before the axis.
+  assert resolve((2, 6, 10), 1)[1] == "heuristic"
+  # The 2-D entry cuts its 24 rows in 8; this op can cut only its 3 rows
+  # along the axis (each 8 rows of the fold), so it does not fit.
+  assert resolve((3, 8, 10), 0)[1] == "heuristic"
+  assert resolve((8, 3, 10), 0)[0].num_chunks == 8

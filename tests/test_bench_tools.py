@@ -37,6 +37,30 @@ def test_interleaved_fills_the_returned_dicts_on_exit():
     assert 0 < r["min_ms"] <= r["median_ms"]
 
 
+def test_iters_for_stretches_short_rounds_only():
+  assert timing.iters_for(0.3, 20, 25.0) == 84  # ceil(25 / 0.3)
+  assert timing.iters_for(2.0, 20, 25.0) == 20  # 40 ms rounds already.
+  assert timing.iters_for(1e-6, 20, 25.0) == timing.MAX_ITERS
+  assert timing.iters_for(0.3, 20, 0.0) == 20
+  with pytest.raises(ValueError, match="min_round_ms=-1"):
+    timing.set_min_round_ms(-1)
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_min_round_ms_raises_the_calls_per_round(interleave):
+  f = jax.jit(lambda x: x + 1)
+  x = jnp.ones((4,))
+  try:
+    timing.set_min_round_ms(5.0)
+    with timing.interleaved(interleave):
+      r = timing.time_jax(f, [(x,)], warmup=1, rounds=2, iters=2)
+  finally:
+    timing.set_min_round_ms(0.0)
+  # A tiny op takes far less than 2.5 ms per call on any host.
+  assert r["iters"] > 2 and r["rounds"] == 2
+  assert r["median_ms"] * r["iters"] >= 1.0  # ~5 ms rounds, with slack.
+
+
 def test_interleaved_records_a_failure_and_keeps_timing_the_others():
   calls = {"n": 0}
 

@@ -118,6 +118,38 @@ def test_copy_engine_ops_per_schedule(c):
         rs, Schedule(dataflow=df, num_chunks=c, comm="xla")) == 0
 
 
+@pytest.mark.parametrize("c", [1, 2, 4])
+def test_step_granularity_starts_once_per_chunk(c):
+  rs = _prob("matmul_reduce_scatter")
+  step = Schedule(dataflow="direct", num_chunks=c, comm="dma",
+                  compute_granularity="step")
+  piece = dataclasses.replace(step, compute_granularity="piece")
+  assert cost_model.dma_ops(rs, step) == c
+  assert cost_model.dma_ops(rs, piece) == 3 * c
+  # Fewer starts: less host time; one dot per chunk: fewer pieces.
+  params = dataclasses.replace(H200, host_call_s=100e-6, host_op_s=40e-6)
+  ps, pp = (cost_model.predict_uncalibrated(rs, s, params)
+            for s in (step, piece))
+  assert ps.host < pp.host
+  assert ps.pieces == c + 1 and pp.pieces == 3 * c + 1
+  # "piece" is the reduce-scatter's default, so it shares its family's
+  # calibration; "step" is a family of its own.
+  assert cost_model.family(rs.op, piece) == "direct"
+  assert cost_model.family(rs.op, step) == "direct:step"
+  ag = _prob()
+  assert cost_model.family(ag.op, step) == "direct"
+  assert cost_model.family(ag.op, piece) == "direct:piece"
+
+
+def test_all_gather_piece_granularity_runs_more_smaller_dots():
+  ag = _prob()
+  step = Schedule(dataflow="direct", num_chunks=2, comm="dma")
+  piece = dataclasses.replace(step, compute_granularity="piece")
+  ps, pp = (cost_model.predict_uncalibrated(ag, s, H200) for s in (step, piece))
+  assert (ps.pieces, pp.pieces) == (1 + 2, 1 + 2 * 3)
+  assert pp.decomposition >= ps.decomposition
+
+
 def test_host_floor_bounds_the_total_and_grows_with_ops():
   params = dataclasses.replace(H200, host_call_s=200e-6, host_op_s=50e-6)
   prob = _prob("matmul_reduce_scatter", m=256, k=1024, n=1024)
@@ -189,9 +221,13 @@ def test_candidates_are_valid(split, op):
     assert split % s.num_chunks == 0, s
     if s.overlapped:
       plan_lib.gather_plan(s, axis_size=p, shard_rows=split)  # Does not raise.
-  # Every chunk count that divides is offered, for every dataflow and engine.
+  # Every chunk count that divides is offered, for every dataflow and engine;
+  # the reduce-scatter's direct dataflow also at step granularity.
   valid = [c for c in cost_model.CHUNK_COUNTS if split % c == 0]
-  assert len(cands) == 1 + 3 * 2 * len(valid)
+  per_engine = 3 + (op == "matmul_reduce_scatter")
+  assert len(cands) == 1 + per_engine * 2 * len(valid)
+  steps = [s for s in cands if s.compute_granularity == "step"]
+  assert all(s.dataflow == "direct" for s in steps)
 
 
 @pytest.mark.parametrize("rows", [2048, 6144, 3 * 1000, 8191])

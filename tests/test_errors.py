@@ -71,10 +71,42 @@ def test_outside_shard_map_explains_how_to_call():
     (dict(comm="nccl"), ValueError, r"comm='nccl' must be one of"),
     (dict(compute="triton"), ValueError, r"compute='triton' must be one of"),
     (dict(num_sms=0), ValueError, r"num_sms=0 must be None or a positive int"),
+    (dict(compute_granularity="tile"), ValueError,
+     r"compute_granularity='tile' must be None or one of"),
+    (dict(compute="pallas", compute_granularity="step"), ValueError,
+     r"compute_granularity='step' needs compute='xla'"),
 ])
 def test_schedule_validation(kwargs, exc, match):
   with pytest.raises(exc, match=match):
     Schedule(**kwargs)
+
+
+@pytest.mark.parametrize("schedule", [
+    Schedule(), Schedule(dataflow="none"),
+    Schedule(dataflow="ring", num_chunks=4, comm="dma", compute="pallas",
+             num_sms=96),
+    Schedule(dataflow="direct", num_chunks=2, comm="dma",
+             compute_granularity="step"),
+    Schedule(dataflow="direct", num_chunks=3, compute="pallas", num_sms=64,
+             compute_granularity="piece"),
+])
+def test_schedule_label_round_trips(schedule):
+  assert Schedule.from_short(schedule.short()) == schedule
+
+
+@pytest.mark.parametrize("label", ["direct/4", "direct/c2/dma/xla/fast",
+                                   "ring/cx"])
+def test_schedule_label_errors_name_the_label(label):
+  with pytest.raises(ValueError, match="is not a schedule label"):
+    Schedule.from_short(label)
+
+
+def test_granularity_defaults_per_op():
+  ag, rs = "all_gather_matmul", "matmul_reduce_scatter"
+  assert Schedule().granularity(ag) == "step"
+  assert Schedule(compute="pallas").granularity(ag) == "piece"
+  assert Schedule().granularity(rs) == "piece"
+  assert Schedule(compute_granularity="step").granularity(rs) == "step"
 
 
 def test_schedule_is_hashable_and_frozen():

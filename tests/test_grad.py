@@ -18,7 +18,9 @@ CASES = [Schedule(dataflow="none"),
          Schedule(dataflow="ring", num_chunks=2),
          Schedule(dataflow="bidirectional", num_chunks=1),
          Schedule(dataflow="direct", num_chunks=2, comm="dma"),
-         Schedule(dataflow="ring", num_chunks=1, comm="dma")]
+         Schedule(dataflow="ring", num_chunks=1, comm="dma"),
+         Schedule(dataflow="direct", num_chunks=2, comm="dma",
+                  compute_granularity="step")]
 
 
 def _loss(op, mesh, in_specs, out_spec, r, **kw):
@@ -42,7 +44,10 @@ def test_grad_all_gather_matmul(schedule):
   assert util.rel_err(dw, np.einsum("bmk,bmn->kn", x, r)) < util.tol(np.float64)
 
 
-@pytest.mark.parametrize("schedule", CASES[:4], ids=[s.short() for s in CASES[:4]])
+RS_CASES = CASES[:4] + CASES[-1:]
+
+
+@pytest.mark.parametrize("schedule", RS_CASES, ids=[s.short() for s in RS_CASES])
 def test_grad_matmul_reduce_scatter(schedule):
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(11)

@@ -186,6 +186,51 @@ def test_matmul_reduce_scatter_dma_rank3_8_devices(dataflow):
   assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)
 
 
+GRANULAR = [Schedule(dataflow="direct", num_chunks=c, comm=comm,
+                    compute_granularity=g)
+            for c, comm, g in ((1, "xla", "step"), (3, "xla", "step"),
+                               (1, "dma", "step"), (3, "dma", "step"),
+                               (2, "dma", "piece"), (3, "xla", "piece"))]
+
+
+@pytest.mark.parametrize("schedule", GRANULAR, ids=_ids(GRANULAR))
+def test_compute_granularity_both_ops(schedule):
+  """Both granularities of the direct dataflow, both engines, on 4 devices
+  (a step gathers 3 peers' rows, which wrap around the own block on every
+  rank but the first)."""
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(12)
+  h, w = util.rand(rng, (2, 24, 12), np.float64), util.rand(rng, (12, 5), np.float64)
+  out = run_rs(mesh, h, w, scatter_axis=1, schedule=schedule)
+  assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)
+  x, w2 = util.rand(rng, (24, 11), np.float64), util.rand(rng, (11, 20), np.float64)
+  out = run_ag(mesh, x, w2, schedule=schedule)
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w2)) < util.tol(np.float64)
+
+
+def test_step_granularity_moves_the_same_bytes_in_fewer_starts():
+  """The step reduce-scatter's program has one peer-copy start per chunk
+  (the piece one P - 1), and both give the same result."""
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(13)
+  h, w = util.rand(rng, (24, 8), np.float32), util.rand(rng, (8, 6), np.float32)
+  texts = {}
+  for g in ("step", "piece"):
+    s = Schedule(dataflow="direct", num_chunks=2, comm="dma",
+                 compute_granularity=g)
+    f = jax.jit(jax.shard_map(
+        functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                          schedule=s),
+        mesh=mesh, in_specs=(P(None, "x"), P("x", None)),
+        out_specs=P("x", None)))
+    args = (jax.device_put(h, NamedSharding(mesh, P(None, "x"))),
+            jax.device_put(w, NamedSharding(mesh, P("x", None))))
+    texts[g] = f.lower(*args).as_text()
+    assert util.rel_err(f(*args), util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
+  starts = {g: t.count("ficco_peer_copy_start") for g, t in texts.items()}
+  assert starts == {"step": 2, "piece": 6}, starts
+
+
 PALLAS = [Schedule(dataflow=d, num_chunks=c, comm=comm, compute="pallas")
           for d, c, comm in (("direct", 2, "xla"), ("ring", 3, "xla"),
                              ("bidirectional", 1, "xla"), ("direct", 3, "dma"),

@@ -80,7 +80,7 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
   out = jnp.zeros((p * m,) + x0.shape[1:-1] + (w.shape[1],), out_dtype)
 
   def consume(out, data, blocks):
-    if st.schedule.compute == "xla" and len(blocks) > 1:
+    if st.schedule.granularity(st.op_name) == "step" and len(blocks) > 1:
       # One matmul for the whole landing buffer (all peers' piece c in the
       # direct dataflow), then place its row blocks.
       y = _dot(data, w, st).astype(out_dtype)

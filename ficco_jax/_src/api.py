@@ -43,15 +43,40 @@ def default_schedule(op, *, x_shape, w_shape, dtype, axis_size, axis,
     ``(schedule, "autotune cache")`` or ``(schedule, "heuristic")``.
   """
   device_kind = device_kind or heuristics.default_device_kind()
-  key = autotune_cache.Key.of(op, device_kind=device_kind,
-                              axis_size=axis_size, x_shape=x_shape,
-                              w_shape=w_shape, axis=axis, dtype=dtype)
-  cached = autotune_cache.lookup(key)
-  if cached is not None:
-    return cached, "autotune cache"
+  for shape, ax in _cache_shapes(x_shape, axis):
+    key = autotune_cache.Key.of(op, device_kind=device_kind,
+                                axis_size=axis_size, x_shape=shape,
+                                w_shape=w_shape, axis=ax, dtype=dtype)
+    cached = autotune_cache.lookup(key)
+    if cached is not None and _fits(op, cached, x_shape, axis, axis_size):
+      return cached, "autotune cache"
   return heuristics.choose_schedule(
       op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
       axis=axis), "heuristic"
+
+
+def _cache_shapes(x_shape, axis):
+  """The operand shapes whose cache entries fit this op, best match first.
+
+  The shape itself; then, when every dimension before ``axis`` is 1 (a
+  sequence-parallel ``[1, S / P, d]`` activation, say), the 2-D ``[rows,
+  K]`` the op reduces to: moving ``axis`` first is then free and the op
+  folds the remaining dims into rows, so it runs the same dots and moves
+  the same bytes as the 2-D op the shipped cache was measured on.
+  """
+  x_shape = tuple(int(d) for d in x_shape)
+  yield x_shape, axis
+  if len(x_shape) > 2 and all(d == 1 for d in x_shape[:axis]):
+    yield (int(np.prod(x_shape[:-1])), x_shape[-1]), 0
+
+
+def _fits(op, schedule, x_shape, axis, axis_size) -> bool:
+  # A 2-D entry's chunk count divides the folded rows; the op cuts along
+  # ``axis`` only.
+  split = x_shape[axis]
+  if op == "matmul_reduce_scatter":
+    split //= axis_size
+  return split % schedule.num_chunks == 0
 
 
 def _resolve(op, schedule, *, a, w, axis, axis_size):

@@ -320,8 +320,13 @@ def _ag_timeline(prob: Problem, sched, params, alpha, beta):
                                         beta)
   last = max(arrival, default=0.0)
   pieces = [(_mm(prob, prob.split, params), 0.0, last)]
-  pieces += [(_mm(prob, rows, params), arrival[b], last)
-             for b, rows in enumerate(gplan.landing_rows)]
+  if sched.granularity(prob.op) == "step":
+    # One dot per landing buffer (every peer's piece of a direct step).
+    pieces += [(_mm(prob, rows, params), arrival[b], last)
+               for b, rows in enumerate(gplan.landing_rows)]
+  else:
+    pieces += [(_mm(prob, blk.rows, params), arrival[blk.landing], last)
+               for blk in gplan.blocks]
   end, busy = _run_pieces(pieces, alpha)
   dots = sum(d for d, _, _ in pieces)
   return end, busy, dots, last, links, bw, len(pieces)
@@ -339,8 +344,11 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   compute stream waits for the neighbour's sum and adds it. direct: per
   chunk, ``P - 1`` partial dots, each pulled by its owner (one peer at a
   time, one queue) while the next is multiplied; the own rows' dot hides the
-  last pull, then one pass sums them. A dot is ``1 + alpha`` slower for as
-  long as a transfer is in flight.
+  last pull, then one pass sums them. direct with ``compute_granularity=
+  "step"``: per chunk one dot of the ``P - 1`` peers' rows (after copying
+  them together), then all peers pull their slot at once, sharing the
+  receive bandwidth of ``P - 1`` peers. A dot is ``1 + alpha`` slower for
+  as long as a transfer is in flight.
   """
   p, c = prob.axis_size, sched.num_chunks
   mc = prob.split / c
@@ -374,7 +382,28 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
     # Summing landed partials into the result: one pass over them.
     state["t"] += rows * out_row_bytes * (parts + 1) / params.hbm_bw
 
-  if direct:
+  if direct and sched.granularity(prob.op) == "step":
+    k_row_bytes = prob.rows * prob.k * prob.itemsize
+    if sched.comm == "dma":
+      # P - 1 queues at once, sharing the device's receive bandwidth.
+      step_bw = params.receive(p - 1)
+      links, bw = p - 1, step_bw
+    for _ in range(c):
+      # The peers' rows copied into one operand, then one dot.
+      state["t"] += (p - 1) * mc * k_row_bytes * 2 / params.hbm_bw
+      dot((p - 1) * mc)
+      if sched.comm == "dma":
+        start = max(state["t"], state["comm_end"])
+        end = (start + latency
+               + (p - 1) * mc * out_row_bytes / step_bw * (1 + beta))
+        state["comm_end"] = state["last"] = max(state["comm_end"], end)
+      else:
+        for _ in range(p - 1):
+          send(mc, max(state["t"], state["comm_end"]))
+    dot(prob.split)
+    state["t"] = max(state["t"], state["comm_end"])
+    add(prob.split, p - 1)
+  elif direct:
     # One queue: the steps' pulls run one after another, each a permutation.
     for _ in range(c):
       for _ in range(p - 1):
@@ -401,9 +430,9 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
   """Copy-engine ops (start / wait / done) a comm='dma' schedule runs.
 
   The all-gather issues its whole plan in one start. The reduce-scatter
-  starts once per partial sent (direct: ``P - 1`` per chunk) or per ring
-  hop (``P - 1`` per chunk and ring, two rings for bidirectional, one when a
-  chunk has a single row).
+  starts once per partial sent (direct: ``P - 1`` per chunk; one per chunk
+  with ``compute_granularity="step"``) or per ring hop (``P - 1`` per chunk
+  and ring, two rings for bidirectional, one when a chunk has a single row).
   """
   if schedule.comm != "dma" or not schedule.overlapped or prob.axis_size < 2:
     return 0
@@ -411,10 +440,23 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
     return 1
   c, p = schedule.num_chunks, prob.axis_size
   if schedule.dataflow == "direct":
-    return c * (p - 1)
+    return c if schedule.granularity(prob.op) == "step" else c * (p - 1)
   rings = 2 if (schedule.dataflow == "bidirectional"
                 and prob.split // c >= 2) else 1
   return c * rings * (p - 1)
+
+
+def family(op: str, schedule: schedule_lib.Schedule) -> str:
+  """The dataflow name a schedule's calibration is filed under.
+
+  A granularity other than the op's default is its own family
+  (``"direct:step"``): it runs other dots and starts, so the default's
+  fitted correction does not carry over.
+  """
+  default = dataclasses.replace(schedule, compute_granularity=None)
+  if schedule.granularity(op) == default.granularity(op):
+    return schedule.dataflow
+  return f"{schedule.dataflow}:{schedule.granularity(op)}"
 
 
 def predict(prob: Problem, schedule: schedule_lib.Schedule,
@@ -425,7 +467,8 @@ def predict(prob: Problem, schedule: schedule_lib.Schedule,
   of the schedule's family, if ``params`` has one.
   """
   pr = predict_uncalibrated(prob, schedule, params)
-  ab = params.calibration_of(prob.op, schedule.dataflow, schedule.num_chunks,
+  ab = params.calibration_of(prob.op, family(prob.op, schedule),
+                             schedule.num_chunks,
                              schedule.comm if schedule.overlapped else "xla",
                              prob.axis_size)
   if ab is None or pr.total <= 0:
@@ -480,7 +523,10 @@ def candidates(prob: Problem, comms: tuple[str, ...]) -> tuple[
   """``"none"`` and every overlapped dataflow x chunk count x comm that is valid.
 
   A chunk count is valid when it divides ``prob.split`` (the dimension the
-  op cuts into pieces).
+  op cuts into pieces). The reduce-scatter's direct dataflow comes at both
+  compute granularities (the default ``"piece"`` and ``"step"``, which
+  trades overlap for fewer copy-engine starts); the all-gather's only at
+  its default, one dot per step, which never issues more copy-engine ops.
   """
   out = [schedule_lib.NO_OVERLAP]
   if prob.axis_size > 1:
@@ -490,6 +536,11 @@ def candidates(prob: Problem, comms: tuple[str, ...]) -> tuple[
           if prob.split % c == 0 and prob.split // c >= 1:
             out.append(schedule_lib.Schedule(dataflow=dataflow, num_chunks=c,
                                              comm=comm))
+            if (prob.op == "matmul_reduce_scatter" and dataflow == "direct"
+                and prob.axis_size > 2):
+              out.append(schedule_lib.Schedule(
+                  dataflow=dataflow, num_chunks=c, comm=comm,
+                  compute_granularity="step"))
   return tuple(out)
 
 
@@ -525,7 +576,7 @@ def eligible(params: device_params.DeviceParams, op: str,
   """
   if not params.calibrated_at(axis_size) or not schedule.overlapped:
     return True
-  return params.calibration_of(op, schedule.dataflow, schedule.num_chunks,
+  return params.calibration_of(op, family(op, schedule), schedule.num_chunks,
                                schedule.comm, axis_size) is not None
 
 

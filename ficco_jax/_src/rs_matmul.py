@@ -93,10 +93,16 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
       # Partials for peers first, so their transfers start while this rank
       # multiplies its own rows.
       received = []
-      for shift in range(1, p):
-        dest = (rank + shift) % p
-        part = _rows_dot(h0, dest * m + row0, mc, w, st)
-        received.append(_send(part, st.axis_name, shift, p))
+      if schedule.granularity(st.op_name) == "step":
+        parts = _dot(_peer_rows(h0, rank, m, row0, mc, p), w, st)
+        for shift in range(1, p):
+          part = lax.slice_in_dim(parts, (shift - 1) * mc, shift * mc)
+          received.append(_send(part, st.axis_name, shift, p))
+      else:
+        for shift in range(1, p):
+          dest = (rank + shift) % p
+          part = _rows_dot(h0, dest * m + row0, mc, w, st)
+          received.append(_send(part, st.axis_name, shift, p))
       acc = _rows_dot(h0, rank * m + row0, mc, w, st)
       acc = acc.astype(_acc_dtype(acc.dtype))
       for r in received:
@@ -137,6 +143,39 @@ def _pull_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
                              transfers=(transfer,), blocks=(), num_streams=1)
 
 
+def _peer_rows(h0, rank, m, row0, rows, p):
+  """Rows ``[row0, row0 + rows)`` of the blocks of ranks ``r + 1 .. r + P - 1``,
+  stacked in that order: the left operand of a step's one dot.
+
+  The blocks are not contiguous in ``h0`` (they wrap around this rank's
+  own), so XLA's dot needs them copied together: ``(P - 1) rows`` rows of
+  ``h0``, the price of the step's single dot.
+  """
+  return jnp.concatenate(
+      [lax.dynamic_slice_in_dim(h0, ((rank + s) % p) * m + row0, rows, axis=0)
+       for s in range(1, p)], axis=0)
+
+
+def _step_plan(p: int, rows: int) -> plan_lib.GatherPlan:
+  """Rank r pulls slot ``s - 1`` of rank ``r - s``'s step buffer, every s.
+
+  A step buffer holds the partials of one chunk for ranks ``q + 1 .. q + P -
+  1`` of its owner q, ``rows`` rows each, in that order, so the slot a
+  puller reads depends only on the shift. One copy queue per peer: every
+  device pulls from all P - 1 peers at once, as the all-gather's direct
+  plan does.
+  """
+  transfers = tuple(
+      plan_lib.Transfer(dst=0, dst_row=(s - 1) * rows, src_offset=(-s) % p,
+                        src=0, src_row=(s - 1) * rows, rows=rows,
+                        stream=s - 1)
+      for s in range(1, p))
+  return plan_lib.GatherPlan(axis_size=p, shard_rows=(p - 1) * rows,
+                             landing_rows=((p - 1) * rows,),
+                             transfers=transfers, blocks=(),
+                             num_streams=p - 1)
+
+
 def _dma(st):
   from ficco_jax._src.dma import peer_copy  # Loads the FFI library lazily.
 
@@ -155,25 +194,44 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   the P - 1 pulled partials to it. Every step is a permutation (each device
   sends one piece and receives one), so no device's inbound links are shared.
 
+  With ``compute_granularity="step"`` a chunk's partials for all peers are
+  one dot and one start (every peer pulls its slot at once, on its own
+  queue): ``num_chunks`` starts instead of ``num_chunks (P - 1)``, for ops
+  whose host time shows, while each chunk's partials leave only once all of
+  them are computed. The dot reads the peers' rows gathered into one
+  operand (a copy of ``(P - 1) m / num_chunks`` rows of ``h0`` per chunk).
+
   Live buffers until the end: the (P - 1) partials for peers and the (P - 1)
   landing buffers, ``2 (P - 1) m`` rows of the output row size, against the
-  ``P m`` rows of the full partial that XLA's matmul + reduce_scatter holds.
+  ``P m`` rows of the full partial that XLA's matmul + reduce_scatter holds
+  (the same with either granularity).
   """
   peer_copy, kw = _dma(st)
   p = st.axis_size
   num_chunks = st.schedule.num_chunks
+  step = st.schedule.granularity(st.op_name) == "step"
   plans = {s: _pull_plan(p, mc, s) for s in range(1, p)}
   in_flight = []  # (chunk, part, landing, site) in issue order.
+
+  def hand_over(j, part, plan):
+    nonlocal h0
+    site = peer_copy.new_site()
+    landing = peer_copy.start([part], plan, site=site, **kw)[0]
+    # The next matmul reads h0 through the barrier, so XLA cannot run it
+    # before this start has handed the partial to the copy engines.
+    h0, landing = lax.optimization_barrier((h0, landing))
+    in_flight.append((j, part, landing, site))
+
   for j in range(num_chunks):
+    if step:
+      # One dot for the chunk's rows of every peer, one start for all their
+      # pulls: P - 1 times fewer host rendezvous than piece by piece.
+      part = _dot(_peer_rows(h0, rank, m, j * mc, mc, p), w, st)
+      hand_over(j, part.astype(out_dtype), _step_plan(p, mc))
+      continue
     for s in range(1, p):
-      part = _rows_dot(h0, ((rank + s) % p) * m + j * mc, mc, w,
-                       st).astype(out_dtype)
-      site = peer_copy.new_site()
-      landing = peer_copy.start([part], plans[s], site=site, **kw)[0]
-      # The next matmul reads h0 through the barrier, so XLA cannot run it
-      # before this start has handed the partial to the copy engines.
-      h0, landing = lax.optimization_barrier((h0, landing))
-      in_flight.append((j, part, landing, site))
+      part = _rows_dot(h0, ((rank + s) % p) * m + j * mc, mc, w, st)
+      hand_over(j, part.astype(out_dtype), plans[s])
   own = _rows_dot(h0, rank * m, m, w, st)
   # Wait only after the own rows' matmul was issued (it hides the last pull).
   landings = tuple(f[2] for f in in_flight)
@@ -190,8 +248,11 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   for j in range(num_chunks):
     acc = own[j * mc:(j + 1) * mc].astype(acc_dtype)
     for f, buf in zip(in_flight, pulled):
-      if f[0] == j:
-        acc = acc + buf.astype(acc_dtype)
+      if f[0] != j:
+        continue
+      # A step's landing buffer holds one slot per peer.
+      for slot in range(buf.shape[0] // mc):
+        acc = acc + buf[slot * mc:(slot + 1) * mc].astype(acc_dtype)
     chunks.append(acc.astype(out_dtype))
   return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
 

@@ -8,10 +8,12 @@ from typing import Literal
 Dataflow = Literal["none", "ring", "bidirectional", "direct"]
 Comm = Literal["xla", "dma"]
 Compute = Literal["xla", "pallas"]
+Granularity = Literal["piece", "step"]
 
 DATAFLOWS: tuple[str, ...] = ("none", "ring", "bidirectional", "direct")
 COMMS: tuple[str, ...] = ("xla", "dma")
 COMPUTES: tuple[str, ...] = ("xla", "pallas")
+GRANULARITIES: tuple[str, ...] = ("piece", "step")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +49,25 @@ class Schedule:
       multiprocessors a chunk kernel may occupy (None: all of them). Leaving
       SMs idle lowers the interference between copy-engine traffic and the
       matmul. Ignored by ``compute="xla"``.
+    compute_granularity: how much one dot covers, against the transfer
+      unit (a piece of one peer's shard), FiCCO's compute granularity. It
+      differs from the piece only where one dataflow step moves the pieces
+      of several peers at once (``"direct"``); a ring step moves one piece,
+      so there the two are the same.
+      * ``"piece"``: one dot per piece of each peer. The all-gather
+        multiplies each peer's piece separately; the reduce-scatter
+        computes each peer's partial separately and hands it to the copy
+        engines on its own (``P - 1`` copy-engine starts per chunk).
+      * ``"step"``: one dot per step, over the pieces of every peer of that
+        step (``(P - 1) m / num_chunks`` rows): fewer, larger dots (less
+        decomposition loss) and, for the reduce-scatter, one copy-engine
+        start per chunk for all peers (less host time per op), at the price
+        of handing the partials over only once all of them are computed.
+        XLA's dot only (``compute="pallas"`` writes and reads each piece in
+        place, one piece per kernel).
+      * None: each op's own default: the all-gather ``"step"`` with
+        ``compute="xla"`` and ``"piece"`` with ``compute="pallas"``; the
+        reduce-scatter ``"piece"``.
   """
 
   dataflow: Dataflow = "direct"
@@ -54,6 +75,7 @@ class Schedule:
   comm: Comm = "xla"
   compute: Compute = "xla"
   num_sms: int | None = None
+  compute_granularity: Granularity | None = None
 
   def __post_init__(self):
     if self.dataflow not in DATAFLOWS:
@@ -77,17 +99,68 @@ class Schedule:
         or self.num_sms < 1
     ):
       raise ValueError(f"{self.num_sms=} must be None or a positive int.")
+    if (self.compute_granularity is not None
+        and self.compute_granularity not in GRANULARITIES):
+      raise ValueError(f"{self.compute_granularity=} must be None or one of"
+                       f" {GRANULARITIES}.")
+    if self.compute == "pallas" and self.compute_granularity == "step":
+      raise ValueError(
+          "compute_granularity='step' needs compute='xla': the Pallas kernel"
+          " reads and writes one piece in place per call, so"
+          f" {self.compute=} multiplies piece by piece.")
 
   @property
   def overlapped(self) -> bool:
     return self.dataflow != "none"
 
+  def granularity(self, op: str) -> str:
+    """``compute_granularity`` with None resolved for ``op`` (see above)."""
+    if self.compute_granularity is not None:
+      return self.compute_granularity
+    if op == "all_gather_matmul" and self.compute == "xla":
+      return "step"
+    return "piece"
+
   def short(self) -> str:
-    """A compact label, e.g. ``direct/c4/dma/xla``."""
+    """A compact label, e.g. ``direct/c4/dma/xla`` (`from_short` reads it)."""
     s = f"{self.dataflow}/c{self.num_chunks}/{self.comm}/{self.compute}"
     if self.num_sms is not None:
       s += f"/sm{self.num_sms}"
+    if self.compute_granularity is not None:
+      s += f"/{self.compute_granularity}"
     return s
+
+  @classmethod
+  def from_short(cls, label: str) -> "Schedule":
+    """The schedule of a `short` label; ``dataflow/cN[/comm[/compute]]``
+    then, in any order, ``smK`` and a granularity.
+
+    Raises:
+      ValueError: ``label`` is not such a label.
+    """
+    parts = label.strip().split("/")
+    kw: dict = {"dataflow": parts[0]}
+    try:
+      if len(parts) > 1:
+        if not parts[1].startswith("c"):
+          raise ValueError("the second field must be cN")
+        kw["num_chunks"] = int(parts[1][1:])
+      if len(parts) > 2:
+        kw["comm"] = parts[2]
+      if len(parts) > 3:
+        kw["compute"] = parts[3]
+      for tok in parts[4:]:
+        if tok in GRANULARITIES:
+          kw["compute_granularity"] = tok
+        elif tok.startswith("sm"):
+          kw["num_sms"] = int(tok[2:])
+        else:
+          raise ValueError(f"unknown field {tok!r}")
+    except ValueError as e:
+      raise ValueError(
+          f"label={label!r} is not a schedule label"
+          " (dataflow/cN[/comm[/compute[/smK][/piece|step]]]): {e}") from e
+    return cls(**kw)
 
 
 NO_OVERLAP = Schedule(dataflow="none", num_chunks=1, comm="xla", compute="xla")
