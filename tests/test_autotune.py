@@ -250,3 +250,33 @@ def test_rank3_operand_with_unit_leading_dims_uses_the_2d_entry():
   # along the axis (each 8 rows of the fold), so it does not fit.
   assert resolve((3, 8, 10), 0)[1] == "heuristic"
   assert resolve((8, 3, 10), 0)[0].num_chunks == 8
+
+
+def test_entries_are_keyed_by_the_process_layout(monkeypatch, caplog):
+  """A result measured in one process does not stand for a job of several
+  (the copy engines run another transport there), and the reverse; the
+  heuristic that answers instead says so."""
+  from ficco_jax._src import api
+  from ficco_jax._src import heuristics
+  kind = util.test_devices()[0].device_kind
+  autotune_cache.store(_key(), RING)
+  key2 = autotune_cache.Key.of(
+      "all_gather_matmul", device_kind=kind, axis_size=4, x_shape=X_LOCAL,
+      w_shape=W_LOCAL, axis=0, dtype=np.float32, processes=2)
+  assert autotune_cache.Key.from_json(key2.to_json()) == key2
+  assert "processes" not in _key().to_json()  # Shipped files stay as they are.
+
+  def resolve():
+    return api.default_schedule("all_gather_matmul", x_shape=X_LOCAL,
+                                w_shape=W_LOCAL, dtype=np.float32,
+                                axis_size=4, axis=0, device_kind=kind)
+
+  assert resolve() == (RING, "autotune cache")
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  heuristics.warn_once.cache_clear()
+  with caplog.at_level("WARNING", logger="ficco_jax"):
+    assert resolve()[1] == "heuristic"
+  assert "job of 2 processes" in caplog.text
+  direct = Schedule(dataflow="direct", num_chunks=2)
+  autotune_cache.store(key2, direct)
+  assert resolve() == (direct, "autotune cache")

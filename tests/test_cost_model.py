@@ -313,7 +313,7 @@ def test_pallas_fits_checks_every_piece():
 
 def test_gpu_without_library_warns_and_does_not_overlap(monkeypatch, caplog):
   monkeypatch.setattr(heuristics, "dma_available", lambda platform: False)
-  heuristics._warn_once.cache_clear()  # pylint: disable=protected-access
+  heuristics.warn_once.cache_clear()
   with caplog.at_level(logging.WARNING, logger="ficco_jax"):
     s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(2048, 8192),
                                   w_shape=(8192, 7168), dtype=BF16,

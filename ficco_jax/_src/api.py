@@ -43,16 +43,40 @@ def default_schedule(op, *, x_shape, w_shape, dtype, axis_size, axis,
     ``(schedule, "autotune cache")`` or ``(schedule, "heuristic")``.
   """
   device_kind = device_kind or heuristics.default_device_kind()
-  for shape, ax in _cache_shapes(x_shape, axis):
-    key = autotune_cache.Key.of(op, device_kind=device_kind,
-                                axis_size=axis_size, x_shape=shape,
-                                w_shape=w_shape, axis=ax, dtype=dtype)
-    cached = autotune_cache.lookup(key)
-    if cached is not None and _fits(op, cached, x_shape, axis, axis_size):
-      return cached, "autotune cache"
+  cached = cached_schedule(op, device_kind=device_kind, axis_size=axis_size,
+                           x_shape=x_shape, w_shape=w_shape, axis=axis,
+                           dtype=dtype)
+  if cached is not None:
+    return cached, "autotune cache"
+  if jax.process_count() > 1:
+    heuristics.warn_once(
+        f"ficco_jax: schedule=None in a job of {jax.process_count()}"
+        " processes found no autotune entry measured in that layout, so the"
+        " cost model picks, and it was fitted in one process driving every"
+        " GPU (the rendezvous transport; across processes the copy engines"
+        " run the window transport). Run ficco_jax.autotune(...) in this job,"
+        " or pass a schedule.")
   return heuristics.choose_schedule(
       op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
       axis=axis), "heuristic"
+
+
+def cached_schedule(op, *, device_kind, axis_size, x_shape, w_shape, axis,
+                    dtype) -> schedule_lib.Schedule | None:
+  """The autotune cache's schedule for an op, or None (step 2 of `_resolve`).
+
+  Keyed by this job's process count too (`autotune_cache.Key`), and tried
+  for each shape of `_cache_shapes`.
+  """
+  for shape, ax in _cache_shapes(x_shape, axis):
+    key = autotune_cache.Key.of(op, device_kind=device_kind,
+                                axis_size=axis_size, x_shape=shape,
+                                w_shape=w_shape, axis=ax, dtype=dtype,
+                                processes=jax.process_count())
+    cached = autotune_cache.lookup(key)
+    if cached is not None and _fits(op, cached, x_shape, axis, axis_size):
+      return cached
+  return None
 
 
 def _cache_shapes(x_shape, axis):
@@ -84,7 +108,7 @@ def _resolve(op, schedule, *, a, w, axis, axis_size):
 
   1. ``schedule``, when the caller passes one;
   2. the autotune cache entry for (device kind, axis size, op, local shapes,
-     axis, dtype): the user's file (`ficco_jax.set_autotune_cache`, default
+     axis, dtype, process count): the user's file (`ficco_jax.set_autotune_cache`, default
      ``~/.cache/ficco_jax/autotune.json``) over the package's shipped data;
   3. the heuristic, `heuristics.choose_schedule` (a cost model).
 

@@ -125,7 +125,8 @@ def autotune(
   device = mesh.devices.flat[0]
   key = autotune_cache.Key.of(op, device_kind=device.device_kind,
                               axis_size=p, x_shape=x_local, w_shape=w_local,
-                              axis=axis, dtype=x.dtype)
+                              axis=axis, dtype=x.dtype,
+                              processes=jax.process_count())
   if candidates is None:
     candidates = _default_candidates(op, x_local, w_local, x.dtype, p, axis,
                                      device.platform)

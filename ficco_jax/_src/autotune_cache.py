@@ -43,6 +43,11 @@ class Key:
   """What decides the best schedule: the device, the axis and the local problem.
 
   Shapes are the local (per-device) shapes the op sees inside ``shard_map``.
+  ``processes`` is the job's process count: with one process driving every
+  GPU the copy engines run the rendezvous transport, with several the
+  window transport (xla_ffi/WINDOWS.md), whose costs differ, so a result
+  measured in one layout does not stand for the other. The shipped results
+  were all measured in one process. In JSON it is omitted when 1.
   """
 
   op: str
@@ -52,25 +57,29 @@ class Key:
   w_shape: tuple[int, ...]
   axis: int
   dtype: str
+  processes: int = 1
 
   @classmethod
   def of(cls, op: str, *, device_kind: str, axis_size: int, x_shape, w_shape,
-         axis: int, dtype) -> "Key":
+         axis: int, dtype, processes: int = 1) -> "Key":
     return cls(op=op, device_kind=device_kind, axis_size=int(axis_size),
                x_shape=tuple(int(d) for d in x_shape),
                w_shape=tuple(int(d) for d in w_shape), axis=int(axis),
-               dtype=np.dtype(dtype).name)
+               dtype=np.dtype(dtype).name, processes=int(processes))
 
   def to_json(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
     d["x_shape"], d["w_shape"] = list(self.x_shape), list(self.w_shape)
+    if self.processes == 1:
+      del d["processes"]
     return d
 
   @classmethod
   def from_json(cls, d: Mapping[str, Any]) -> "Key":
     return cls.of(d["op"], device_kind=d["device_kind"],
                   axis_size=d["axis_size"], x_shape=d["x_shape"],
-                  w_shape=d["w_shape"], axis=d["axis"], dtype=d["dtype"])
+                  w_shape=d["w_shape"], axis=d["axis"], dtype=d["dtype"],
+                  processes=d.get("processes", 1))
 
 
 def schedule_to_json(s: schedule_lib.Schedule) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import dataclasses
 import jax
 import numpy as np
 
-from ficco_jax._src import autotune_cache
 from ficco_jax._src import cost_model
 from ficco_jax._src import device_params
 from ficco_jax._src import heuristics
@@ -168,10 +167,13 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   else:
     platform, assume_dma = "gpu", True
   params = device_params.params_for(device_kind)
-  key = autotune_cache.Key.of(op, device_kind=device_kind,
-                              axis_size=axis_size, x_shape=x_shape,
-                              w_shape=w_shape, axis=axis, dtype=dtype)
-  cached = autotune_cache.lookup(key)
+  from ficco_jax._src import api  # pylint: disable=g-import-not-at-top
+
+  # The lookup the op itself does (shapes folded to 2-D where free, this
+  # job's process count).
+  cached = api.cached_schedule(op, device_kind=device_kind,
+                               axis_size=axis_size, x_shape=x_shape,
+                               w_shape=w_shape, axis=axis, dtype=dtype)
   decided, reason = heuristics.decide(
       op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
       axis=axis, platform=platform, params=params, assume_dma=assume_dma)

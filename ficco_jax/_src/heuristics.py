@@ -58,8 +58,10 @@ def dma_available(platform: str) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_once(message: str) -> None:
+def warn_once(message: str) -> None:
+  """Logs ``message`` as a warning the first time it is seen."""
   log.warning(message)
+
 
 
 def default_device_kind() -> str:
@@ -210,7 +212,7 @@ def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   reason = gate(op, x_shape=x_shape, dtype=dtype, axis_size=axis_size,
                 axis=axis, platform=platform)
   if reason == NO_DMA_LIBRARY:
-    _warn_once(
+    warn_once(
         "ficco_jax: the copy-engine (CUDA) library is not built into this"
         " install, so schedule=None uses XLA's all-gather + dot without"
         " overlap. Reinstall with nvcc on PATH to enable comm='dma'.")
