@@ -56,9 +56,10 @@ def test_min_round_ms_raises_the_calls_per_round(interleave):
       r = timing.time_jax(f, [(x,)], warmup=1, rounds=2, iters=2)
   finally:
     timing.set_min_round_ms(0.0)
-  # A tiny op takes far less than 2.5 ms per call on any host.
-  assert r["iters"] > 2 and r["rounds"] == 2
-  assert r["median_ms"] * r["iters"] >= 1.0  # ~5 ms rounds, with slack.
+  # A tiny op takes far less than 2.5 ms per call on any host, so 2 calls
+  # cannot fill 5 ms. (How long the stretched rounds then last depends on
+  # the one timed batch the estimate comes from, noisy on a busy host.)
+  assert 2 < r["iters"] <= timing.MAX_ITERS and r["rounds"] == 2
 
 
 def test_interleaved_records_a_failure_and_keeps_timing_the_others():
