@@ -261,9 +261,12 @@ def pick(case: Case, params) -> tuple[schedule_lib.Schedule,
   preds = tuple(cost_model.predict(prob, s, params) for s in times
                 if s in allowed)
   ok = lambda s: cost_model.eligible(params, case.op, s, case.p)  # noqa: E731
+  # The heuristic's own margin (wider where no calibration applies).
+  margin = cost_model.min_gain_for(params, case.p)
   free = cost_model.best(cost_model.rank(prob, params, heuristics.COMMS),
-                         allowed=ok)
-  return cost_model.best(preds, allowed=ok).schedule, free.schedule
+                         min_gain=margin, allowed=ok)
+  return (cost_model.best(preds, min_gain=margin, allowed=ok).schedule,
+          free.schedule)
 
 
 def evaluate(cases, params, tol: float) -> dict:

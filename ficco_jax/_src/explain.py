@@ -89,7 +89,8 @@ class Explanation:
 
 def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
               none: cost_model.Prediction, gated: str | None,
-              eligible: bool = True) -> str:
+              eligible: bool = True,
+              margin: float = cost_model.MIN_GAIN) -> str:
   """The main term that makes ``p`` slower than ``chosen``, in words."""
   if p.schedule == chosen.schedule:
     return "chosen"
@@ -108,7 +109,7 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
     if not chosen.schedule.overlapped:
       gain = 100 * (1 - p.total / none.total)
       return (f"{gain:.1f}% faster than none, below the"
-              f" {100 * cost_model.MIN_GAIN:.0f}% margin")
+              f" {100 * margin:.0f}% margin")
     return "predicted no slower; the choice came from measurements"
   if not p.schedule.overlapped:
     return (f"{slower}: no overlap, the collective's"
@@ -207,7 +208,9 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
                                      pr, chosen_pred, none, gated,
                                      cost_model.eligible(params, op,
                                                          pr.schedule,
-                                                         axis_size)))
+                                                         axis_size),
+                                     cost_model.min_gain_for(params,
+                                                             axis_size)))
                        for pr in sorted(preds, key=lambda pr: (
                            not cost_model.eligible(params, op, pr.schedule,
                                                    axis_size),

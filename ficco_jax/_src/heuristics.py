@@ -3,7 +3,8 @@
 Gates first (each makes the answer `schedule_lib.NO_OVERLAP` without asking
 the model), then the model (`cost_model`) ranks every valid candidate and
 overlap is chosen only when it is predicted `cost_model.MIN_GAIN` faster than
-no overlap. The autotune cache, when it has an entry, takes precedence over
+no overlap (`cost_model.UNCALIBRATED_MIN_GAIN` where no fitted calibration
+applies). The autotune cache, when it has an entry, takes precedence over
 this (see ``api._resolve``).
 """
 
@@ -149,7 +150,8 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
                             axis_size=axis_size, axis=axis)
   preds = cost_model.rank(prob, params, comms=COMMS)
   allowed = lambda s: cost_model.eligible(params, op, s, axis_size)  # noqa: E731
-  chosen = cost_model.best(preds, allowed=allowed)
+  margin = cost_model.min_gain_for(params, axis_size)
+  chosen = cost_model.best(preds, min_gain=margin, allowed=allowed)
   none = next(pr for pr in preds if not pr.schedule.overlapped)
   gain = 1 - chosen.total / none.total
   if chosen.schedule.overlapped:
@@ -171,7 +173,9 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
     return chosen.schedule, (
         f"best overlap ({top.schedule.short()}) is predicted only"
         f" {100 * (1 - top.total / none.total):.1f}% faster than no overlap"
-        f" (needs {100 * cost_model.MIN_GAIN:.0f}%)")
+        f" (needs {100 * margin:.0f}%"
+        + ("" if margin == cost_model.MIN_GAIN else
+           ": no fitted calibration applies here") + ")")
   return chosen.schedule, "no overlapped schedule is predicted faster"
 
 
@@ -185,8 +189,8 @@ def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   Gates first: tiny ops, non-GPU platforms, the reduce-scatter (see
   `OVERLAP_REDUCE_SCATTER`) and installs without the CUDA library get no
   overlap. Otherwise the cost model ranks every valid candidate and an
-  overlapped one is picked only when predicted `cost_model.MIN_GAIN` faster
-  than no overlap.
+  overlapped one is picked only when predicted `cost_model.min_gain_for`
+  (3%; 8% where no fitted calibration applies) faster than no overlap.
 
   Args:
     op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
