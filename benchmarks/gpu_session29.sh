@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 6, call A on the 2-GPU machine (nvidia-h200-x2; the 4-GPU kind was
-# withheld all session). ~5 min:
+# withheld then). ~2 min:
 #  1. the copy-engine tests on real GPUs: protocol (host counters with the
 #     reset/read split), window transport (the CUDA watchdog rescue of a rank
 #     that never arrives, now runnable on 2 GPUs), ops and gradients incl.

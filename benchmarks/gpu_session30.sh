@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # For the 4-GPU machine (nvidia-h200-x4), written in session 6 when that kind
-# was withheld; NOT RUN yet. ~8 min:
+# was withheld; it ran as session 6 call B when the kind was lent late. ~4 min:
 #  1. the copy-engine tests on 4 GPUs (-rs lists what skipped and why),
 #     including compute_granularity="step" at P = 4 (three peers per start);
 #  2. timing_noise.py on issue 6's shortest shape (llama3-8b M4096): one

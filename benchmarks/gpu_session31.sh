@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # For the 4-GPU machine (nvidia-h200-x4), written in session 6 when that kind
-# was withheld; NOT RUN yet. ~9.5 min: issue 5's labels of the rs op
+# was withheld; ran as session 6 call C (rs) / D (ag). ~6 min: issue 5's labels of the rs op
 # re-measured on the current protocol (session 5's copy path) with rounds
 # stretched to >= 25 ms: every model at M = 2048, 4096, 8192 and 16384 plus
 # the squares, the schedules the heuristic can return. Then, on a CPU:
