@@ -108,7 +108,8 @@ def _resolve(op, schedule, *, a, w, axis, axis_size):
 
   1. ``schedule``, when the caller passes one;
   2. the autotune cache entry for (device kind, axis size, op, local shapes,
-     axis, dtype, process count): the user's file (`ficco_jax.set_autotune_cache`, default
+     axis, dtype, process count), see `cached_schedule`: the user's file
+     (`ficco_jax.set_autotune_cache`, default
      ``~/.cache/ficco_jax/autotune.json``) over the package's shipped data;
   3. the heuristic, `heuristics.choose_schedule` (a cost model).
 

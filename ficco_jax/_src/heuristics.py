@@ -64,7 +64,6 @@ def warn_once(message: str) -> None:
   log.warning(message)
 
 
-
 def default_device_kind() -> str:
   """The device kind ``schedule=None`` plans for.
 

@@ -210,7 +210,8 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   p = st.axis_size
   num_chunks = st.schedule.num_chunks
   step = st.schedule.granularity(st.op_name) == "step"
-  plans = {s: _pull_plan(p, mc, s) for s in range(1, p)}
+  plans = ({0: _step_plan(p, mc)} if step
+           else {s: _pull_plan(p, mc, s) for s in range(1, p)})
   in_flight = []  # (chunk, part, landing, site) in issue order.
 
   def hand_over(j, part, plan):
@@ -227,7 +228,7 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
       # One dot for the chunk's rows of every peer, one start for all their
       # pulls: P - 1 times fewer host rendezvous than piece by piece.
       part = _dot(_peer_rows(h0, rank, m, j * mc, mc, p), w, st)
-      hand_over(j, part.astype(out_dtype), _step_plan(p, mc))
+      hand_over(j, part.astype(out_dtype), plans[0])
       continue
     for s in range(1, p):
       part = _rows_dot(h0, ((rank + s) % p) * m + j * mc, mc, w, st)
