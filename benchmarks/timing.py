@@ -115,34 +115,32 @@ def time_jax(
   del out
   if _min_round_ms > 0:
     # One timed batch of `iters` calls estimates the per-call time.
-    t0 = time.perf_counter()
-    for i in range(iters):
-      out = fn(*arg_sets[i % len(arg_sets)])
-    jax.block_until_ready(out)
-    del out
-    iters = iters_for((time.perf_counter() - t0) * 1e3 / iters, iters,
-                      _min_round_ms)
+    iters = iters_for(_batch_ms(fn, arg_sets, iters, 0), iters, _min_round_ms)
 
   if _pending is not None:
     # Interleaved: the caller gets this dict now; `interleaved` fills it.
     res = {"compile_and_first_call_s": first_s, "interleaved": True}
     _pending.append((fn, arg_sets, rounds, iters, res))
     return res
-  per_call = []
-  k = 0
-  for _ in range(rounds):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-      out = fn(*arg_sets[k % len(arg_sets)])
-      k += 1
-    # One block per round: the devices run the N calls back to back, and each
-    # device executes in order, so the last output being ready means all are.
-    jax.block_until_ready(out)
-    per_call.append((time.perf_counter() - t0) * 1e3 / iters)
-    del out
+  per_call = [_batch_ms(fn, arg_sets, iters, r * iters) for r in range(rounds)]
   res = summarize(per_call, iters=iters)
   res["compile_and_first_call_s"] = first_s
   return res
+
+
+def _batch_ms(fn, arg_sets, iters: int, first: int) -> float:
+  """Per-call ms of ``iters`` back-to-back calls, input sets from ``first`` on.
+
+  One block at the end: the devices run the calls back to back, and each
+  device executes in order, so the last output being ready means all are.
+  """
+  import jax  # Lazy, see the module docstring.
+
+  t0 = time.perf_counter()
+  for k in range(first, first + iters):
+    out = fn(*arg_sets[k % len(arg_sets)])
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) * 1e3 / iters
 
 
 _pending: list | None = None
@@ -188,13 +186,8 @@ def _time_round_robin(entries) -> None:
         continue
       try:
         jax.block_until_ready(fn(*arg_sets[counters[i] % len(arg_sets)]))
-        t0 = time.perf_counter()
-        for _ in range(iters):
-          out = fn(*arg_sets[counters[i] % len(arg_sets)])
-          counters[i] += 1
-        jax.block_until_ready(out)
-        samples[i].append((time.perf_counter() - t0) * 1e3 / iters)
-        del out
+        samples[i].append(_batch_ms(fn, arg_sets, iters, counters[i]))
+        counters[i] += iters
       except Exception as e:  # pylint: disable=broad-except
         failed[i] = f"{type(e).__name__}: {e}"[:1500]
   for i, (_, _, _, iters, res) in enumerate(entries):

@@ -370,10 +370,11 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
     state["t"] += d
     state["busy"] += d
 
-  def send(rows, start, queues=1):
-    # ``queues`` copies of ``rows`` rows each, concurrently on their queues.
-    del queues
-    end = start + latency + rows * out_row_bytes * per_byte * (1 + beta)
+  def send(rows, start, peers=1):
+    # ``peers`` pieces of ``rows`` rows each. More than one: comm='dma', each
+    # on its own queue at once, sharing the receive bandwidth of that many.
+    rate = per_byte if peers == 1 else peers / params.receive(peers)
+    end = start + latency + rows * out_row_bytes * rate * (1 + beta)
     state["comm_end"] = max(state["comm_end"], end)
     state["last"] = max(state["last"], end)
     return end
@@ -385,18 +386,14 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   if direct and sched.granularity(prob.op) == "step":
     k_row_bytes = prob.rows * prob.k * prob.itemsize
     if sched.comm == "dma":
-      # P - 1 queues at once, sharing the device's receive bandwidth.
-      step_bw = params.receive(p - 1)
-      links, bw = p - 1, step_bw
+      links, bw = p - 1, params.receive(p - 1)
     for _ in range(c):
       # The peers' rows copied into one operand, then one dot.
       state["t"] += (p - 1) * mc * k_row_bytes * 2 / params.hbm_bw
       dot((p - 1) * mc)
       if sched.comm == "dma":
-        start = max(state["t"], state["comm_end"])
-        end = (start + latency
-               + (p - 1) * mc * out_row_bytes / step_bw * (1 + beta))
-        state["comm_end"] = state["last"] = max(state["comm_end"], end)
+        # Every peer pulls its slot at once.
+        send(mc, max(state["t"], state["comm_end"]), peers=p - 1)
       else:
         for _ in range(p - 1):
           send(mc, max(state["t"], state["comm_end"]))
