@@ -69,6 +69,14 @@ def define_flags(*, default_peers: str) -> None:
                      "Raise the calls per round of short ops until a round"
                      " lasts this long (timing.set_min_round_ms); 0: exactly"
                      " --iters.")
+  flags.DEFINE_float("settle_ms", 10.0,
+                     "Interleaved timing: untimed calls of a program for this"
+                     " long before each of its timed rounds"
+                     " (timing.set_settle_ms; at least one call).")
+  flags.DEFINE_enum("order", "shuffle", ["shuffle", "rotate"],
+                    "Interleaved timing: each round in a fresh random order"
+                    " (shuffle) or the same cyclic order rotated (rotate, the"
+                    " session-6 harness).")
   flags.DEFINE_integer("input_sets", 2, "Input sets calls rotate through.")
   flags.DEFINE_bool("tiny", False,
                     "Scale model dims down by 64 (CPU smoke tests).")
@@ -303,6 +311,7 @@ def env_info(op: str) -> dict[str, Any]:
       "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUDA_VISIBLE_DEVICES")}
   info["timing"] = {"warmup": FLAGS.warmup, "rounds": FLAGS.rounds,
                     "iters": FLAGS.iters, "min_round_ms": FLAGS.min_round_ms,
+                    "settle_ms": FLAGS.settle_ms, "order": FLAGS.order,
                     "input_sets": FLAGS.input_sets,
                     "interleave": FLAGS.interleave,
                     "stat": "median and min over rounds of round_time / iters"}
@@ -317,6 +326,8 @@ class Run:
     import jax
     import timing  # pylint: disable=g-import-not-at-top
     timing.set_min_round_ms(FLAGS.min_round_ms)
+    timing.set_settle_ms(FLAGS.settle_ms)
+    timing.set_order(FLAGS.order)
     self.op = op
     self.title = title
     self.md_row = md_row

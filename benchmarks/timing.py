@@ -22,12 +22,28 @@ The result's ``iters`` says how many ran.
 
 Interleaved mode (`interleaved`): the candidates of one case are compiled,
 warmed up and registered first, then timed round-robin (round r runs every
-candidate once, starting at a rotated position), so slow drift of the
-machine (clocks, temperature, a neighbour) spreads over all candidates
-instead of landing on whichever ran last. Each block is preceded by one
-untimed call, since the previous block ran another program. The cost: every
-candidate's executable and inputs stay alive until the case is timed, and
-the bench scripts' time budgets cannot stop the round-robin phase.
+candidate once), so slow drift of the machine (clocks, temperature, a
+neighbour) spreads over all candidates instead of landing on whichever ran
+last. The cost: every candidate's executable and inputs stay alive until the
+case is timed, and the bench scripts' time budgets cannot stop the
+round-robin phase.
+
+What precedes a timed block matters on a GPU near its power limit: in
+session 6 the same executable, registered twice (XLA's baseline and
+ficco's ``none``), read up to 9% apart in every round, the copy that always
+followed a light program (the collective alone) being the faster. So by
+default (`set_order`, `set_settle_ms`):
+
+* ``order="shuffle"``: each round runs the candidates in a fresh random
+  order (seeded by the round, so runs are repeatable), so no candidate
+  always follows the same one (``"rotate"``, the session-6 order, keeps the
+  cyclic order and only rotates its start);
+* each block is preceded by untimed calls of the same program for at least
+  ``settle_ms`` (10 ms; at least one call), so every program is timed in the
+  state its own work leaves the device in, not its predecessor's;
+* light programs that are not compared with the others (the matmul alone,
+  the collective alone, which only set the ideal) are timed at once, outside
+  the round-robin (``time_jax(..., interleave=False)``).
 
 This module imports no framework at import time, so the torch script can use
 `summarize` without pulling JAX in.
@@ -36,6 +52,8 @@ This module imports no framework at import time, so the torch script can use
 from __future__ import annotations
 
 import contextlib
+import math
+import random
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -46,6 +64,9 @@ ITERS = 20
 MAX_ITERS = 2000
 
 _min_round_ms = 0.0
+_settle_ms = 10.0
+_order = "shuffle"
+ORDERS = ("shuffle", "rotate")
 
 
 def set_min_round_ms(ms: float) -> None:
@@ -54,6 +75,44 @@ def set_min_round_ms(ms: float) -> None:
   if ms < 0:
     raise ValueError(f"min_round_ms={ms} must be >= 0.")
   _min_round_ms = float(ms)
+
+
+def set_settle_ms(ms: float) -> None:
+  """Interleaved blocks follow untimed calls of their program for ``ms``."""
+  global _settle_ms
+  if ms < 0:
+    raise ValueError(f"settle_ms={ms} must be >= 0.")
+  _settle_ms = float(ms)
+
+
+def set_order(order: str) -> None:
+  """Round order of interleaved timing: ``"shuffle"`` or ``"rotate"``."""
+  global _order
+  if order not in ORDERS:
+    raise ValueError(f"order={order!r} must be one of {ORDERS}.")
+  _order = order
+
+
+def settings() -> dict[str, Any]:
+  """The module's current timing settings, for result files."""
+  return {"min_round_ms": _min_round_ms, "settle_ms": _settle_ms,
+          "order": _order}
+
+
+def round_order(n: int, r: int) -> list[int]:
+  """Indices of ``n`` interleaved candidates in the order round ``r`` runs them."""
+  if _order == "rotate":
+    return [(j + r) % n for j in range(n)]
+  order = list(range(n))
+  random.Random(r).shuffle(order)
+  return order
+
+
+def settle_calls(per_call_ms: float) -> int:
+  """Untimed calls before an interleaved block: ``settle_ms`` worth, >= 1."""
+  if per_call_ms <= 0:
+    return 1
+  return max(1, min(MAX_ITERS, math.ceil(_settle_ms / per_call_ms)))
 
 
 def iters_for(per_call_ms: float, iters: int, min_round_ms: float) -> int:
@@ -83,6 +142,7 @@ def time_jax(
     warmup: int = WARMUP,
     rounds: int = ROUNDS,
     iters: int = ITERS,
+    interleave: bool = True,
 ) -> dict[str, Any]:
   """Times a jitted JAX function.
 
@@ -93,6 +153,8 @@ def time_jax(
     warmup: calls before timing (at least 1, which also compiles).
     rounds: timed rounds.
     iters: back-to-back calls per round.
+    interleave: False times ``fn`` now even inside `interleaved` (for light
+      reference programs that nothing is compared with).
 
   Returns:
     ``{"median_ms", "min_ms", "rounds_ms", "rounds", "iters",
@@ -113,13 +175,16 @@ def time_jax(
     out = fn(*arg_sets[i % len(arg_sets)])
   jax.block_until_ready(out)
   del out
-  if _min_round_ms > 0:
+  per_call_ms = 0.0
+  if _min_round_ms > 0 or (_pending is not None and interleave):
     # One timed batch of `iters` calls estimates the per-call time.
-    iters = iters_for(_batch_ms(fn, arg_sets, iters, 0), iters, _min_round_ms)
+    per_call_ms = _batch_ms(fn, arg_sets, iters, 0)
+    iters = iters_for(per_call_ms, iters, _min_round_ms)
 
-  if _pending is not None:
+  if _pending is not None and interleave:
     # Interleaved: the caller gets this dict now; `interleaved` fills it.
-    res = {"compile_and_first_call_s": first_s, "interleaved": True}
+    res = {"compile_and_first_call_s": first_s, "interleaved": True,
+           "settle_calls": settle_calls(per_call_ms)}
     _pending.append((fn, arg_sets, rounds, iters, res))
     return res
   per_call = [_batch_ms(fn, arg_sets, iters, r * iters) for r in range(rounds)]
@@ -179,13 +244,19 @@ def _time_round_robin(entries) -> None:
   counters = [0] * len(entries)
   failed: dict[int, str] = {}
   for r in range(rounds):
-    for j in range(len(entries)):
-      i = (j + r) % len(entries)
-      fn, arg_sets, n_rounds, iters, _ = entries[i]
+    for i in round_order(len(entries), r):
+      fn, arg_sets, n_rounds, iters, res = entries[i]
       if i in failed or r >= n_rounds:
         continue
       try:
-        jax.block_until_ready(fn(*arg_sets[counters[i] % len(arg_sets)]))
+        # Untimed calls of this same program first: the previous block ran
+        # another one, and left the device in its state (module docstring).
+        settle = res["settle_calls"]
+        for k in range(counters[i], counters[i] + settle):
+          out = fn(*arg_sets[k % len(arg_sets)])
+        jax.block_until_ready(out)
+        del out
+        counters[i] += settle
         samples[i].append(_batch_ms(fn, arg_sets, iters, counters[i]))
         counters[i] += iters
       except Exception as e:  # pylint: disable=broad-except

@@ -5,14 +5,20 @@ The "never slower" check compares ficco's op with XLA's collective + dot. Where
 it read 0.83-0.92x of the baseline on the first, short case (0.3 ms) of a
 call. This times, interleaved in one process (`timing.interleaved`), two
 separately jitted copies of XLA's matmul + reduce-scatter (``xla_a``,
-``xla_b``), ficco's ``none`` and the ``--schedules``, once with exactly
-``--iters`` calls per round and once per ``--min_round_ms`` value (rounds
-stretched to last that long), each setting ``--passes`` times. It reports
-each program's median, its round spread (max / min round) and the ratios
-``xla_a / xla_b`` and ``xla_a / none``: 1.0 is the truth for both.
+``xla_b``), ficco's ``none``, the ``--schedules`` and, registered just
+before ``xla_a``, a light program (the collective alone, ``comm``), as
+rs_bench's baseline followed one in session 6. Every ``--round_settings``
+value (0: exactly ``--iters`` calls per round; else rounds stretched to
+last that many ms) runs under every ``--harnesses`` order (``rotate``:
+session 6's cyclic order, one untimed call before a block; ``shuffle``: a
+random order per round and ``--settle_ms`` of untimed calls before a
+block), each ``--passes`` times. It reports each program's median, its
+round spread (max / min round) and the ratios ``xla_a / xla_b`` and
+``xla_a / none``: 1.0 is the truth for both.
 
   python benchmarks/timing_noise.py --m=4096 --k=14336 --n=4096 \
-      --axis_size=4 --min_round_ms=0,25 --rounds=9 --out=noise.json
+      --axis_size=4 --round_settings=0,25 --harnesses=rotate,shuffle \
+      --rounds=9 --out=noise.json
 """
 
 from __future__ import annotations
@@ -41,6 +47,11 @@ _W = flags.DEFINE_integer("axis_size", 4, "Devices on the axis.")
 _SETTINGS = flags.DEFINE_list("round_settings", ["0", "25"],
                               "min_round_ms values to compare (0: exactly"
                               " --iters calls per round).")
+_HARNESSES = flags.DEFINE_list(
+    "harnesses", ["shuffle"],
+    "Interleaved orders to compare: rotate (session 6: cyclic order, one"
+    " untimed call before a block) and/or shuffle (random order per round,"
+    " --settle_ms of untimed calls before a block).")
 _PASSES = flags.DEFINE_integer("passes", 2, "Repeats of every setting.")
 _OUT = flags.DEFINE_string("out", "timing_noise.json", "Output JSON path.")
 
@@ -60,6 +71,12 @@ def _programs(mesh, w):
                              schedule=schedule)
 
   progs = {
+      # A light program first, so that in the rotate order xla_a follows it
+      # in most rounds, as rs_bench's baseline followed the collective alone
+      # in session 6 (its own arguments: the partial's shape).
+      "comm": common.jit_shard_map(
+          lambda y: lax.psum_scatter(y, "x", scatter_dimension=0, tiled=True),
+          mesh, P("x", None), P("x", None)),
       # Two jits of one body: two executables of the same program.
       "xla_a": common.jit_shard_map(xla, mesh, in_specs, out_spec),
       "xla_b": common.jit_shard_map(lambda a, b: xla(a, b), mesh, in_specs,
@@ -92,19 +109,25 @@ def main(argv):
   args = [(common.random_array(mesh, (m, k), P(None, "x"), 10 * i + 1),
            common.random_array(mesh, (k, n), P("x", None), 10 * i + 2))
           for i in range(sets)]
+  comm_args = [(common.random_array(mesh, (w * m, n), P("x", None),
+                                    10 * i + 3),) for i in range(sets)]
   progs = _programs(mesh, w)
   out = {"env": common.env_info("timing_noise"), "shape": [m, k, n],
          "axis_size": w, "runs": []}
   for p in range(_PASSES.value):
-    for setting in _SETTINGS.value:
+    for setting, harness in [(s_, h) for s_ in _SETTINGS.value
+                             for h in _HARNESSES.value]:
       timing.set_min_round_ms(float(setting))
+      timing.set_order(harness)
+      timing.set_settle_ms(FLAGS.settle_ms if harness == "shuffle" else 0.0)
       results = {}
       with timing.interleaved(True):
         for name, fn in progs.items():
           results[name] = timing.time_jax(
-              fn, args, warmup=FLAGS.warmup, rounds=FLAGS.rounds,
+              fn, comm_args if name == "comm" else args, warmup=FLAGS.warmup, rounds=FLAGS.rounds,
               iters=FLAGS.iters)
-      run = {"pass": p, "min_round_ms": float(setting),
+      run = {"pass": p, "min_round_ms": float(setting), "harness": harness,
+             "settle_ms": timing.settings()["settle_ms"],
              "programs": {k_: _summary(v) for k_, v in results.items()}}
       med = {k_: v["median_ms"] for k_, v in run["programs"].items()}
       if med.get("xla_a") and med.get("xla_b") and med.get("none"):
@@ -112,22 +135,23 @@ def main(argv):
         run["xla_a_over_none"] = med["xla_a"] / med["none"]
       out["runs"].append(run)
       spreads = {k_: v["spread"] for k_, v in run["programs"].items()}
-      print(f"pass {p} min_round_ms={setting}: medians "
+      print(f"pass {p} min_round_ms={setting} {harness}: medians "
             + ", ".join(f"{k_} {v:.4f}" for k_, v in med.items() if v)
             + f" | xla_a/xla_b {run.get('xla_a_over_xla_b', 0):.3f}"
             f" xla_a/none {run.get('xla_a_over_none', 0):.3f} | spreads "
             + ", ".join(f"{k_} {v:.2f}" for k_, v in spreads.items() if v)
             + f" | iters {run['programs']['xla_a']['iters']}", flush=True)
   timing.set_min_round_ms(0.0)
-  by_setting: dict[float, list[float]] = {}
+  by_setting: dict[str, list[float]] = {}
   for r in out["runs"]:
     if "xla_a_over_none" in r:
-      by_setting.setdefault(r["min_round_ms"], []).extend(
+      key = f"{r['min_round_ms']:g} ms {r['harness']}"
+      by_setting.setdefault(key, []).extend(
           [abs(1 - r["xla_a_over_xla_b"]), abs(1 - r["xla_a_over_none"])])
-  out["worst_self_error"] = {str(k_): max(v) for k_, v in by_setting.items()}
-  out["median_self_error"] = {str(k_): statistics.median(v)
+  out["worst_self_error"] = {k_: max(v) for k_, v in by_setting.items()}
+  out["median_self_error"] = {k_: statistics.median(v)
                               for k_, v in by_setting.items()}
-  print("worst |1 - ratio| of a program against itself, by min_round_ms:",
+  print("worst |1 - ratio| of a program against itself, by setting:",
         out["worst_self_error"], flush=True)
   with open(_OUT.value, "w") as f:
     json.dump(out, f, indent=1)

@@ -62,12 +62,69 @@ def test_min_round_ms_raises_the_calls_per_round(interleave):
   assert 2 < r["iters"] <= timing.MAX_ITERS and r["rounds"] == 2
 
 
+def test_round_order_shuffles_predecessors_and_is_repeatable():
+  try:
+    timing.set_order("rotate")
+    # The session-6 order: every candidate keeps its predecessor.
+    assert [timing.round_order(4, r) for r in range(2)] == [[0, 1, 2, 3],
+                                                             [1, 2, 3, 0]]
+    timing.set_order("shuffle")
+    orders = [timing.round_order(5, r) for r in range(12)]
+    assert all(sorted(o) == list(range(5)) for o in orders)
+    assert orders == [timing.round_order(5, r) for r in range(12)]
+    # Candidate 1 follows more than one program across the rounds.
+    before_1 = {o[o.index(1) - 1] for o in orders if o.index(1) > 0}
+    assert len(before_1) > 1
+    with pytest.raises(ValueError, match="order='cyclic'"):
+      timing.set_order("cyclic")
+  finally:
+    timing.set_order("shuffle")
+
+
+def test_settle_calls_cover_settle_ms():
+  try:
+    timing.set_settle_ms(10.0)
+    assert timing.settle_calls(0.3) == 34  # ceil(10 / 0.3)
+    assert timing.settle_calls(50.0) == 1
+    assert timing.settle_calls(0.0) == 1
+    timing.set_settle_ms(0.0)
+    assert timing.settle_calls(0.3) == 1  # The session-6 harness: one call.
+    with pytest.raises(ValueError, match="settle_ms=-2"):
+      timing.set_settle_ms(-2)
+  finally:
+    timing.set_settle_ms(10.0)
+
+
+def test_interleaved_settles_each_block_and_can_time_at_once():
+  calls = {"f": 0}
+
+  def f(x):
+    calls["f"] += 1
+    return x + 1
+
+  g = jax.jit(lambda x: x * 2)
+  x = jnp.ones((4,))
+  try:
+    timing.set_settle_ms(1e6)  # Capped at MAX_ITERS calls: count them.
+    with timing.interleaved():
+      rf = timing.time_jax(f, [(x,)], warmup=1, rounds=2, iters=3)
+      after_registration = calls["f"]
+      rg = timing.time_jax(g, [(x,)], warmup=1, rounds=2, iters=3,
+                           interleave=False)
+      # Timed at once: light reference programs stay out of the rounds.
+      assert rg["rounds"] == 2 and "interleaved" not in rg
+  finally:
+    timing.set_settle_ms(10.0)
+  assert rf["settle_calls"] == timing.MAX_ITERS
+  # Each of the 2 rounds: MAX_ITERS untimed calls, then 3 timed ones.
+  assert calls["f"] - after_registration == 2 * (timing.MAX_ITERS + 3)
+
+
 def test_interleaved_records_a_failure_and_keeps_timing_the_others():
-  calls = {"n": 0}
+  failing = {"on": False}
 
   def flaky(x):
-    calls["n"] += 1
-    if calls["n"] > 2:  # Compile + warm-up pass, then every timed call fails.
+    if failing["on"]:  # Registered (compiled, warmed up); timed calls fail.
       raise RuntimeError("boom")
     return x + 1
 
@@ -76,6 +133,7 @@ def test_interleaved_records_a_failure_and_keeps_timing_the_others():
   with timing.interleaved():
     bad = timing.time_jax(flaky, [(x,)], warmup=2, rounds=2, iters=1)
     good = timing.time_jax(ok, [(x,)], warmup=1, rounds=2, iters=1)
+    failing["on"] = True
   assert "boom" in bad["error"] and "median_ms" not in bad
   assert good["rounds"] == 2
 

@@ -139,6 +139,10 @@ def test_step_granularity_starts_once_per_chunk(c):
   ag = _prob()
   assert cost_model.family(ag.op, step) == "direct"
   assert cost_model.family(ag.op, piece) == "direct:piece"
+  # The Pallas kernel reads the peers' rows in place: no gathering copy.
+  step_pallas = dataclasses.replace(step, compute="pallas")
+  assert (cost_model.predict_uncalibrated(rs, step_pallas, params).device
+          < ps.device)
 
 
 def test_all_gather_piece_granularity_runs_more_smaller_dots():

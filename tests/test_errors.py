@@ -73,8 +73,6 @@ def test_outside_shard_map_explains_how_to_call():
     (dict(num_sms=0), ValueError, r"num_sms=0 must be None or a positive int"),
     (dict(compute_granularity="tile"), ValueError,
      r"compute_granularity='tile' must be None or one of"),
-    (dict(compute="pallas", compute_granularity="step"), ValueError,
-     r"compute_granularity='step' needs compute='xla'"),
 ])
 def test_schedule_validation(kwargs, exc, match):
   with pytest.raises(exc, match=match):

@@ -231,10 +231,18 @@ def test_step_granularity_moves_the_same_bytes_in_fewer_starts():
   assert starts == {"step": 2, "piece": 6}, starts
 
 
-PALLAS = [Schedule(dataflow=d, num_chunks=c, comm=comm, compute="pallas")
-          for d, c, comm in (("direct", 2, "xla"), ("ring", 3, "xla"),
-                             ("bidirectional", 1, "xla"), ("direct", 3, "dma"),
-                             ("ring", 2, "dma"))]
+PALLAS = [Schedule(dataflow=d, num_chunks=c, comm=comm, compute="pallas",
+                   compute_granularity=g)
+          for d, c, comm, g in (("direct", 2, "xla", None),
+                                ("ring", 3, "xla", None),
+                                ("bidirectional", 1, "xla", None),
+                                ("direct", 3, "dma", None),
+                                ("ring", 2, "dma", None),
+                                # One launch per step: the reduce-scatter
+                                # reads 3 peers' wrapped rows in place, the
+                                # all-gather writes 3 owners' rows.
+                                ("direct", 1, "dma", "step"),
+                                ("direct", 3, "xla", "step"))]
 
 
 @pytest.mark.parametrize("schedule", PALLAS, ids=_ids(PALLAS))

@@ -338,3 +338,86 @@ def test_hopper_kernel_reads_rows_in_place_in_mosaic_gpu_interpreter(
   ref = np.asarray(x, np.float64)[x_row:x_row + rows] @ np.asarray(w, np.float64)
   got = np.asarray(result, np.float64)
   assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+
+
+# ------------------------------------- several pieces in one launch (steps)
+
+
+def _pieces_ref(x, x_rows, rows, w):
+  x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  return [x64[r:r + rows] @ w64 for r in x_rows]
+
+
+def test_chunk_matmul_pieces_stacks_rows_read_in_place():
+  # The reduce-scatter's step on rank 2 of 4: the pieces of ranks 3, 0, 1,
+  # i.e. rows that wrap around the operand; traced offsets under jit.
+  rng = np.random.default_rng(31)
+  m = 6
+  x = jnp.asarray(rng.standard_normal((4 * m, 10)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((10, 7)), jnp.float32)
+  starts = [3 * m + 1, 0 * m + 1, 1 * m + 1]
+  f = jax.jit(lambda x, w, s: cm.chunk_matmul_pieces(x, list(s), 4, w,
+                                                     interpret=True))
+  got = np.asarray(f(x, w, jnp.asarray(starts, jnp.int32)), np.float64)
+  ref = np.concatenate(_pieces_ref(x, starts, 4, w))
+  assert got.shape == (12, 7)
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL[jnp.float32]
+
+
+def test_chunk_matmul_pieces_writes_each_piece_at_its_row():
+  rng = np.random.default_rng(32)
+  x = jnp.asarray(rng.standard_normal((9, 5)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+  out = jnp.full((20, 3), POISON, jnp.float32)
+  got = np.asarray(cm.chunk_matmul_pieces(x, [0, 3, 6], 3, w, out=out,
+                                          out_rows=[15, 0, 9],
+                                          interpret=True), np.float64)
+  for (dst, ref) in zip([15, 0, 9], _pieces_ref(x, [0, 3, 6], 3, w)):
+    assert np.linalg.norm(got[dst:dst + 3] - ref) / np.linalg.norm(ref) < 1e-5
+  untouched = np.ones(20, bool)
+  for dst in (15, 0, 9):
+    untouched[dst:dst + 3] = False
+  assert (got[untouched] == POISON).all()
+
+
+def test_chunk_matmul_pieces_rejects_bad_arguments():
+  x, w = jnp.zeros((12, 4), jnp.float32), jnp.zeros((4, 3), jnp.float32)
+  with pytest.raises(ValueError, match="x_rows must name"):
+    cm.chunk_matmul_pieces(x, [], 4, w)
+  with pytest.raises(ValueError, match="rows=13"):
+    cm.chunk_matmul_pieces(x, [0], 13, w)
+  with pytest.raises(ValueError, match="row_offset=10"):
+    cm.chunk_matmul_pieces(x, [0, 10], 4, w)
+  with pytest.raises(ValueError, match="out and out_rows go together"):
+    cm.chunk_matmul_pieces(x, [0], 4, w, out=jnp.zeros((8, 3), jnp.float32))
+  with pytest.raises(ValueError, match="out_rows has 1 entries"):
+    cm.chunk_matmul_pieces(x, [0, 4], 4, w,
+                           out=jnp.zeros((8, 3), jnp.float32),
+                           out_rows=[0])
+
+
+@pytest.mark.parametrize("into", [False, True])
+def test_hopper_kernel_pieces_in_mosaic_gpu_interpreter(monkeypatch, into):
+  # Three pieces of two CTA tile rows each, read from wrapped-around rows of
+  # x (the reduce-scatter's step) into a fresh output, or written at
+  # scattered rows of an aliased out (the all-gather's step); on 3 CTAs, so
+  # CTAs cross piece boundaries in their tile loop.
+  params = _mosaic_gpu_interpret_params(monkeypatch)
+  cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=128, max_concurrent_steps=2)
+  rows, k, n = 2 * cfg.cta_tile_m, 128, cfg.cta_tile_n
+  rng = np.random.default_rng(33)
+  x = jnp.asarray(rng.standard_normal((4 * rows, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+  x_rows = [3 * rows, 0, rows]
+  out_rows = [2 * rows, 0, 3 * rows] if into else [0, rows, 2 * rows]
+  out = jnp.full((4 * rows, n), jnp.nan, jnp.bfloat16) if into else None
+  result = cm._mgpu_into(out, x, w, cm._offsets(out_rows, x_rows), num_sms=3,
+                         config=cfg, rows=3 * rows, out_dtype=jnp.bfloat16,
+                         mosaic_interpret=params)
+  got = np.asarray(result, np.float64)
+  assert got.shape == ((4 * rows, n) if into else (3 * rows, n))
+  for dst, ref in zip(out_rows, _pieces_ref(x, x_rows, rows, w)):
+    rel = np.linalg.norm(got[dst:dst + rows] - ref) / np.linalg.norm(ref)
+    assert rel < 1e-2
+  if into:
+    assert np.isnan(got[rows:2 * rows]).all()

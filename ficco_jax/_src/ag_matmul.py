@@ -55,6 +55,28 @@ def _pallas_into(out, piece, w, row, st: Static):
   return y.reshape(out.shape)
 
 
+def _pallas_pieces_into(out, data, blocks, w, rank, m, st: Static):
+  """Every block of ``data`` times ``w``, written at its owner's rows of
+  ``out``: one Pallas launch for a step (the direct dataflow's blocks all
+  have the same rows)."""
+  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+  rows = {b.rows for b in blocks}
+  if len(rows) != 1:
+    raise ValueError(
+        f"compute_granularity='step' with compute='pallas' needs the blocks"
+        f" of a step to have equal rows, got {sorted(rows)}.")
+  fold = math.prod(data.shape[1:-1])
+  y = chunk_matmul.chunk_matmul_pieces(
+      data.reshape(-1, data.shape[-1]),
+      [b.landing_row * fold for b in blocks], rows.pop() * fold, w,
+      out=out.reshape(-1, out.shape[-1]),
+      out_rows=[(gather.owner_rank(b, rank, st.axis_size) * m + b.owner_row)
+                * fold for b in blocks],
+      num_sms=st.schedule.num_sms)
+  return y.reshape(out.shape)
+
+
 def _place(out, piece, w, row, st: Static):
   """Writes ``piece @ w`` into rows ``[row, row + len(piece))`` of ``out``."""
   if st.schedule.compute == "pallas":
@@ -81,6 +103,9 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
 
   def consume(out, data, blocks):
     if st.schedule.granularity(st.op_name) == "step" and len(blocks) > 1:
+      if st.schedule.compute == "pallas":
+        # One launch writes every block at its owner's rows (in place).
+        return _pallas_pieces_into(out, data, blocks, w, rank, m, st)
       # One matmul for the whole landing buffer (all peers' piece c in the
       # direct dataflow), then place its row blocks.
       y = _dot(data, w, st).astype(out_dtype)

@@ -346,7 +346,7 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   time, one queue) while the next is multiplied; the own rows' dot hides the
   last pull, then one pass sums them. direct with ``compute_granularity=
   "step"``: per chunk one dot of the ``P - 1`` peers' rows (after copying
-  them together), then all peers pull their slot at once, sharing the
+  them together, with XLA's dot), then all peers pull their slot at once, sharing the
   receive bandwidth of ``P - 1`` peers. A dot is ``1 + alpha`` slower for
   as long as a transfer is in flight.
   """
@@ -388,8 +388,10 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
     if sched.comm == "dma":
       links, bw = p - 1, params.receive(p - 1)
     for _ in range(c):
-      # The peers' rows copied into one operand, then one dot.
-      state["t"] += (p - 1) * mc * k_row_bytes * 2 / params.hbm_bw
+      if sched.compute != "pallas":
+        # XLA's dot: the peers' rows copied into one operand first (the
+        # Pallas kernel reads them in place).
+        state["t"] += (p - 1) * mc * k_row_bytes * 2 / params.hbm_bw
       dot((p - 1) * mc)
       if sched.comm == "dma":
         # Every peer pulls its slot at once.

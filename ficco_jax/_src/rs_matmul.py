@@ -94,7 +94,7 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
       # multiplies its own rows.
       received = []
       if schedule.granularity(st.op_name) == "step":
-        parts = _dot(_peer_rows(h0, rank, m, row0, mc, p), w, st)
+        parts = _peers_dot(h0, w, st, rank, m, row0, mc)
         for shift in range(1, p):
           part = lax.slice_in_dim(parts, (shift - 1) * mc, shift * mc)
           received.append(_send(part, st.axis_name, shift, p))
@@ -143,17 +143,28 @@ def _pull_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
                              transfers=(transfer,), blocks=(), num_streams=1)
 
 
-def _peer_rows(h0, rank, m, row0, rows, p):
-  """Rows ``[row0, row0 + rows)`` of the blocks of ranks ``r + 1 .. r + P - 1``,
-  stacked in that order: the left operand of a step's one dot.
+def _peers_dot(h0, w, st: ag_matmul.Static, rank, m, row0, rows):
+  """One step's partials: rows ``[row0, row0 + rows)`` of the blocks of ranks
+  ``r + 1 .. r + P - 1`` times ``w``, stacked in that order.
 
   The blocks are not contiguous in ``h0`` (they wrap around this rank's
-  own), so XLA's dot needs them copied together: ``(P - 1) rows`` rows of
-  ``h0``, the price of the step's single dot.
+  own). ``compute="pallas"`` reads each in place in one kernel launch; XLA's
+  dot needs them copied together first (``(P - 1) rows`` rows of ``h0``).
   """
-  return jnp.concatenate(
-      [lax.dynamic_slice_in_dim(h0, ((rank + s) % p) * m + row0, rows, axis=0)
-       for s in range(1, p)], axis=0)
+  p = st.axis_size
+  starts = [((rank + s) % p) * m + row0 for s in range(1, p)]
+  if st.schedule.compute == "pallas":
+    from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+    fold = math.prod(h0.shape[1:-1])
+    y = chunk_matmul.chunk_matmul_pieces(
+        h0.reshape(-1, h0.shape[-1]), [r * fold for r in starts], rows * fold,
+        w, num_sms=st.schedule.num_sms,
+        preferred_element_type=ag_matmul.dot_dtype(h0, w, st))
+    return y.reshape(((p - 1) * rows,) + h0.shape[1:-1] + (w.shape[1],))
+  return _dot(jnp.concatenate(
+      [lax.dynamic_slice_in_dim(h0, r, rows, axis=0) for r in starts],
+      axis=0), w, st)
 
 
 def _step_plan(p: int, rows: int) -> plan_lib.GatherPlan:
@@ -198,8 +209,9 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   one dot and one start (every peer pulls its slot at once, on its own
   queue): ``num_chunks`` starts instead of ``num_chunks (P - 1)``, for ops
   whose host time shows, while each chunk's partials leave only once all of
-  them are computed. The dot reads the peers' rows gathered into one
-  operand (a copy of ``(P - 1) m / num_chunks`` rows of ``h0`` per chunk).
+  them are computed. XLA's dot reads the peers' rows gathered into one
+  operand (a copy of ``(P - 1) m / num_chunks`` rows of ``h0`` per chunk);
+  the Pallas kernel reads them in place.
 
   Live buffers until the end: the (P - 1) partials for peers and the (P - 1)
   landing buffers, ``2 (P - 1) m`` rows of the output row size, against the
@@ -227,7 +239,7 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
     if step:
       # One dot for the chunk's rows of every peer, one start for all their
       # pulls: P - 1 times fewer host rendezvous than piece by piece.
-      part = _dot(_peer_rows(h0, rank, m, j * mc, mc, p), w, st)
+      part = _peers_dot(h0, w, st, rank, m, j * mc, mc)
       hand_over(j, part.astype(out_dtype), plans[0])
       continue
     for s in range(1, p):

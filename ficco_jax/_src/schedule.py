@@ -63,8 +63,9 @@ class Schedule:
         decomposition loss) and, for the reduce-scatter, one copy-engine
         start per chunk for all peers (less host time per op), at the price
         of handing the partials over only once all of them are computed.
-        XLA's dot only (``compute="pallas"`` writes and reads each piece in
-        place, one piece per kernel).
+        ``compute="pallas"`` reads (reduce-scatter) or writes (all-gather)
+        every piece of the step in place, in one kernel launch; XLA's dot
+        needs the reduce-scatter's peer rows copied together first.
       * None: each op's own default: the all-gather ``"step"`` with
         ``compute="xla"`` and ``"piece"`` with ``compute="pallas"``; the
         reduce-scatter ``"piece"``.
@@ -103,11 +104,6 @@ class Schedule:
         and self.compute_granularity not in GRANULARITIES):
       raise ValueError(f"{self.compute_granularity=} must be None or one of"
                        f" {GRANULARITIES}.")
-    if self.compute == "pallas" and self.compute_granularity == "step":
-      raise ValueError(
-          "compute_granularity='step' needs compute='xla': the Pallas kernel"
-          " reads and writes one piece in place per call, so"
-          f" {self.compute=} multiplies piece by piece.")
 
   @property
   def overlapped(self) -> bool:

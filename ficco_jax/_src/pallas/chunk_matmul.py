@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import jax
 from jax import lax
@@ -273,11 +273,17 @@ def _check_args(out, x, w, row_offset, preferred_element_type):
 
 
 def _offset_operand(row_offset, x_row_offset=0) -> jax.Array:
-  # A (2,) int32 operand, [first row written in out, first row read of x]:
-  # the kernels read it at run time, so a traced offset (e.g. from
-  # lax.axis_index) compiles once for all devices.
-  return jnp.stack([jnp.asarray(row_offset, jnp.int32),
-                    jnp.asarray(x_row_offset, jnp.int32)])
+  """The offsets of one piece: see `_offsets`."""
+  return _offsets([row_offset], [x_row_offset])
+
+
+def _offsets(out_rows, x_rows) -> jax.Array:
+  # A (2 * pieces,) int32 operand: the first row each piece is written at in
+  # out, then the first row each piece is read from in x. The kernels read
+  # it at run time, so traced offsets (e.g. from lax.axis_index) compile once
+  # for all devices.
+  return jnp.stack([jnp.asarray(r, jnp.int32)
+                    for r in (*out_rows, *x_rows)])
 
 
 # ----------------------------------------------------------------------------
@@ -369,11 +375,13 @@ def _device_num_sms() -> int:
 
 
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
-  # off_gmem: (2,) int32 GMEM: [first row of the chunk inside out, first row
-  #           of the chunk inside x].
+  # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
+  #           out, then the first row of each piece inside x. The mc rows of
+  #           the product are `pieces` equal pieces, each a whole number of
+  #           CTA tiles, so a tile never straddles two.
   # x_gmem:   (>= mc, K) GMEM, TMA-loaded in (cta_tile_m, tile_k) blocks from
-  #           its x row offset on, so a chunk of a larger operand needs no
-  #           slice copy.
+  #           its piece's x row on, so pieces of a larger operand need no
+  #           gathering copy.
   # w_gmem:   (K, n) GMEM, TMA-loaded in (tile_k, cta_tile_n) blocks.
   # out_gmem: (M, n) GMEM, all of out (aliased, or a fresh (mc, n) output);
   #           (epi_tile_m, epi_tile_n) sub-tiles are TMA-stored at row
@@ -388,6 +396,8 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
   cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
   m_iters, n_iters = mc // cta_tile_m, n // cta_tile_n
   epi_tile_m, epi_tile_n = c.epi_tile_m, c.epi_tile_n
+  pieces = off_gmem.shape[0] // 2
+  tiles_per_piece = m_iters // pieces
 
   swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
   swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
@@ -430,11 +440,29 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
   )
   def _scope(pipeline_allocs, out_smem):
     wg_idx = lax.axis_index("wg")
-    # The hint lets layout inference keep the (8, swizzle) tiling of out_smem
-    # for TMA stores at a run-time row; the wrapper requires row_offset % 8 == 0.
-    row0 = pl.multiple_of(off_gmem[0], 8)
-    # TMA loads at a run-time row need the same proof of alignment.
-    x_row0 = pl.multiple_of(off_gmem[1], 8)
+    if pieces == 1:
+      out_base, x_base = off_gmem[0], off_gmem[1]
+
+    def tile_rows(m_idx):
+      """First rows of tile row m_idx in out and in x."""
+      if pieces == 1:
+        piece_out, piece_x, within = out_base, x_base, m_idx
+      else:
+        # A short select chain over static indices: pieces <= 8 or so, and
+        # it needs no dynamic scalar load.
+        piece = m_idx // tiles_per_piece
+        within = m_idx - piece * tiles_per_piece
+        piece_out, piece_x = off_gmem[0], off_gmem[pieces]
+        for q in range(1, pieces):
+          hit = piece == q
+          piece_out = jnp.where(hit, off_gmem[q], piece_out)
+          piece_x = jnp.where(hit, off_gmem[pieces + q], piece_x)
+      # The hint lets layout inference keep the (8, swizzle) tiling of
+      # out_smem for TMA stores at a run-time row, and TMA loads at a
+      # run-time row need the same proof; the wrappers require every
+      # offset % 8 == 0.
+      return (pl.multiple_of(piece_out + within * cta_tile_m, 8),
+              pl.multiple_of(piece_x + within * cta_tile_m, 8))
 
     @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
     def _mn_loop(info):
@@ -442,7 +470,8 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
       (lin_idx,) = getattr(info, "index", info)
       m_idx, n_idx = plgpu.planar_snake(
           lin_idx, (m_iters, n_iters), minor, c.grid_tile_width)
-      cta_m_slice = pl.ds(x_row0 + m_idx * cta_tile_m, cta_tile_m)
+      out_row, x_row = tile_rows(m_idx)
+      cta_m_slice = pl.ds(x_row, cta_tile_m)
       cta_n_slice = pl.ds(n_idx * cta_tile_n, cta_tile_n)
       if c.wg_dimension == "m":
         wg_m_slice, wg_n_slice = pl.ds(wg_idx * tile_m, tile_m), slice(None)
@@ -457,7 +486,7 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
           acc = acc_ref[...].astype(out_dtype)
           # The chunk's rows start at a run-time offset inside out: the TMA
           # descriptor spans all of out and takes the offset as a coordinate.
-          out_rows = pl.ds(row0 + m_idx * cta_tile_m, cta_tile_m)
+          out_rows = pl.ds(out_row, cta_tile_m)
           out_tile = out_gmem.at[out_rows, cta_n_slice].at[wg_m_slice, wg_n_slice]
           # Let the previous tile's stores finish reading out_smem first.
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -490,9 +519,10 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
 
 def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                mosaic_interpret=None, rows=None, out_dtype=None):
-  """The Hopper kernel: ``x[off[1]:][:rows] @ w`` into rows ``off[0]:`` of
-  ``out`` (aliased), or into a fresh ``[rows, n]`` array when ``out`` is None
-  (every tile is written, so nothing needs zeroing first)."""
+  """The Hopper kernel: for each of the ``len(off) // 2`` pieces ``i`` of
+  ``rows / pieces`` rows, ``x[off[P + i]:][:rows / P] @ w`` into rows
+  ``off[i]:`` of ``out`` (aliased), or of a fresh ``[rows, n]`` array when
+  ``out`` is None (every tile is written, so nothing needs zeroing first)."""
   # mosaic_interpret: tests only; jax's Mosaic GPU interpreter params, which
   # run this very kernel on CPU (simulated threads, TMA and wgmma).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
@@ -507,11 +537,17 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
         " operands (wgmma from shared memory); use compute='xla' for float32.")
   device_sms = _device_num_sms()
   sms = min(num_sms, device_sms) if num_sms is not None else device_sms
+  pieces = off.shape[0] // 2
+  piece_rows = mc // pieces
   if config is None:
+    # Waves are counted over all the pieces' tiles; tiles must divide each.
     config = default_config(mc, k, n, x.dtype, out_dtype, num_sms=sms)
+    if piece_rows % config.cta_tile_m:
+      config = default_config(piece_rows, k, n, x.dtype, out_dtype,
+                              num_sms=sms)
   elif not isinstance(config, ChunkMatmulConfig):
     raise TypeError(f"config must be a ChunkMatmulConfig, got {type(config)}.")
-  config.check_shapes(mc, n, k)
+  config.check_shapes(piece_rows, n, k)
   if isinstance(off_static, int) and off_static % 8:
     raise ValueError(
         f"row_offset={off_static} must be a multiple of 8 on the Hopper path"
@@ -688,3 +724,97 @@ def chunk_matmul_rows(
   return _mgpu_into(None, x, w, _offset_operand(0, row_offset),
                     num_sms=num_sms, config=config, off_static=off_static,
                     rows=rows, out_dtype=dtype)
+
+
+def chunk_matmul_pieces(
+    x: jax.Array,
+    x_rows: Sequence[int | jax.Array],
+    rows: int,
+    w: jax.Array,
+    *,
+    out: jax.Array | None = None,
+    out_rows: Sequence[int | jax.Array] | None = None,
+    num_sms: int | None = None,
+    preferred_element_type: Any = None,
+    interpret: bool | None = None,
+    config: ChunkMatmulConfig | None = None,
+) -> jax.Array:
+  """Several row pieces of ``x``, each times ``w``, in one kernel launch.
+
+  Piece ``i`` is ``x[x_rows[i] : x_rows[i] + rows] @ w``, read in place.
+  Without ``out`` the pieces are stacked in order into a fresh array: the
+  reduce-scatter's step granularity (the partials of every peer, whose rows
+  are not contiguous in ``x``, as one dot with no gathering copy). With
+  ``out``, piece ``i`` is written into rows ``[out_rows[i], out_rows[i] +
+  rows)`` of ``out`` (aliased, as `chunk_matmul_into`): the all-gather's
+  step granularity (landed pieces written at their owners' rows).
+
+  Args:
+    x: ``[M, K]`` left operand, bf16/f16/f32.
+    x_rows: first row of each piece in ``x``: Python ints (checked: ``0 <=
+      r <= M - rows``) or traced int32 scalars (not checked), multiples of 8
+      on the Hopper path.
+    rows: rows per piece (a multiple of the CTA tile's rows on the Hopper
+      path, so no tile straddles two pieces).
+    w: ``[K, n]``, same dtype as ``x``.
+    out: None, or the ``[M_out, n]`` array the pieces are written into.
+    out_rows: with ``out``, the first row of each piece in ``out`` (same
+      rules as ``x_rows``); must be None without ``out``.
+    num_sms, preferred_element_type, interpret, config: as for
+      ``chunk_matmul_into`` (with ``out``, ``preferred_element_type`` must be
+      None or ``out.dtype``).
+
+  Returns:
+    ``[len(x_rows) * rows, n]`` of ``preferred_element_type`` (default
+    ``x.dtype``), or ``out`` with the pieces' rows replaced.
+  """
+  if getattr(x, "ndim", None) != 2 or getattr(w, "ndim", None) != 2:
+    raise ValueError(
+        f"x and w must be 2-D, got x.shape={getattr(x, 'shape', None)},"
+        f" w.shape={getattr(w, 'shape', None)}.")
+  x_rows = list(x_rows)
+  if not x_rows:
+    raise ValueError("x_rows must name at least one piece, got [].")
+  if (isinstance(rows, bool) or not isinstance(rows, int)
+      or not 0 < rows <= x.shape[0]):
+    raise ValueError(f"rows={rows!r} must be an int in [1, {x.shape[0]}]"
+                     f" (x.shape={x.shape}).")
+  if (out is None) != (out_rows is None):
+    raise ValueError("out and out_rows go together: pass both or neither"
+                     f" (out is {'None' if out is None else 'given'}).")
+  if out is not None:
+    out_rows = list(out_rows)
+    if len(out_rows) != len(x_rows):
+      raise ValueError(f"out_rows has {len(out_rows)} entries, x_rows"
+                       f" {len(x_rows)}: one per piece.")
+    dtype = jnp.dtype(out.dtype)
+  else:
+    dtype = jnp.dtype(preferred_element_type or x.dtype)
+  n_pieces = len(x_rows)
+  piece_type = jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype)
+  whole_x = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), dtype)
+  for r in x_rows:  # x's rows, checked as if x were an output of M rows.
+    _check_args(whole_x, piece_type, w, r, None)
+  target = (out if out is not None else
+            jax.ShapeDtypeStruct((n_pieces * rows, w.shape[1]), dtype))
+  for r in (out_rows or [0]):
+    _check_args(target, piece_type, w, r, preferred_element_type)
+  if _resolve_interpret(interpret):
+    pieces = [lax.dynamic_slice_in_dim(x, r, rows, axis=0) for r in x_rows]
+    if out is None:
+      return chunk_matmul(jnp.concatenate(pieces, 0), w,
+                          preferred_element_type=dtype, interpret=True)
+    for piece, r in zip(pieces, out_rows):
+      out = chunk_matmul_into(out, piece, w, r, interpret=True)
+    return out
+  for r in (*x_rows, *(out_rows or ())):
+    if isinstance(r, (int, np.integer)) and r % 8:
+      raise ValueError(
+          f"row offset {r} must be a multiple of 8 on the Hopper path (TMA"
+          " transfers of 8-row tiled shared memory).")
+  _hopper_offset(0)
+  dest_rows = out_rows if out is not None else [i * rows
+                                                for i in range(n_pieces)]
+  return _mgpu_into(out, x, w, _offsets(dest_rows, x_rows),
+                    num_sms=num_sms, config=config, rows=n_pieces * rows,
+                    out_dtype=dtype)
