@@ -39,12 +39,16 @@ flags.DEFINE_list("models", ["llama3-70b", "llama3-8b"], "Models (run mode).")
 flags.DEFINE_list("tokens", ["8192", "4096"], "Token counts M (run mode).")
 flags.DEFINE_list("axis_sizes", ["4"], "Axis sizes (run mode).")
 flags.DEFINE_string("shapes", os.path.join(HERE, "shapes.json"), "Shapes.")
-flags.DEFINE_enum("keep", "fullest", ["fullest", "latest"],
+flags.DEFINE_enum("keep", "fullest", ["fullest", "latest", "worst"],
                   "Per shape, the case that measured the most schedules, or"
                   " the last one (in --results order) that measured at least"
                   " --min_schedules: the code and the machine drift between"
-                  " runs, and schedules are only compared within one run.")
-flags.DEFINE_integer("min_schedules", 4, "For --keep=latest.")
+                  " runs, and schedules are only compared within one run."
+                  " worst: every run of the shape with at least"
+                  " --min_schedules, each schedule judged by its worst ratio"
+                  " to XLA's program over those runs (host-bound schedules"
+                  " differ between machines of one kind: session 7).")
+flags.DEFINE_integer("min_schedules", 4, "For --keep=latest and worst.")
 flags.DEFINE_float("margin", 0.03,
                    "Keep XLA's program ('none') unless the best schedule beats"
                    " it by this fraction (run noise is several percent).")
@@ -74,19 +78,22 @@ def from_results(paths, kind):
   # Per shape, keep the case that measured the most schedules (the later
   # run on a tie): a run that timed only the default must not replace a
   # fuller comparison of the same shape.
-  chosen = {}
+  chosen, runs = {}, {}
   for c in cases:
     key = (c.op, c.p, _local(c))
-    if FLAGS.keep == "latest":
+    if FLAGS.keep in ("latest", "worst"):
       if len(c.times) >= FLAGS.min_schedules:
         chosen[key] = c
+        runs.setdefault(key, []).append(c)
     elif key not in chosen or len(c.times) >= len(chosen[key].times):
       chosen[key] = c
-  for c in chosen.values():
+  for key, c in chosen.items():
     times = dict(c.times)  # Medians over rounds.
     mins = fastest[id(c)]
     none = next((s for s in times if s.dataflow == "none"), None)
-    if none is None:
+    if FLAGS.keep == "worst" and none is not None:
+      best = _worst_case_pick(runs[key], fastest, fastest_xla)
+    elif none is None:
       best = min(times, key=times.get)
     else:
       # Overlap only where it beats XLA's program by the margin in the
@@ -112,6 +119,31 @@ def from_results(paths, kind):
                                                 for s, t in times.items()})
     print(f"{c.name} P={c.p}: {best.short()} ({times[best]:.3f} ms)")
   return kind
+
+
+def _ratios(c, fastest, fastest_xla):
+  """Per schedule of case ``c``: its time over XLA's program's, the larger
+  of the median and the fastest-round ratios (the rule of `from_results`:
+  the reference is the faster of XLA's two timings)."""
+  times, mins = dict(c.times), fastest[id(c)]
+  none = next((s for s in times if s.dataflow == "none"), None)
+  ref = min(x for x in (times[none], c.xla_ms) if x is not None)
+  ref_min = min(x for x in (mins.get(none, times[none]), fastest_xla[id(c)])
+                if x is not None)
+  return {s: max(t / ref, mins.get(s, t) / ref_min)
+          for s, t in times.items() if s != none}
+
+
+def _worst_case_pick(cases, fastest, fastest_xla):
+  """The schedule whose worst ratio over ``cases`` (runs of one shape) is
+  lowest, if it beats XLA's program by the margin in every run; else
+  ``none``. Only schedules every run measured compete."""
+  ratios = [_ratios(c, fastest, fastest_xla) for c in cases]
+  common = set(ratios[0]).intersection(*ratios[1:])
+  worst = {s: max(r[s] for r in ratios) for s in common}
+  none = next(s for s in dict(cases[-1].times) if s.dataflow == "none")
+  wins = [s for s, r in worst.items() if r <= 1 - FLAGS.margin]
+  return min(wins, key=worst.get) if wins else none
 
 
 def run_autotune():

@@ -246,6 +246,55 @@ def test_autotune_shapes_needs_a_win_over_xlas_faster_timing(tmp_path,
     flags.FLAGS.unparse_flags()
 
 
+def test_autotune_shapes_worst_keeps_what_wins_in_every_run(tmp_path,
+                                                           monkeypatch):
+  """--keep=worst: a schedule that won big in one run and lost in another
+  (a host-bound op on a slower host) loses to one that won in both."""
+  import autotune_shapes  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ficco_jax._src import autotune_cache  # pylint: disable=g-import-not-at-top
+
+  def case(ring_ms, direct_ms):
+    method = lambda label, ms: {"method": "ficco", "label": label,
+                                "median_ms": ms, "min_ms": ms}
+    return {"name": "a/M4096", "M": 4096, "K": 8192, "N": 8192, "W": 4,
+            "baselines": {"xla": {"median_ms": 1.0, "min_ms": 1.0}},
+            "methods": [method("none/c1/xla/xla", 1.0),
+                        method("ring/c1/dma/xla", ring_ms),
+                        method("direct/c1/dma/xla", direct_ms)]}
+
+  paths = []
+  for i, (ring, direct) in enumerate([(0.7, 0.9), (1.1, 0.92)]):
+    paths.append(tmp_path / f"rs{i}.json")
+    paths[-1].write_text(json.dumps({"meta": {"device_kind": "Test GPU"},
+                                     "op": "rs", "cases": [case(ring, direct)]}))
+  stored = []
+  monkeypatch.setattr(autotune_cache, "store",
+                      lambda key, schedule, **_: stored.append(schedule))
+  try:
+    flags.FLAGS(["autotune_shapes", "--margin=0.03", "--keep=latest",
+                 "--min_schedules=2"])
+    autotune_shapes.from_results([str(p) for p in paths], None)
+    assert [s.dataflow for s in stored] == ["direct"]  # The last run only.
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["autotune_shapes", "--margin=0.03", "--keep=worst",
+                 "--min_schedules=2"])
+    stored.clear()
+    autotune_shapes.from_results([str(paths[0])], None)
+    assert [s.dataflow for s in stored] == ["ring"]  # One run: its best.
+    stored.clear()
+    autotune_shapes.from_results([str(p) for p in paths], None)
+    assert [s.dataflow for s in stored] == ["direct"]  # 0.92 at worst.
+    # Within the margin in one run: XLA's program.
+    paths[1].write_text(json.dumps({"meta": {"device_kind": "Test GPU"},
+                                    "op": "rs", "cases": [case(1.1, 0.99)]}))
+    stored.clear()
+    autotune_shapes.from_results([str(p) for p in paths], None)
+    assert [s.dataflow for s in stored] == ["none"]
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
 def test_heuristic_accuracy_keeps_the_latest_run_of_a_case():
   import heuristic_accuracy  # pylint: disable=g-import-not-at-top
 
