@@ -138,6 +138,10 @@ def _worst_case_pick(cases, fastest, fastest_xla):
   """The schedule whose worst ratio over ``cases`` (runs of one shape) is
   lowest, if it beats XLA's program by the margin in every run; else
   ``none``. Only schedules every run measured compete."""
+  # A run that did not time XLA's program under ficco ("none") has no
+  # reference of the kind this rule needs: it does not vote.
+  cases = [c for c in cases
+           if any(s.dataflow == "none" for s in dict(c.times))]
   ratios = [_ratios(c, fastest, fastest_xla) for c in cases]
   common = set(ratios[0]).intersection(*ratios[1:])
   worst = {s: max(r[s] for r in ratios) for s in common}

@@ -159,8 +159,9 @@ def time_jax(
   Returns:
     ``{"median_ms", "min_ms", "rounds_ms", "rounds", "iters",
     "compile_and_first_call_s"}``; times are per call. Inside
-    `interleaved`, only ``compile_and_first_call_s`` and ``interleaved``
-    until the block exits, which fills in the rest of this same dict (so
+    `interleaved`, only ``compile_and_first_call_s``, ``interleaved`` and
+    ``settle_calls`` (untimed calls before each timed block) until the
+    block exits, which fills in the rest of this same dict (so
     callers must keep it, not copy it).
   """
   import jax  # Lazy: keep this module framework-free at import time.

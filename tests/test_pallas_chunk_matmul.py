@@ -386,8 +386,15 @@ def test_chunk_matmul_pieces_rejects_bad_arguments():
     cm.chunk_matmul_pieces(x, [], 4, w)
   with pytest.raises(ValueError, match="rows=13"):
     cm.chunk_matmul_pieces(x, [0], 13, w)
-  with pytest.raises(ValueError, match="row_offset=10"):
+  with pytest.raises(ValueError, match=r"x_rows\[1\]=10 with rows=4"):
     cm.chunk_matmul_pieces(x, [0, 10], 4, w)
+  with pytest.raises(ValueError, match=r"out_rows\[0\]=6 with rows=4"):
+    cm.chunk_matmul_pieces(x, [0], 4, w, out=jnp.zeros((8, 3), jnp.float32),
+                           out_rows=[6])
+  with pytest.raises(TypeError, match=r"x_rows\[0\] must be an int"):
+    cm.chunk_matmul_pieces(x, [jnp.float32(0)], 4, w)
+  with pytest.raises(ValueError, match="num_sms=0"):
+    cm.chunk_matmul_pieces(x, [0], 4, w, num_sms=0)
   with pytest.raises(ValueError, match="out and out_rows go together"):
     cm.chunk_matmul_pieces(x, [0], 4, w, out=jnp.zeros((8, 3), jnp.float32))
   with pytest.raises(ValueError, match="out_rows has 1 entries"):

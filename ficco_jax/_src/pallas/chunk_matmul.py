@@ -726,6 +726,26 @@ def chunk_matmul_rows(
                     rows=rows, out_dtype=dtype)
 
 
+def _check_piece_rows(name, offsets, rows, shape):
+  """Each static offset keeps its ``rows`` rows inside ``shape``; traced
+  ones must be integer scalars (their range is not checked)."""
+  for i, r in enumerate(offsets):
+    if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
+      if not 0 <= r <= shape[0] - rows:
+        raise ValueError(
+            f"{name}[{i}]={r} with rows={rows} must lie in"
+            f" [0, {shape[0] - rows}] so the piece fits in {shape[0]} rows"
+            f" (shape {tuple(shape)}).")
+      continue
+    dt = getattr(r, "dtype", None)
+    if (isinstance(r, bool) or dt is None or jnp.ndim(r) != 0
+        or not jnp.issubdtype(dt, jnp.integer)):
+      raise TypeError(
+          f"{name}[{i}] must be an int or an integer scalar array, got"
+          f" {type(r).__name__} with dtype={dt},"
+          f" shape={getattr(r, 'shape', None)}.")
+
+
 def chunk_matmul_pieces(
     x: jax.Array,
     x_rows: Sequence[int | jax.Array],
@@ -790,15 +810,18 @@ def chunk_matmul_pieces(
     dtype = jnp.dtype(out.dtype)
   else:
     dtype = jnp.dtype(preferred_element_type or x.dtype)
+  if num_sms is not None and (
+      isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
+    raise ValueError(f"num_sms={num_sms!r} must be None or a positive int.")
   n_pieces = len(x_rows)
   piece_type = jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype)
-  whole_x = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), dtype)
-  for r in x_rows:  # x's rows, checked as if x were an output of M rows.
-    _check_args(whole_x, piece_type, w, r, None)
   target = (out if out is not None else
             jax.ShapeDtypeStruct((n_pieces * rows, w.shape[1]), dtype))
-  for r in (out_rows or [0]):
-    _check_args(target, piece_type, w, r, preferred_element_type)
+  # Shapes and dtypes, as for one piece written at row 0 of the target.
+  _check_args(target, piece_type, w, 0, preferred_element_type)
+  _check_piece_rows("x_rows", x_rows, rows, x.shape)
+  if out is not None:
+    _check_piece_rows("out_rows", out_rows, rows, out.shape)
   if _resolve_interpret(interpret):
     pieces = [lax.dynamic_slice_in_dim(x, r, rows, axis=0) for r in x_rows]
     if out is None:
