@@ -272,6 +272,12 @@ def _check_args(out, x, w, row_offset, preferred_element_type):
           f" shape={getattr(row_offset, 'shape', None)}.")
 
 
+def _check_num_sms(num_sms) -> None:
+  if num_sms is not None and (
+      isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
+    raise ValueError(f"num_sms={num_sms!r} must be None or a positive int.")
+
+
 def _offset_operand(row_offset, x_row_offset=0) -> jax.Array:
   """The offsets of one piece: see `_offsets`."""
   return _offsets([row_offset], [x_row_offset])
@@ -638,9 +644,7 @@ def chunk_matmul_into(
     ``[M, n]`` array of ``out.dtype``: ``out`` with the chunk's rows replaced.
   """
   _check_args(out, x, w, row_offset, preferred_element_type)
-  if num_sms is not None and (
-      isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
-    raise ValueError(f"num_sms={num_sms!r} must be None or a positive int.")
+  _check_num_sms(num_sms)
   off = _offset_operand(row_offset)
   if _resolve_interpret(interpret):
     return _portable_into(out, x, w, off, interpret=True)
@@ -705,25 +709,10 @@ def chunk_matmul_rows(
   Returns:
     ``[rows, n]`` array of ``preferred_element_type`` (default ``x.dtype``).
   """
-  if getattr(x, "ndim", None) != 2 or getattr(w, "ndim", None) != 2:
-    raise ValueError(
-        f"x and w must be 2-D, got x.shape={getattr(x, 'shape', None)},"
-        f" w.shape={getattr(w, 'shape', None)}.")
-  if isinstance(rows, bool) or not isinstance(rows, int) or not 0 < rows <= x.shape[0]:
-    raise ValueError(f"rows={rows!r} must be an int in [1, {x.shape[0]}] (x.shape={x.shape}).")
-  dtype = jnp.dtype(preferred_element_type or x.dtype)
-  if _resolve_interpret(interpret):
-    piece = lax.dynamic_slice_in_dim(x, row_offset, rows, axis=0)
-    return chunk_matmul(piece, w, preferred_element_type=dtype,
-                        interpret=True)
-  # Same checks as chunk_matmul_into, on the view the kernel reads.
-  piece_type = jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype)
-  _check_args(jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), dtype),
-              piece_type, w, row_offset, dtype)
-  off_static = _hopper_offset(row_offset)
-  return _mgpu_into(None, x, w, _offset_operand(0, row_offset),
-                    num_sms=num_sms, config=config, off_static=off_static,
-                    rows=rows, out_dtype=dtype)
+  # One piece of chunk_matmul_pieces (same checks, same kernel).
+  return chunk_matmul_pieces(x, [row_offset], rows, w, num_sms=num_sms,
+                             preferred_element_type=preferred_element_type,
+                             interpret=interpret, config=config)
 
 
 def _check_piece_rows(name, offsets, rows, shape):
@@ -810,9 +799,7 @@ def chunk_matmul_pieces(
     dtype = jnp.dtype(out.dtype)
   else:
     dtype = jnp.dtype(preferred_element_type or x.dtype)
-  if num_sms is not None and (
-      isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
-    raise ValueError(f"num_sms={num_sms!r} must be None or a positive int.")
+  _check_num_sms(num_sms)
   n_pieces = len(x_rows)
   piece_type = jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype)
   target = (out if out is not None else
