@@ -89,27 +89,15 @@ def from_results(paths, kind):
       chosen[key] = c
   for key, c in chosen.items():
     times = dict(c.times)  # Medians over rounds.
-    mins = fastest[id(c)]
     none = next((s for s in times if s.dataflow == "none"), None)
     if FLAGS.keep == "worst" and none is not None:
       best = _worst_case_pick(runs[key], fastest, fastest_xla)
     elif none is None:
       best = min(times, key=times.get)
     else:
-      # Overlap only where it beats XLA's program by the margin in the
-      # median and in the fastest round: short copy-engine ops are bimodal
-      # (host-bound rounds), and one statistic alone picked schedules that
-      # lost to XLA when measured again (session-3 call F).
-      # XLA's program is timed twice when a case lists "none" besides the
-      # harness's baseline; a schedule must beat the faster of the two
-      # (call D of session 4 read "none" 15% slower than the baseline on a
-      # 0.28 ms op).
-      ref = min(x for x in (times[none], c.xla_ms) if x is not None)
-      ref_min = min(x for x in (mins.get(none, times[none]),
-                                fastest_xla[id(c)]) if x is not None)
-      wins = [s for s in times if s != none
-              and times[s] <= (1 - FLAGS.margin) * ref
-              and mins.get(s, times[s]) <= (1 - FLAGS.margin) * ref_min]
+      # Overlap only where it beats XLA's program by the margin (`_ratios`).
+      wins = [s for s, r in _ratios(c, fastest, fastest_xla).items()
+              if r <= 1 - FLAGS.margin]
       best = min(wins, key=times.get) if wins else none
     x, w = _local(c)
     key = autotune_cache.Key.of(c.op, device_kind=kind, axis_size=c.p,
@@ -123,8 +111,15 @@ def from_results(paths, kind):
 
 def _ratios(c, fastest, fastest_xla):
   """Per schedule of case ``c``: its time over XLA's program's, the larger
-  of the median and the fastest-round ratios (the rule of `from_results`:
-  the reference is the faster of XLA's two timings)."""
+  of the median and the fastest-round ratios.
+
+  Both statistics: short copy-engine ops are bimodal (host-bound rounds),
+  and one statistic alone picked schedules that lost to XLA when measured
+  again (session-3 call F). XLA's program is timed twice when a case lists
+  "none" besides the harness's baseline; the reference is the faster of the
+  two (call D of session 4 read "none" 15% slower than the baseline on a
+  0.28 ms op).
+  """
   times, mins = dict(c.times), fastest[id(c)]
   none = next((s for s in times if s.dataflow == "none"), None)
   ref = min(x for x in (times[none], c.xla_ms) if x is not None)

@@ -52,7 +52,6 @@ This module imports no framework at import time, so the torch script can use
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import statistics
 import time
@@ -110,9 +109,7 @@ def round_order(n: int, r: int) -> list[int]:
 
 def settle_calls(per_call_ms: float) -> int:
   """Untimed calls before an interleaved block: ``settle_ms`` worth, >= 1."""
-  if per_call_ms <= 0:
-    return 1
-  return max(1, min(MAX_ITERS, math.ceil(_settle_ms / per_call_ms)))
+  return iters_for(per_call_ms, 1, _settle_ms)
 
 
 def iters_for(per_call_ms: float, iters: int, min_round_ms: float) -> int:
