@@ -22,22 +22,30 @@ def _dot(a, w, st: ag_matmul.Static):
 
 
 def _rows_dot(h0, start, size, w, st: ag_matmul.Static):
-  """``h0[start:start + size] @ w``: one partial product.
+  """``h0[start:start + size] @ w``: one partial product (`_pieces_dot`)."""
+  return _pieces_dot(h0, [start], size, w, st)
 
-  ``compute="pallas"`` runs ficco's kernel, which TMA-loads the rows from
-  ``h0`` in place; XLA's dot needs them sliced out first (a copy kernel per
-  piece, ~4% of a 70B-class reduce-scatter on an H200).
+
+def _pieces_dot(h0, starts, rows, w, st: ag_matmul.Static):
+  """``h0[r:r + rows] @ w`` for each ``r`` in ``starts``, stacked in order.
+
+  ``compute="pallas"`` runs ficco's kernel, which TMA-loads every piece's
+  rows from ``h0`` in place, in one launch; XLA's dot needs them sliced out
+  (and, for several pieces, copied together) first: a copy kernel per
+  piece, ~4% of a 70B-class reduce-scatter on an H200.
   """
   if st.schedule.compute == "pallas":
     from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
 
     fold = math.prod(h0.shape[1:-1])
-    y = chunk_matmul.chunk_matmul_rows(
-        h0.reshape(-1, h0.shape[-1]), start * fold, size * fold, w,
-        num_sms=st.schedule.num_sms,
+    y = chunk_matmul.chunk_matmul_pieces(
+        h0.reshape(-1, h0.shape[-1]), [r * fold for r in starts], rows * fold,
+        w, num_sms=st.schedule.num_sms,
         preferred_element_type=ag_matmul.dot_dtype(h0, w, st))
-    return y.reshape((size,) + h0.shape[1:-1] + (w.shape[1],))
-  return _dot(lax.dynamic_slice_in_dim(h0, start, size, axis=0), w, st)
+    return y.reshape((len(starts) * rows,) + h0.shape[1:-1] + (w.shape[1],))
+  pieces = [lax.dynamic_slice_in_dim(h0, r, rows, axis=0) for r in starts]
+  return _dot(pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, 0),
+              w, st)
 
 
 def _send(x, axis_name, shift, p):
@@ -145,26 +153,11 @@ def _pull_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
 
 def _peers_dot(h0, w, st: ag_matmul.Static, rank, m, row0, rows):
   """One step's partials: rows ``[row0, row0 + rows)`` of the blocks of ranks
-  ``r + 1 .. r + P - 1`` times ``w``, stacked in that order.
-
-  The blocks are not contiguous in ``h0`` (they wrap around this rank's
-  own). ``compute="pallas"`` reads each in place in one kernel launch; XLA's
-  dot needs them copied together first (``(P - 1) rows`` rows of ``h0``).
-  """
+  ``r + 1 .. r + P - 1`` times ``w``, stacked in that order (the blocks wrap
+  around this rank's own, so they are not contiguous in ``h0``)."""
   p = st.axis_size
-  starts = [((rank + s) % p) * m + row0 for s in range(1, p)]
-  if st.schedule.compute == "pallas":
-    from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
-
-    fold = math.prod(h0.shape[1:-1])
-    y = chunk_matmul.chunk_matmul_pieces(
-        h0.reshape(-1, h0.shape[-1]), [r * fold for r in starts], rows * fold,
-        w, num_sms=st.schedule.num_sms,
-        preferred_element_type=ag_matmul.dot_dtype(h0, w, st))
-    return y.reshape(((p - 1) * rows,) + h0.shape[1:-1] + (w.shape[1],))
-  return _dot(jnp.concatenate(
-      [lax.dynamic_slice_in_dim(h0, r, rows, axis=0) for r in starts],
-      axis=0), w, st)
+  return _pieces_dot(h0, [((rank + s) % p) * m + row0 for s in range(1, p)],
+                     rows, w, st)
 
 
 def _step_plan(p: int, rows: int) -> plan_lib.GatherPlan:
