@@ -68,6 +68,9 @@ flags.DEFINE_list("mcs", ["512", "1024", "2048", "4096"], "Chunk rows mc.")
 flags.DEFINE_list("ops", ["ag", "rs"], "ag: [mc,H]@[H,F/W]; rs: [mc,F/W]@[F/W,H].")
 flags.DEFINE_list("num_sms", ["132", "112", "96"], "num_sms values to time.")
 flags.DEFINE_bool("tune", True, "Sweep tile configs on full_models' shapes.")
+flags.DEFINE_enum("tune_set", "tiles", ["tiles", "depth"],
+                  "--tune's configs: CTA tile shapes (tiles), or step depth"
+                  " and pipeline stages at the default tile (depth).")
 flags.DEFINE_bool("check", True, "Check correctness before timing.")
 flags.DEFINE_integer("warmup", 3, "Warm-up calls (the first compiles).")
 flags.DEFINE_integer("rounds", 5, "Timed rounds.")
@@ -128,6 +131,15 @@ def _time_chain(step, out, arg_sets, *, warmup, rounds, iters):
 
 def _configs(cm):
   c = cm.ChunkMatmulConfig
+  if FLAGS.tune_set == "depth":
+    # Pipeline depth at the default 128x256 tile: full-depth (64) steps, and
+    # half-depth (32; 64-byte swizzle, what a K not a multiple of 64 needs)
+    # with as many stages as fit, to see what the half depth costs.
+    return {
+        f"128x256/k{tk}/s{st}": c(tile_m=64, tile_n=256, wg_dimension="m",
+                                  tile_k=tk, max_concurrent_steps=st)
+        for tk, st in ((64, 4), (32, 4), (32, 6), (32, 7))
+    }
   return {
       "128x256/wgM(64x256)": c(tile_m=64, tile_n=256, wg_dimension="m"),
       "128x256/wgM(64x256)/w8": c(tile_m=64, tile_n=256, wg_dimension="m",

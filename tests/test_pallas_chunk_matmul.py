@@ -317,6 +317,46 @@ def test_default_config_takes_half_depth_steps_for_odd_k():
   assert cm.default_config(1024, 7168, 8192).tile_k == 64
 
 
+def test_pad_k_zero_fills_to_whole_steps():
+  x = jnp.ones((2, 3, 7392), jnp.bfloat16)
+  p = cm.pad_k(x)
+  assert p.shape == (2, 3, 7424) and cm.padded_k(7392) == 7424
+  assert (np.asarray(p[..., 7392:], np.float32) == 0).all()
+  assert (np.asarray(p[..., :7392], np.float32) == 1).all()
+  for k in (7168, 100):  # Whole steps already; not a 16-byte row.
+    assert cm.padded_k(k) == k and cm.pad_k(jnp.ones((1, k))).shape == (1, k)
+
+
+def test_chunk_matmul_pieces_rejects_a_wrongly_padded_x():
+  f32 = jnp.float32
+  x, w = jnp.zeros((16, 100), f32), jnp.zeros((96, 8), f32)
+  with pytest.raises(ValueError, match="padded_k"):
+    cm.chunk_matmul_pieces(x, [0], 8, w, x_zero_padded_k=True)
+  with pytest.raises(ValueError, match="K"):
+    cm.chunk_matmul_pieces(jnp.zeros((16, 128), f32), [0], 8, w)
+
+
+@pytest.mark.parametrize("k", [96, 7392])
+def test_pieces_of_a_zero_padded_x(k):
+  # K = 96 / 7392 (qwen2-72b's shard) leave half a 64-deep step over: x is
+  # zero-padded to whole steps, w is not. On a GPU the Hopper kernel reads
+  # past w's rows (TMA fills zeros there); on CPU the portable kernel reads
+  # x's first K columns (the Mosaic GPU interpreter models no TMA fill).
+  rng = np.random.default_rng(k)
+  rows, n = 128, 256
+  x = jnp.asarray(rng.standard_normal((3 * rows, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+  kw = dict(interpret=jax.default_backend() != "gpu")
+  xp = cm.pad_k(x)
+  assert xp.shape[1] % 64 == 0
+  got = cm.chunk_matmul_pieces(xp, [2 * rows, 0], rows, w,
+                               x_zero_padded_k=True, **kw)
+  ref = np.concatenate([np.asarray(x, np.float64)[r:r + rows]
+                        @ np.asarray(w, np.float64) for r in (2 * rows, 0)])
+  got = np.asarray(got, np.float64)
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL[jnp.bfloat16]
+
+
 @pytest.mark.parametrize("tile_k,k", [(64, 128), (32, 96)])
 def test_hopper_kernel_reads_rows_in_place_in_mosaic_gpu_interpreter(
     monkeypatch, tile_k, k):

@@ -41,11 +41,28 @@ def _pieces_dot(h0, starts, rows, w, st: ag_matmul.Static):
     y = chunk_matmul.chunk_matmul_pieces(
         h0.reshape(-1, h0.shape[-1]), [r * fold for r in starts], rows * fold,
         w, num_sms=st.schedule.num_sms,
-        preferred_element_type=ag_matmul.dot_dtype(h0, w, st))
+        preferred_element_type=_out_dtype(h0, w, st),
+        x_zero_padded_k=h0.shape[-1] != w.shape[0])
     return y.reshape((len(starts) * rows,) + h0.shape[1:-1] + (w.shape[1],))
   pieces = [lax.dynamic_slice_in_dim(h0, r, rows, axis=0) for r in starts]
   return _dot(pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, 0),
               w, st)
+
+
+def _pad_for_pallas(h0):
+  """``h0`` with zero columns up to a multiple of 64 where K needs them.
+
+  Once per op, before the pieces: the Hopper kernel then runs full-depth
+  steps. Half-depth steps cost 20-25% of the matmul (H100,
+  benchmarks/results/h100_session8_b); the copy is all of h once (60 MB at
+  qwen2-72b M4096). Measured end to end it about broke even on qwen2-72b
+  (benchmarks/RESULTS.md, session 8).
+  """
+  if jnp.dtype(h0.dtype).itemsize != 2:
+    return h0  # The Hopper kernel takes 16-bit operands only.
+  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+  return chunk_matmul.pad_k(h0)
 
 
 def _send(x, axis_name, shift, p):
@@ -78,7 +95,9 @@ def _acc_dtype(dtype):
 
 
 def _out_dtype(h0, w, st):
-  return ag_matmul.dot_dtype(h0, w, st)
+  # h0 may carry the zero columns of _pad_for_pallas past w's rows.
+  return ag_matmul.dot_dtype(
+      jax.ShapeDtypeStruct(h0.shape[:-1] + w.shape[:1], h0.dtype), w, st)
 
 
 def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
@@ -90,6 +109,8 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
     return lax.psum_scatter(_dot(h0, w, st), st.axis_name,
                             scatter_dimension=0, tiled=True).astype(out_dtype)
   m = h0.shape[0] // p
+  if schedule.compute == "pallas":
+    h0 = _pad_for_pallas(h0)
   if schedule.comm == "dma":
     return _forward_dma(h0, w, st, m)
   mc = m // schedule.num_chunks

@@ -28,8 +28,11 @@ Hopper-path constraints (checked, with a ValueError/TypeError naming the
 argument): bf16/f16 operands (f32 operands only in interpret mode); the CTA
 tile must divide the chunk exactly -- mc and n multiples of 64 (128 for most
 tiles), K a multiple of 64 -- because a partial tile would be TMA-stored over
-the next chunk's rows (no masking); ``row_offset`` a multiple of 8. On an
-H200 the kernel matched or beat cuBLAS (XLA's dot) on the llama3/gpt3 chunk
+the next chunk's rows (no masking); ``row_offset`` a multiple of 8. Mosaic
+GPU tiles the GMEM operand as it tiles shared memory, so x's K must be a
+multiple of the step depth: other K take half-depth steps, or a zero-padded
+x (`pad_k`, ``x_zero_padded_k``) with w read past its rows (TMA fills
+zeros). On an H200 the kernel matched or beat cuBLAS (XLA's dot) on the llama3/gpt3 chunk
 shapes with mc >= 512 (benchmarks/results/kernel_bench_nvidia_h200.md).
 """
 
@@ -184,7 +187,8 @@ def default_config(mc: int, k: int, n: int, in_dtype=jnp.bfloat16,
   """
   # 128-byte swizzle rows; a K that is not a multiple of them (qwen2-72b's
   # 29568 / 4 = 7392 = 115.5 x 64) takes 64-byte rows, at half the depth
-  # per pipeline step.
+  # per pipeline step: 20-25% slower on an H100. Callers that can afford a
+  # copy of x pad it with pad_k instead (the reduce-scatter does).
   tile_k = 128 // jnp.dtype(in_dtype).itemsize
   if k % tile_k:
     tile_k //= 2
@@ -533,7 +537,13 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   # run this very kernel on CPU (simulated threads, TMA and wgmma).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
+  # x may carry zero columns past w's K rows (pad_k): the kernel then runs
+  # whole steps over x, and TMA zero-fills the rows of w past its end.
   k = x.shape[1]
+  k_w = w.shape[0]
+  if k != k_w and (k != padded_k(k_w) or k_w % 8):
+    raise ValueError(f"x.shape={x.shape} and w.shape={w.shape}: x must have"
+                     f" K={k_w} columns, or padded_k(K) from pad_k.")
   mc = x.shape[0] if rows is None else rows
   n = w.shape[1]
   out_dtype = out.dtype if out is not None else out_dtype
@@ -584,6 +594,28 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
 
 # ----------------------------------------------------------------------------
 # Public (in _src) entry points.
+
+
+def padded_k(k: int) -> int:
+  """The columns `pad_k` gives an operand of ``k`` columns."""
+  return k if k % 64 == 0 or k % 8 else -(-k // 64) * 64
+
+
+def pad_k(x: jax.Array) -> jax.Array:
+  """``x [..., K]`` with zero columns up to a multiple of 64, for K % 8 == 0.
+
+  Why: Mosaic GPU tiles an operand in GMEM as it tiles shared memory, so the
+  Hopper kernel's x needs K a multiple of its 64-deep steps; otherwise it
+  falls back to 32-deep steps throughout, which measured 20-25% slower
+  (H100, benchmarks/results/h100_session8_b). One padding copy of x (and
+  none of w: TMA fills w's rows past K with zeros) buys full-depth steps
+  for a K such as qwen2-72b's 29568 / 4 = 7392. Returns ``x`` itself when
+  no padding applies (K a multiple of 64, or not of 8).
+  """
+  k = x.shape[-1]
+  if padded_k(k) == k:
+    return x
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, padded_k(k) - k)])
 
 
 def _hopper_offset(row_offset) -> int | None:
@@ -747,6 +779,7 @@ def chunk_matmul_pieces(
     preferred_element_type: Any = None,
     interpret: bool | None = None,
     config: ChunkMatmulConfig | None = None,
+    x_zero_padded_k: bool = False,
 ) -> jax.Array:
   """Several row pieces of ``x``, each times ``w``, in one kernel launch.
 
@@ -772,6 +805,8 @@ def chunk_matmul_pieces(
     num_sms, preferred_element_type, interpret, config: as for
       ``chunk_matmul_into`` (with ``out``, ``preferred_element_type`` must be
       None or ``out.dtype``).
+    x_zero_padded_k: ``x`` is `pad_k`'s output for a ``w`` of ``K`` rows:
+      its columns past ``K`` are zeros (not checked), up to a multiple of 64.
 
   Returns:
     ``[len(x_rows) * rows, n]`` of ``preferred_element_type`` (default
@@ -800,8 +835,15 @@ def chunk_matmul_pieces(
   else:
     dtype = jnp.dtype(preferred_element_type or x.dtype)
   _check_num_sms(num_sms)
+  if x_zero_padded_k:
+    k = w.shape[0]
+    if x.shape[1] != padded_k(k):
+      raise ValueError(
+          f"x_zero_padded_k: x.shape={x.shape} must have padded_k(K) ="
+          f" {padded_k(k)} columns for w.shape={w.shape} (use pad_k).")
   n_pieces = len(x_rows)
-  piece_type = jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype)
+  piece_type = jax.ShapeDtypeStruct(
+      (rows, w.shape[0] if x_zero_padded_k else x.shape[1]), x.dtype)
   target = (out if out is not None else
             jax.ShapeDtypeStruct((n_pieces * rows, w.shape[1]), dtype))
   # Shapes and dtypes, as for one piece written at row 0 of the target.
@@ -810,6 +852,7 @@ def chunk_matmul_pieces(
   if out is not None:
     _check_piece_rows("out_rows", out_rows, rows, out.shape)
   if _resolve_interpret(interpret):
+    x = x[:, :w.shape[0]]
     pieces = [lax.dynamic_slice_in_dim(x, r, rows, axis=0) for r in x_rows]
     if out is None:
       return chunk_matmul(jnp.concatenate(pieces, 0), w,
