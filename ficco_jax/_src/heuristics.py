@@ -103,9 +103,10 @@ def pallas_fits(op: str, schedule: schedule_lib.Schedule, *, x_shape,
   """Whether every piece of ``schedule`` suits the Hopper kernel at full
   depth: 16-bit operands, CTA tiles dividing every piece's rows and the
   output columns, and K a multiple of 64. Other K run full-depth steps on
-  h zero-padded once per op (`rs_matmul._pad_for_pallas`), which on
-  qwen2-72b measured level with XLA's dot pieces (4xH200, session 8 call
-  D: 1.16x / 1.13x against 1.16x / 1.11x), so the heuristic keeps XLA's."""
+  h zero-padded once per op (`chunk_matmul.pad_k` in `rs_matmul.forward`),
+  which on qwen2-72b measured level with XLA's dot pieces (4xH200, session
+  8 call D: 1.16x / 1.13x against 1.16x / 1.11x), so the heuristic keeps
+  XLA's."""
   if (op != "matmul_reduce_scatter"
       or jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16),
                                   jnp.dtype(jnp.float16))):

@@ -49,22 +49,6 @@ def _pieces_dot(h0, starts, rows, w, st: ag_matmul.Static):
               w, st)
 
 
-def _pad_for_pallas(h0):
-  """``h0`` with zero columns up to a multiple of 64 where K needs them.
-
-  Once per op, before the pieces: the Hopper kernel then runs full-depth
-  steps. Half-depth steps cost 20-25% of the matmul (H100,
-  benchmarks/results/h100_session8_b); the copy is all of h once (60 MB at
-  qwen2-72b M4096). Measured end to end it about broke even on qwen2-72b
-  (benchmarks/RESULTS.md, session 8).
-  """
-  if jnp.dtype(h0.dtype).itemsize != 2:
-    return h0  # The Hopper kernel takes 16-bit operands only.
-  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
-
-  return chunk_matmul.pad_k(h0)
-
-
 def _send(x, axis_name, shift, p):
   # Rank i sends to rank (i + shift) % p.
   return lax.ppermute(x, axis_name, perm=[(i, (i + shift) % p) for i in range(p)])
@@ -95,7 +79,7 @@ def _acc_dtype(dtype):
 
 
 def _out_dtype(h0, w, st):
-  # h0 may carry the zero columns of _pad_for_pallas past w's rows.
+  # h0 may carry pad_k's zero columns past w's rows (see forward).
   return ag_matmul.dot_dtype(
       jax.ShapeDtypeStruct(h0.shape[:-1] + w.shape[:1], h0.dtype), w, st)
 
@@ -110,7 +94,15 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
                             scatter_dimension=0, tiled=True).astype(out_dtype)
   m = h0.shape[0] // p
   if schedule.compute == "pallas":
-    h0 = _pad_for_pallas(h0)
+    from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+    # Once per op, before the pieces: a K that leaves half a 64-deep step
+    # over (qwen2-72b's 7392) gets zero columns, so the Hopper kernel runs
+    # full-depth steps. Half-depth steps cost 20-25% of the matmul (H100,
+    # benchmarks/results/h100_session8_b); the copy is all of h once (60 MB
+    # at qwen2-72b M4096); end to end it measured level with XLA's dot
+    # (benchmarks/RESULTS.md, session 8).
+    h0 = chunk_matmul.pad_k(h0)
   if schedule.comm == "dma":
     return _forward_dma(h0, w, st, m)
   mc = m // schedule.num_chunks

@@ -32,8 +32,9 @@ the next chunk's rows (no masking); ``row_offset`` a multiple of 8. Mosaic
 GPU tiles the GMEM operand as it tiles shared memory, so x's K must be a
 multiple of the step depth: other K take half-depth steps, or a zero-padded
 x (`pad_k`, ``x_zero_padded_k``) with w read past its rows (TMA fills
-zeros). On an H200 the kernel matched or beat cuBLAS (XLA's dot) on the llama3/gpt3 chunk
-shapes with mc >= 512 (benchmarks/results/kernel_bench_nvidia_h200.md).
+zeros). On an H200 the kernel matched or beat cuBLAS (XLA's dot) on the
+llama3/gpt3 chunk shapes with mc >= 512
+(benchmarks/results/kernel_bench_nvidia_h200.md).
 """
 
 from __future__ import annotations
@@ -541,7 +542,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   # whole steps over x, and TMA zero-fills the rows of w past its end.
   k = x.shape[1]
   k_w = w.shape[0]
-  if k != k_w and (k != padded_k(k_w) or k_w % 8):
+  if k != k_w and k != padded_k(k_w):
     raise ValueError(f"x.shape={x.shape} and w.shape={w.shape}: x must have"
                      f" K={k_w} columns, or padded_k(K) from pad_k.")
   mc = x.shape[0] if rows is None else rows
@@ -602,7 +603,8 @@ def padded_k(k: int) -> int:
 
 
 def pad_k(x: jax.Array) -> jax.Array:
-  """``x [..., K]`` with zero columns up to a multiple of 64, for K % 8 == 0.
+  """``x [..., K]`` with zero columns up to a multiple of 64, for the Hopper
+  kernel's 16-bit dtypes and K % 8 == 0 (16-byte rows).
 
   Why: Mosaic GPU tiles an operand in GMEM as it tiles shared memory, so the
   Hopper kernel's x needs K a multiple of its 64-deep steps; otherwise it
@@ -610,10 +612,11 @@ def pad_k(x: jax.Array) -> jax.Array:
   (H100, benchmarks/results/h100_session8_b). One padding copy of x (and
   none of w: TMA fills w's rows past K with zeros) buys full-depth steps
   for a K such as qwen2-72b's 29568 / 4 = 7392. Returns ``x`` itself when
-  no padding applies (K a multiple of 64, or not of 8).
+  no padding applies (K a multiple of 64 or not of 8, or a dtype the Hopper
+  kernel does not take).
   """
   k = x.shape[-1]
-  if padded_k(k) == k:
+  if padded_k(k) == k or jnp.dtype(x.dtype) not in _MGPU_DTYPES:
     return x
   return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, padded_k(k) - k)])
 
@@ -852,7 +855,8 @@ def chunk_matmul_pieces(
   if out is not None:
     _check_piece_rows("out_rows", out_rows, rows, out.shape)
   if _resolve_interpret(interpret):
-    x = x[:, :w.shape[0]]
+    if x_zero_padded_k:
+      x = x[:, :w.shape[0]]
     pieces = [lax.dynamic_slice_in_dim(x, r, rows, axis=0) for r in x_rows]
     if out is None:
       return chunk_matmul(jnp.concatenate(pieces, 0), w,
