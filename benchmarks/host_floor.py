@@ -7,7 +7,10 @@ runs ``--stats_calls`` more calls with the peer-copy handlers' own host
 counters (`library.host_stats`: no profiler, which inflates every CUDA
 call) and reports them per device and call: whole starts, their wait for
 the peers to publish, their copy issue, whole syncs, and the stream waits
-syncs enqueue.
+syncs enqueue. A label's ``@mode`` suffix (``direct/c1/dma@parallel``)
+selects the peer-copy issue mode (PROTOCOL.md); with async issue the wait
+and the issue happen on the devices' issuer threads, so "start" is what
+XLA's thread spends.
 
   python benchmarks/host_floor.py --ops=rs,ag --m=512 --k=4096 --n=4096 \
       --schedules=direct/c1/dma,ring/c1/dma --rounds=7 --iters=50 \
@@ -97,10 +100,11 @@ def main(argv):
       xla = common.jit_shard_map(body, mesh, in_specs, out_spec)
       rec = {"op": op, "xla": timing.time_jax(xla, [args], **tk), "ficco": {}}
       for label in FLAGS.schedules:
-        sched = common.schedule_from_label(label)
-        fn = common.jit_shard_map(
+        # "label@mode": the schedule under that peer-copy issue mode.
+        sched = common.schedule_from_label(label.partition("@")[0])
+        fn = common.with_issue_mode(common.jit_shard_map(
             functools.partial(op_fn, axis_name="x", schedule=sched), mesh,
-            in_specs, out_spec)
+            in_specs, out_spec), label)
         rec["ficco"][label] = {"time": timing.time_jax(fn, [args], **tk)}
         entries.append((rec["ficco"][label], fn, args))
       results["cases"].append(rec)

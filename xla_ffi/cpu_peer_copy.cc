@@ -30,6 +30,7 @@
 #include "cpu_runtime.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
+#include "issuer.h"
 #include "peer_copy_plan.h"
 #include "peer_copy_protocol.h"
 #include "peer_copy_registry.h"
@@ -47,8 +48,15 @@ struct CpuBackend {
   using Event = CpuEvent;
   using Inv = Invocation<CpuBackend>;
   // XLA:CPU runs handlers on a small shared pool: a start that blocked for
-  // its peers could starve them, so the last rank to arrive issues for all.
-  static bool ParallelIssue() { return false; }
+  // its peers could starve them, so the last rank to arrive issues for all,
+  // or (FICCO_CPU_ISSUE=async, or the C API, for tests of that mode) each
+  // device's issuer thread, which is ficco's own. Never parallel.
+  static constexpr int kPlatform = 0;
+  static constexpr bool kDeviceFlags = false;
+  static int DefaultIssueMode() {
+    const int mode = IssueModeFromEnv("FICCO_CPU_ISSUE", kIssueLast);
+    return mode == kIssueParallel ? kIssueLast : mode;
+  }
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
     return AcquireCpuEvent(Pools(), device);
@@ -316,6 +324,11 @@ bool CpuHostStat(int stat, int64_t* calls, int64_t* ns) {
   return Registry<CpuBackend>::Get().stats().Read(stat, calls, ns);
 }
 void CpuHostStatsReset() { Registry<CpuBackend>::Get().stats().Reset(); }
+int CpuSetIssueMode(int mode) {
+  if (mode != kIssueLast && mode != kIssueAsync) return -1;
+  return Registry<CpuBackend>::Get().mode().exchange(mode);
+}
+int CpuIssueMode() { return Registry<CpuBackend>::Get().mode().load(); }
 
 }  // namespace ficco
 

@@ -76,6 +76,22 @@ void FiccoHostStatsReset(int platform) {
 #endif
 }
 
+int FiccoSetIssueMode(int platform, int mode) {
+  if (platform == kFiccoCpu) return ficco::CpuSetIssueMode(mode);
+#ifdef FICCO_WITH_CUDA
+  if (platform == kFiccoCuda) return ficco::CudaSetIssueMode(mode);
+#endif
+  return -1;
+}
+
+int FiccoIssueMode(int platform) {
+  if (platform == kFiccoCpu) return ficco::CpuIssueMode();
+#ifdef FICCO_WITH_CUDA
+  if (platform == kFiccoCuda) return ficco::CudaIssueMode();
+#endif
+  return -1;
+}
+
 void FiccoTestSetNeverArrive(int device) { ficco::never_arrive.store(device); }
 void FiccoTestClearNeverArrive(void) { ficco::never_arrive.store(-1); }
 

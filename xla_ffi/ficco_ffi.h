@@ -53,6 +53,14 @@ int FiccoEventCounts(int platform, int device, int64_t* created,
 int FiccoHostStats(int platform, int stat, int64_t* calls, int64_t* ns);
 void FiccoHostStatsReset(int platform);
 
+// Who issues the copies of later starts (issuer.h: 0 the last rank to
+// arrive, 1 each rank in its start after a rendezvous, 2 each device's
+// issuer thread): returns the previous mode, or -1 if the platform is not
+// compiled in or does not support `mode` (the CPU twin: 0 or 2). Change it
+// only while no op is in flight.
+int FiccoSetIssueMode(int platform, int mode);
+int FiccoIssueMode(int platform);
+
 // Test hook: every start on `device` fails at once without joining its
 // peers, which then run into their timeout. -1 (or the clear call) disables.
 void FiccoTestSetNeverArrive(int device);
@@ -95,12 +103,16 @@ int64_t CpuPendingEntries();
 void CpuEventCounts(int device, int64_t* created, int64_t* pooled);
 bool CpuHostStat(int stat, int64_t* calls, int64_t* ns);
 void CpuHostStatsReset();
+int CpuSetIssueMode(int mode);
+int CpuIssueMode();
 #ifdef FICCO_WITH_CUDA
 int64_t CudaLiveInvocations();
 int64_t CudaPendingEntries();
 void CudaEventCounts(int device, int64_t* created, int64_t* pooled);
 bool CudaHostStat(int stat, int64_t* calls, int64_t* ns);
 void CudaHostStatsReset();
+int CudaSetIssueMode(int mode);
+int CudaIssueMode();
 #endif
 }  // namespace ficco
 

@@ -19,6 +19,11 @@
 //   SideCopy(inv, device, stream, dst, src, src_device, bytes)
 //   SideRecord(inv, device, stream, event)    event <- copy queue now
 // The Side* calls may name any device: the last arriver issues for all.
+// A Backend with kDeviceFlags (CUDA) also provides, for the async mode:
+//   static NextSeq(device, stream) -> ErrorOr<uint32_t>   next flag value
+//   SideSignal(inv, device, stream, seq)      queue's flag <- seq, in order
+//   ComputeWaitFlag(device, stream, seq)      compute waits for flag >= seq
+// and every Backend: static DefaultIssueMode(), static kPlatform (issuer.h).
 
 #ifndef FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
 #define FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
@@ -33,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "issuer.h"
 #include "peer_copy_plan.h"
 #include "peer_copy_registry.h"
 #include "xla/ffi/api/ffi.h"
@@ -98,6 +104,11 @@ ffi::Error CopyTransfer(Backend& backend,
   if (err.success()) {
     err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
   }
+  if constexpr (Backend::kDeviceFlags) {
+    if (err.success() && !me.seqs.empty()) {
+      err = backend.SideSignal(inv, me.device, t.stream, me.seqs[i]);
+    }
+  }
   if (err.success()) me.stamps[i] = IssueStamp();
   return err;
 }
@@ -158,7 +169,8 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
   return ffi::Error::Success();
 }
 
-// Issues the copies rank `r` receives (ParallelIssue()), on r's own thread.
+// Issues the copies rank `r` receives (parallel or async issue), on a thread
+// of r's device: XLA's, or its issuer.
 // A forwarded copy waits, bounded, until the peer has recorded the arrival
 // events of the landing buffer it forwards: the peer issues in plan order
 // on its own thread, and a CUDA wait on an unrecorded event is a no-op.
@@ -217,15 +229,50 @@ ffi::Error IssueRank(Backend& backend,
   return ffi::Error::Success();
 }
 
-// The rest of start with ParallelIssue(): wait (bounded) for every rank to
-// publish, then enqueue this rank's copies; the last rank to finish marks
-// the invocation issued for the waits and dones of every rank.
+// A failure of the issue half of an async start (on the issuer thread).
+// The rank's sync finds the invocation failed and reports it; if that sync
+// already let its execution go on, the device is poisoned instead, and the
+// copies' flags are signalled anyway so no compute stream waits forever.
+template <class Backend>
+void FailAsyncIssue(Backend& backend,
+                    const std::shared_ptr<Invocation<Backend>>& inv,
+                    int64_t rank, int32_t device, const std::string& message) {
+  std::vector<std::function<void()>> callbacks;
+  bool synced = false;
+  {
+    std::lock_guard<std::mutex> lock(inv->mu);
+    if (!inv->issued) inv->abandoned = true;  // Late arrivers fail at once.
+    if (inv->failure.empty()) {
+      inv->failure = message;
+      inv->failed_at = Clock::now();
+    }
+    inv->has_failed.store(true);
+    callbacks.swap(inv->on_issued);
+    synced = inv->ranks[rank].synced;
+  }
+  inv->cv.notify_all();
+  for (auto& callback : callbacks) callback();
+  if constexpr (Backend::kDeviceFlags) {
+    const auto& me = inv->ranks[rank];
+    for (size_t i = 0; i < me.seqs.size(); ++i) {
+      // Best effort: the queue is broken if this fails too.
+      backend.SideSignal(inv, device, inv->plan->transfers[i].stream,
+                         me.seqs[i]);
+    }
+  }
+  if (synced) Registry<Backend>::Get().Poison(device, message);
+}
+
+// The rest of start with parallel or async issue: wait (bounded) for every
+// rank to publish, then enqueue this rank's copies; the last rank to finish
+// marks the invocation issued for the waits and dones of every rank. Async
+// issue runs this on the device's issuer thread, after start returned.
 template <class Backend>
 ffi::Error StartParallel(Backend& backend,
                          const std::shared_ptr<Invocation<Backend>>& inv,
                          const Key& key, int64_t rank, int32_t device,
                          bool last, const std::string& where,
-                         int64_t timeout_ms) {
+                         int64_t timeout_ms, bool async) {
   const int64_t p = inv->plan->axis_size;
   auto& registry = Registry<Backend>::Get();
   const auto waited_since = Clock::now();
@@ -239,6 +286,10 @@ ffi::Error StartParallel(Backend& backend,
         }) || inv->failed()) {
       const std::string message = where + ": " + StallMessage(*inv, timeout_ms);
       lock.unlock();
+      if (async) {
+        FailAsyncIssue(backend, inv, rank, device, message);
+        return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, message);
+      }
       return Abandon(inv, rank, device, message);
     }
   }
@@ -249,6 +300,10 @@ ffi::Error StartParallel(Backend& backend,
   if (err.failure()) {
     const std::string message =
         where + ": issuing this rank's copies: " + err.message();
+    if (async) {
+      FailAsyncIssue(backend, inv, rank, device, message);
+      return ffi::Error(ffi::ErrorCode::kInternal, message);
+    }
     inv->Fail(message);
     return Abandon(inv, rank, device, message);
   }
@@ -265,21 +320,43 @@ ffi::Error StartParallel(Backend& backend,
   return ffi::Error::Success();
 }
 
-// Start: publish this rank, then either (ParallelIssue(), CUDA) wait,
+// Serializes, per device, the async start's flag values and its task on the
+// issuer: a queue's flag values must rise in the order its copies are issued.
+inline std::mutex& StartOrderMutex(int platform, int32_t device) {
+  static std::mutex* mu = new std::mutex();
+  static auto* mutexes = new std::map<std::pair<int, int32_t>, std::mutex*>();
+  std::lock_guard<std::mutex> lock(*mu);
+  std::mutex*& m = (*mutexes)[{platform, device}];
+  if (m == nullptr) m = new std::mutex();
+  return *m;
+}
+
+// Start: publish this rank, then, by the issue mode (issuer.h): wait,
 // bounded, for every rank to publish and enqueue the copies this rank
-// receives, or (the CPU twin) return at once and let the last rank to
-// arrive issue everyone's copies, so that no pool thread waits for a peer.
+// receives (parallel); hand that to the device's issuer thread and return
+// (async); or return at once and let the last rank to arrive issue
+// everyone's copies, so that no pool thread waits for a peer (last, the CPU
+// twin's default).
 template <class Backend>
 ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
                         ffi::RemainingArgs args, ffi::RemainingRets rets,
                         const StartAttrs& attrs) {
   using Inv = Invocation<Backend>;
   using Rank = typename Inv::Rank;
+  auto& registry = Registry<Backend>::Get();
+  const int mode = registry.mode().load(std::memory_order_relaxed);
   if (NeverArrives(device)) {
     return ffi::Error(ffi::ErrorCode::kAborted,
                       "ficco peer copy start of '" + std::string(attrs.op_name) +
                           "' on device " + std::to_string(device) +
                           ": test hook: this device never arrives");
+  }
+  if (std::string poison = registry.PoisonOf(device); !poison.empty()) {
+    return ffi::Error(ffi::ErrorCode::kAborted,
+                      "ficco peer copy start of '" + std::string(attrs.op_name) +
+                          "' on device " + std::to_string(device) +
+                          ": an earlier copy failed after its op had returned,"
+                          " so its result was wrong: " + poison);
   }
 
   Rank mine;
@@ -333,7 +410,25 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
     }
   }
 
-  auto& registry = Registry<Backend>::Get();
+  // Async issue: the flag values and the issuer task are taken in one
+  // order per device (each queue's flag must rise in issue order).
+  std::unique_lock<std::mutex> order;
+  if (mode == kIssueAsync) {
+    order = std::unique_lock<std::mutex>(
+        StartOrderMutex(Backend::kPlatform, device));
+    if constexpr (Backend::kDeviceFlags) {
+      for (const Transfer& t : plan->transfers) {
+        auto seq = Backend::NextSeq(device, t.stream);
+        if (!seq.has_value()) {
+          Inv::ReleaseEvents(mine);
+          return ffi::Error(seq.error().errc().value_or(ffi::ErrorCode::kInternal),
+                            where + ": " + seq.error().message());
+        }
+        mine.seqs.push_back(*seq);
+      }
+    }
+  }
+
   const Key key{run_id, plan->site, pos.group,
                 registry.NextSeq(device, run_id, plan->site)};
   std::shared_ptr<Inv> inv =
@@ -357,12 +452,24 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
     inv->ranks[pos.rank].arrived = true;
     last = ++inv->arrived == plan->axis_size;
   }
+  inv->cv.notify_all();  // Async syncs and issuers wait for arrivals.
   // wait and done of this device run after start returns (they consume its
   // outputs), so registering before the issue is early enough.
   registry.Register(device, run_id, inv, pos.rank);
-  if (backend.ParallelIssue()) {
+  if (mode == kIssueAsync) {
+    const int64_t rank = pos.rank;
+    const int64_t timeout_ms = attrs.timeout_ms;
+    IssuerOf(Backend::kPlatform, device)
+        .Push([backend, inv, key, rank, device, last, where,
+               timeout_ms]() mutable {
+          StartParallel(backend, inv, key, rank, device, last, where,
+                        timeout_ms, /*async=*/true);
+        });
+    return ffi::Error::Success();
+  }
+  if (mode == kIssueParallel) {
     return StartParallel(backend, inv, key, pos.rank, device, last, where,
-                         attrs.timeout_ms);
+                         attrs.timeout_ms, /*async=*/false);
   }
   if (!last) return ffi::Error::Success();
 
@@ -510,6 +617,22 @@ void MarkLeft(Invocation<Backend>& inv, int64_t rank) {
   }
 }
 
+// Blocks (bounded) until every rank has published (async issue: a done
+// then knows the flag values of the copies that read this rank's buffers).
+template <class Backend>
+ffi::Error AwaitArrived(const Found<Backend>& f, int32_t device,
+                        int64_t timeout_ms) {
+  auto& inv = *f.inv;
+  const int64_t p = inv.plan->axis_size;
+  std::unique_lock<std::mutex> lock(inv.mu);
+  SpinThenWait(lock, inv.cv, DeadlineAfter(timeout_ms),
+               [&] { return inv.arrived == p || inv.failed(); });
+  if (inv.arrived == p && !inv.failed()) return ffi::Error::Success();
+  const std::string message = f.where + ": " + StallMessage(inv, timeout_ms);
+  lock.unlock();
+  return Abandon(f.inv, f.rank, device, message);
+}
+
 // Blocks (bounded) until the last rank has issued the group's copies.
 template <class Backend>
 ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
@@ -595,7 +718,12 @@ struct Awaited {
   int32_t device;
   int64_t stream;
   uint64_t stamp;
+  uint32_t seq;  // the queue's flag value once landed (async issue), or 0
 };
+
+inline uint32_t SeqOf(const std::vector<uint32_t>& seqs, size_t i) {
+  return seqs.empty() ? 0 : seqs[i];
+}
 
 // The arrivals into landing buffer `landing` of rank `rank`.
 template <class Backend>
@@ -605,7 +733,7 @@ std::vector<Awaited<Backend>> LandingEvents(const Invocation<Backend>& inv,
   const auto& me = inv.ranks[rank];
   for (size_t i : TransfersInto(*inv.plan, landing)) {
     out.push_back({me.arrival[i], me.device, inv.plan->transfers[i].stream,
-                   me.stamps[i]});
+                   me.stamps[i], SeqOf(me.seqs, i)});
   }
   return out;
 }
@@ -628,7 +756,7 @@ std::vector<Awaited<Backend>> ReaderEvents(const Invocation<Backend>& inv,
       const Transfer& t = plan.transfers[i];
       if ((q + t.src_offset) % p != rank) continue;
       out.push_back({reader.arrival[i], reader.device, t.stream,
-                     reader.stamps[i]});
+                     reader.stamps[i], SeqOf(reader.seqs, i)});
     }
   }
   return out;
@@ -646,6 +774,14 @@ template <class Backend>
 ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
                                int32_t device, const SyncCall& call,
                                const SyncAttrs& attrs) {
+  if (std::string poison = Registry<Backend>::Get().PoisonOf(device);
+      !poison.empty()) {
+    return ffi::Error(ffi::ErrorCode::kAborted,
+                      "ficco peer copy sync of '" + std::string(attrs.op_name) +
+                          "' on device " + std::to_string(device) +
+                          ": an earlier copy failed after its op had returned,"
+                          " so its result was wrong: " + poison);
+  }
   std::vector<Found<Backend>> parts;
   ffi::Error failure = ffi::Error::Success();
   auto keep = [&](auto&& f) {
@@ -674,30 +810,52 @@ ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
 
   // With parallel issue each rank recorded its own arrival events before its
   // start returned, so a landing needs no host wait; a done reads peers'
-  // events, recorded once the whole group is issued.
+  // events, recorded once the whole group is issued. With async issue
+  // (device flags) nothing waits for an issue, only for every rank to have
+  // published: the flag values were assigned in the ranks' starts.
+  const int mode = Registry<Backend>::Get().mode().load(std::memory_order_relaxed);
+  const bool flags = Backend::kDeviceFlags && mode == kIssueAsync;
   std::vector<Awaited<Backend>> events;
   for (size_t k = 0; k < parts.size(); ++k) {
     const auto& f = parts[k];
     const bool is_wait = k < found_waits;
-    if (!is_wait || !backend.ParallelIssue()) {
-      if (auto err = AwaitIssued(f, device, attrs.timeout_ms); err.failure()) {
-        abandon_all("another part of this sync failed: " + err.message());
-        return err;
-      }
+    ffi::Error err = ffi::Error::Success();
+    if (flags) {
+      // Every rank must have published: a done needs its readers' flag
+      // values, and a peer that never arrives must fail this execution
+      // here, within the timeout, rather than leave it to run on into
+      // garbage (its issuer's timeout would come after this sync returned).
+      err = AwaitArrived(f, device, attrs.timeout_ms);
+    } else if (!is_wait || mode != kIssueParallel) {
+      err = AwaitIssued(f, device, attrs.timeout_ms);
+    }
+    if (err.failure()) {
+      abandon_all("another part of this sync failed: " + err.message());
+      return err;
     }
     auto more = is_wait ? LandingEvents(*f.inv, f.rank, f.landing)
                         : ReaderEvents(*f.inv, f.rank);
     events.insert(events.end(), more.begin(), more.end());
   }
-  // Newest event per (device, queue).
+  // Newest event (or flag value) per (device, queue): a queue runs in order.
   std::map<std::pair<int32_t, int64_t>, Awaited<Backend>> newest;
   for (const auto& e : events) {
     auto [it, added] = newest.try_emplace({e.device, e.stream}, e);
-    if (!added && e.stamp > it->second.stamp) it->second = e;
+    const bool newer =
+        flags ? static_cast<int32_t>(e.seq - it->second.seq) > 0
+              : e.stamp > it->second.stamp;
+    if (!added && newer) it->second = e;
   }
   const auto since = Clock::now();
   for (const auto& [queue, e] : newest) {
-    if (auto err = backend.ComputeWait(e.event); err.failure()) {
+    ffi::Error err = ffi::Error::Success();
+    if constexpr (Backend::kDeviceFlags) {
+      err = flags ? backend.ComputeWaitFlag(e.device, e.stream, e.seq)
+                  : backend.ComputeWait(e.event);
+    } else {
+      err = backend.ComputeWait(e.event);
+    }
+    if (err.failure()) {
       abandon_all(err.message());
       return ffi::Error(err.errc().value_or(ffi::ErrorCode::kInternal),
                         parts.front().where + ": " + err.message());
@@ -705,6 +863,20 @@ ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
   }
   Registry<Backend>::Get().stats().Add(kSyncWaits, since,
                                        static_cast<int64_t>(newest.size()));
+  if (flags) {
+    // From here a failure of an issue can no longer fail this execution:
+    // the issuer signals the flags anyway and poisons the device.
+    for (const auto& f : parts) {
+      std::unique_lock<std::mutex> lock(f.inv->mu);
+      if (f.inv->failed()) {
+        const std::string message = f.where + ": " + StallMessage(*f.inv, attrs.timeout_ms);
+        lock.unlock();
+        abandon_all(message);
+        return ffi::Error(ffi::ErrorCode::kAborted, message);
+      }
+      f.inv->ranks[f.rank].synced = true;
+    }
+  }
   for (size_t k = found_waits; k < parts.size(); ++k) {
     MarkLeft(*parts[k].inv, parts[k].rank);
   }

@@ -54,6 +54,10 @@ def _library() -> ctypes.CDLL:
       ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]
   lib.FiccoHostStatsReset.restype = None
   lib.FiccoHostStatsReset.argtypes = [ctypes.c_int]
+  lib.FiccoSetIssueMode.restype = ctypes.c_int
+  lib.FiccoSetIssueMode.argtypes = [ctypes.c_int, ctypes.c_int]
+  lib.FiccoIssueMode.restype = ctypes.c_int
+  lib.FiccoIssueMode.argtypes = [ctypes.c_int]
   lib.FiccoTestSetNeverArrive.argtypes = [ctypes.c_int]
   lib.FiccoTestSetNeverArrive.restype = None
   lib.FiccoTestClearNeverArrive.restype = None
@@ -166,6 +170,45 @@ def host_stats(platform: str = "cpu") -> dict[str, tuple[int, float]]:
 
 def reset_host_stats(platform: str = "cpu") -> None:
   _library().FiccoHostStatsReset(platform_id(platform))
+
+
+# Values of FiccoSetIssueMode (xla_ffi/issuer.h), by name.
+ISSUE_MODES = ("last", "parallel", "async")
+
+
+def issue_mode(platform: str = "cpu") -> str:
+  """Who issues the copies of a start on ``platform`` (`set_issue_mode`)."""
+  mode = _library().FiccoIssueMode(platform_id(platform))
+  if mode < 0:
+    raise RuntimeError(f"{platform} handlers are not compiled in.")
+  return ISSUE_MODES[mode]
+
+
+def set_issue_mode(mode: str, platform: str = "cpu") -> str:
+  """Selects who issues the copies of later starts; call it only while no
+  op is in flight (block on every result first).
+
+  Args:
+    mode: ``"async"`` (each device's own issuer thread; start returns at
+      once and sync's stream waits need no host wait on CUDA: the default
+      there), ``"parallel"`` (each rank in its start, after a host
+      rendezvous; CUDA only) or ``"last"`` (the last rank to arrive issues
+      for all: the CPU twin's default). The environment variables
+      ``FICCO_CUDA_ISSUE`` and ``FICCO_CPU_ISSUE`` set the initial mode.
+    platform: ``"cpu"`` or ``"cuda"``.
+
+  Returns:
+    The previous mode.
+  """
+  if mode not in ISSUE_MODES:
+    raise ValueError(f"mode={mode!r} must be one of {ISSUE_MODES}.")
+  previous = _library().FiccoSetIssueMode(platform_id(platform),
+                                          ISSUE_MODES.index(mode))
+  if previous < 0:
+    raise ValueError(
+        f"mode={mode!r} is not supported on {platform!r} (the CPU twin takes"
+        " 'last' or 'async'), or its handlers are not compiled in.")
+  return ISSUE_MODES[previous]
 
 
 def set_never_arrive(device_ordinal: int) -> None:
