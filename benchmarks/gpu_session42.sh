@@ -5,6 +5,9 @@
 # parallel issue it replaced, in the same interleaved run.
 set -u
 source "$(dirname "$0")/gpu_env.sh"
+# Async issue was the CUDA default when this call ran (parallel is again
+# since call E); set here so a re-run measures the same thing.
+export FICCO_CUDA_ISSUE=async
 R="$OUT/r42"; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 t install; python3 -m pip install --no-build-isolation --no-deps . > "$R/install.log" 2>&1 || { echo "install FAILED"; exit 1; }

@@ -185,22 +185,23 @@ ASYNC = [Schedule(dataflow="direct", num_chunks=2, comm="dma"),
 
 @pytest.mark.parametrize("schedule", ASYNC, ids=_ids(ASYNC))
 def test_both_ops_dma_with_async_issue(schedule):
-  """Both ops on the CPU twin with async issue (each device's issuer thread
-  waits for its peers and issues, start returns at once), CUDA's default."""
+  """Both ops with async issue (each device's issuer thread waits for its
+  peers and issues, start returns at once), on the CPU twin or the GPUs."""
   from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
 
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(10)
   h, w = util.rand(rng, (48, 20), np.float32), util.rand(rng, (20, 9), np.float32)
   x, wg = util.rand(rng, (24, 10), np.float32), util.rand(rng, (10, 20), np.float32)
-  previous = library.set_issue_mode("async", "cpu")
+  platform = "cuda" if mesh.devices.flat[0].platform == "gpu" else "cpu"
+  previous = library.set_issue_mode("async", platform)
   try:
     for _ in range(3):  # Back to back: the issuers run behind the starts.
       rs = run_rs(mesh, h, w, schedule=schedule)
       ag = run_ag(mesh, x, wg, schedule=schedule)
     jax.block_until_ready((rs, ag))
   finally:
-    library.set_issue_mode(previous, "cpu")
+    library.set_issue_mode(previous, platform)
   assert util.rel_err(rs, util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
   assert util.rel_err(ag, util.ref_all_gather_matmul(x, wg)) < util.tol(np.float32)
 

@@ -48,6 +48,10 @@ struct FlagTable {
   WaitFn wait = nullptr;
   WriteFn write = nullptr;
   std::atomic<uint32_t> next[kFlagDevices][kFlagQueues] = {};
+  // The last value each queue was told to write (diagnostics of a stall:
+  // FiccoFlagState): assigned > signalled is an issue not yet made, and
+  // signalled > the word a write the queue has not yet reached.
+  std::atomic<uint32_t> signalled[kFlagDevices][kFlagQueues] = {};
 
   CUdeviceptr Address(int32_t device, int64_t stream) const {
     return reinterpret_cast<CUdeviceptr>(words + device * kFlagQueues + stream);
@@ -113,19 +117,21 @@ EventPools<CUevent_st>& Pools() {
 struct CudaBackend {
   using Event = CUevent_st;  // cudaEvent_t == Event*
   using Inv = Invocation<CudaBackend>;
-  // XLA:GPU gives every device its own host thread. Parallel issue: each
-  // rank waits for its peers in start and enqueues the copies it receives
-  // itself, so the host work is spread over P threads and never switches
-  // devices (one thread issuing for all, with the device switches, cost
-  // ~15-20 us per copy on 4xH200 and made short ops host-bound). Async issue
-  // (the default): start only publishes, the device's issuer thread waits
-  // for the peers and issues, and sync's compute-stream waits are on flags
-  // the copy queues write (below), so XLA's thread never waits for a peer's
-  // thread. FICCO_CUDA_ISSUE=parallel|last|async, or the C API, selects.
+  // XLA:GPU gives every device its own host thread. Parallel issue (the
+  // default): each rank waits for its peers in start and enqueues the
+  // copies it receives itself, so the host work is spread over P threads
+  // and never switches devices (one thread issuing for all, with the device
+  // switches, cost ~15-20 us per copy on 4xH200 and made short ops
+  // host-bound). Async issue (FICCO_CUDA_ISSUE=async, or the C API): start
+  // only publishes, the device's issuer thread waits for the peers and
+  // issues, and sync's compute-stream waits are on flags the copy queues
+  // write (below), so XLA's thread never waits for a peer's issue. It cut
+  // the host floor by 30-50 us per call, but one benchmark run under it
+  // stalled (benchmarks/RESULTS.md, session 9), so it is not the default.
   static constexpr int kPlatform = 1;
   static constexpr bool kDeviceFlags = true;
   static int DefaultIssueMode() {
-    return IssueModeFromEnv("FICCO_CUDA_ISSUE", kIssueAsync);
+    return IssueModeFromEnv("FICCO_CUDA_ISSUE", kIssueParallel);
   }
 
   // The flag value the next copy on (device, queue) writes once landed.
@@ -154,10 +160,15 @@ struct CudaBackend {
     if (auto err = scoped.Set(device); err.failure()) return err;
     auto side = SideStream(device, stream);
     if (!side.has_value()) return side.error();
-    return CheckDriver(
-        flags->write(*side, flags->Address(device, stream), seq,
-                        CU_STREAM_WRITE_VALUE_DEFAULT),
-        "cuStreamWriteValue32");
+    if (auto err = CheckDriver(
+            flags->write(*side, flags->Address(device, stream), seq,
+                         CU_STREAM_WRITE_VALUE_DEFAULT),
+            "cuStreamWriteValue32");
+        err.failure()) {
+      return err;
+    }
+    flags->signalled[device][stream].store(seq);
+    return ffi::Error::Success();
   }
 
   // Enqueued on the compute stream: it waits, the host does not. GEQ is a
@@ -301,6 +312,20 @@ int CudaSetIssueMode(int mode) {
   return Registry<CudaBackend>::Get().mode().exchange(mode);
 }
 int CudaIssueMode() { return Registry<CudaBackend>::Get().mode().load(); }
+int CudaFlagState(int device, int queue, uint32_t* word, uint32_t* assigned,
+                  uint32_t* signalled) {
+  if (device < 0 || device >= kFlagDevices || queue < 0 ||
+      queue >= kFlagQueues) {
+    return -1;
+  }
+  ffi::Error error = ffi::Error::Success();
+  FlagTable* flags = Flags(&error);
+  if (flags == nullptr) return -1;
+  *word = reinterpret_cast<volatile uint32_t*>(flags->words)[device * kFlagQueues + queue];
+  *assigned = flags->next[device][queue].load();
+  *signalled = flags->signalled[device][queue].load();
+  return 0;
+}
 
 }  // namespace ficco
 

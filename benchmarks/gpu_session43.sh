@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 9, call C, for the 4-GPU machine (nvidia-h200-x4). ~6 min: issue 6's
+# ten reduce-scatter shapes again under async issue, schedule=None through
+# the cache with llama3-8b M8192's entry refilled from calls A and B
+# (direct/c1/dma/pallas), the same schedules as session 8 call D.
+set -u
+source "$(dirname "$0")/gpu_env.sh"
+# Async issue was the CUDA default when this call ran (parallel is again
+# since call E); set here so a re-run measures the same thing.
+export FICCO_CUDA_ISSUE=async
+R="$OUT/r43"; rm -rf "$R"; mkdir -p "$R"
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+t install; python3 -m pip install --no-build-isolation --no-deps . > "$R/install.log" 2>&1 || { echo "install FAILED"; exit 1; }
+t rs
+timeout 330 python3 benchmarks/rs_bench.py --axis_sizes=4 \
+  --models=llama3-8b,llama3-70b,qwen2-72b,gpt3-175b --tokens=4096,8192 --square=true \
+  --schedules=default,none,direct/c1/dma,direct/c1/dma/pallas,direct/c2/dma/pallas/step,ring/c1/dma \
+  --interleave --rounds=9 --iters=20 --min_round_ms=25 --settle_ms=10 --order=shuffle \
+  --time_budget_s=310 --out_dir="$R" --tag=w4_issue6_s9c > "$R/rs.log" 2>&1
+echo "rs rc=$?"; grep -E "^\|" "$R/rs_w4_issue6_s9c.md" | cut -c1-250
+python3 - "$R" <<'PY'
+import json, math, sys
+d = json.load(open(f"{sys.argv[1]}/rs_w4_issue6_s9c.json"))
+logs = {}
+for c in d["cases"]:
+  print(c["name"], " ".join(
+      f"{m['label']}={m.get('speedup_vs_xla') or 0:.3f}" for m in c["methods"]))
+  for m in c["methods"]:
+    if m.get("speedup_vs_xla"):
+      logs.setdefault(m["label"], []).append(math.log(m["speedup_vs_xla"]))
+for label, v in logs.items():
+  print(f"geomean {label}: {math.exp(sum(v) / len(v)):.3f} over {len(v)} shapes")
+PY
+ls "$R"
+t end
