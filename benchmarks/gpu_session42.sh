@@ -18,18 +18,6 @@ timeout 330 python3 benchmarks/rs_bench.py --axis_sizes=4 \
   --interleave --rounds=9 --iters=20 --min_round_ms=25 --settle_ms=10 --order=shuffle \
   --time_budget_s=310 --out_dir="$R" --tag=w4_issue6_s9b > "$R/rs.log" 2>&1
 echo "rs rc=$?"; grep -E "^\|" "$R/rs_w4_issue6_s9b.md" | cut -c1-250
-python3 - "$R" <<'PY'
-import json, math, sys
-d = json.load(open(f"{sys.argv[1]}/rs_w4_issue6_s9b.json"))
-logs = {}
-for c in d["cases"]:
-  print(c["name"], " ".join(
-      f"{m['label']}={m.get('speedup_vs_xla') or 0:.3f}" for m in c["methods"]))
-  for m in c["methods"]:
-    if m.get("speedup_vs_xla"):
-      logs.setdefault(m["label"], []).append(math.log(m["speedup_vs_xla"]))
-for label, v in logs.items():
-  print(f"geomean {label}: {math.exp(sum(v) / len(v)):.3f} over {len(v)} shapes")
-PY
+python3 benchmarks/rs_summary.py "$R/rs_w4_issue6_s9b.json"
 ls "$R"
 t end

@@ -18,6 +18,7 @@
 
 #include "event_pool.h"
 #include "peer_copy_registry.h"  // Clock
+#include "task_thread.h"
 
 namespace ficco {
 
@@ -68,41 +69,8 @@ class CpuEvent {
   std::vector<Callback> callbacks_;
 };
 
-// One copy queue: tasks run in order on a thread of their own, like the
-// operations of a CUDA stream. Never destroyed (see Queue()).
-class CopyQueue {
- public:
-  CopyQueue() { std::thread([this] { Run(); }).detach(); }
-
-  void Push(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  [[noreturn]] void Run() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !tasks_.empty(); });
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      // Destroying the task may drop the last reference to an invocation,
-      // which returns its events to the pools: do it outside the lock.
-      task();
-      task = nullptr;
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-};
+// One copy queue: a TaskThread, like the operations of a CUDA stream.
+using CopyQueue = TaskThread;
 
 // Queues are created on first use and leaked: their detached threads block
 // on their condition variable forever, which must never be destroyed under

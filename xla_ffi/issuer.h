@@ -4,18 +4,16 @@
 #ifndef FICCO_XLA_FFI_ISSUER_H_
 #define FICCO_XLA_FFI_ISSUER_H_
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <deque>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
+
+#include "task_thread.h"
 
 namespace ficco {
 
@@ -51,61 +49,19 @@ inline int IssueModeFromEnv(const char* var, int fallback) {
   return fallback;
 }
 
-// One device's issuer: tasks run in order on a thread of their own. It
-// spins (yielding) for a while before it sleeps: back-to-back ops hand it a
-// task every few tens of microseconds, and a sleeping thread takes tens of
-// microseconds to wake. Never destroyed (see IssuerOf).
-class Issuer {
- public:
-  Issuer() { std::thread([this] { Run(); }).detach(); }
-
-  void Push(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
-      pending_.fetch_add(1, std::memory_order_release);
-    }
-    cv_.notify_one();
-  }
-
- private:
-  [[noreturn]] void Run() {
-    for (;;) {
-      const auto spin_until =
-          std::chrono::steady_clock::now() + std::chrono::microseconds(500);
-      while (pending_.load(std::memory_order_acquire) == 0 &&
-             std::chrono::steady_clock::now() < spin_until) {
-        std::this_thread::yield();
-      }
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !tasks_.empty(); });
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-        pending_.fetch_sub(1, std::memory_order_relaxed);
-      }
-      // Dropping the task may free an invocation: outside the lock.
-      task();
-      task = nullptr;
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  std::atomic<int64_t> pending_{0};
-};
+// One device's issuer. It spins for a while after each task before it
+// sleeps: back-to-back ops hand it a task every few tens of microseconds.
+inline constexpr std::chrono::microseconds kIssuerSpin{500};
 
 // Issuers are created on first use and leaked: their detached threads must
 // never see their state destroyed at interpreter exit. One per (platform
 // tag, device), so the CPU twin and CUDA never share a thread.
-inline Issuer& IssuerOf(int platform, int32_t device) {
+inline TaskThread& IssuerOf(int platform, int32_t device) {
   static std::mutex* mu = new std::mutex();
-  static auto* issuers = new std::map<std::pair<int, int32_t>, Issuer*>();
+  static auto* issuers = new std::map<std::pair<int, int32_t>, TaskThread*>();
   std::lock_guard<std::mutex> lock(*mu);
-  Issuer*& q = (*issuers)[{platform, device}];
-  if (q == nullptr) q = new Issuer();
+  TaskThread*& q = (*issuers)[{platform, device}];
+  if (q == nullptr) q = new TaskThread(kIssuerSpin);
   return *q;
 }
 

@@ -36,6 +36,7 @@
 #include <sstream>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "issuer.h"
@@ -242,11 +243,7 @@ void FailAsyncIssue(Backend& backend,
   {
     std::lock_guard<std::mutex> lock(inv->mu);
     if (!inv->issued) inv->abandoned = true;  // Late arrivers fail at once.
-    if (inv->failure.empty()) {
-      inv->failure = message;
-      inv->failed_at = Clock::now();
-    }
-    inv->has_failed.store(true);
+    inv->FailLocked(message);
     callbacks.swap(inv->on_issued);
     synced = inv->ranks[rank].synced;
   }
@@ -320,6 +317,20 @@ ffi::Error StartParallel(Backend& backend,
   return ffi::Error::Success();
 }
 
+// Fails a start or sync on a poisoned device (Registry::Poison).
+template <class Backend>
+ffi::Error PoisonError(const char* handler, std::string_view op_name,
+                       int32_t device) {
+  std::string poison = Registry<Backend>::Get().PoisonOf(device);
+  if (poison.empty()) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kAborted,
+                    "ficco peer copy " + std::string(handler) + " of '" +
+                        std::string(op_name) + "' on device " +
+                        std::to_string(device) +
+                        ": an earlier copy failed after its op had returned,"
+                        " so its result was wrong: " + poison);
+}
+
 // Serializes, per device, the async start's flag values and its task on the
 // issuer: a queue's flag values must rise in the order its copies are issued.
 inline std::mutex& StartOrderMutex(int platform, int32_t device) {
@@ -351,12 +362,9 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
                           "' on device " + std::to_string(device) +
                           ": test hook: this device never arrives");
   }
-  if (std::string poison = registry.PoisonOf(device); !poison.empty()) {
-    return ffi::Error(ffi::ErrorCode::kAborted,
-                      "ficco peer copy start of '" + std::string(attrs.op_name) +
-                          "' on device " + std::to_string(device) +
-                          ": an earlier copy failed after its op had returned,"
-                          " so its result was wrong: " + poison);
+  if (auto err = PoisonError<Backend>("start", attrs.op_name, device);
+      err.failure()) {
+    return err;
   }
 
   Rank mine;
@@ -586,11 +594,7 @@ ffi::Error Abandon(const std::shared_ptr<Invocation<Backend>>& inv,
   {
     std::lock_guard<std::mutex> lock(inv->mu);
     if (!inv->issued) inv->abandoned = true;
-    if (inv->failure.empty()) {
-      inv->failure = message;
-      inv->failed_at = Clock::now();
-    }
-    inv->has_failed.store(true);
+    inv->FailLocked(message);
     // Pending waits of other ranks: run below, they see the failure and
     // fail fast (and they hold `inv`, a cycle until run).
     dropped.swap(inv->on_issued);
@@ -617,34 +621,37 @@ void MarkLeft(Invocation<Backend>& inv, int64_t rank) {
   }
 }
 
-// Blocks (bounded) until every rank has published (async issue: a done
-// then knows the flag values of the copies that read this rank's buffers).
-template <class Backend>
-ffi::Error AwaitArrived(const Found<Backend>& f, int32_t device,
-                        int64_t timeout_ms) {
+// Blocks (bounded) until `ready(inv)` holds (under the invocation's lock) or
+// the invocation failed; on failure or timeout this rank abandons it.
+template <class Backend, class Ready>
+ffi::Error AwaitInvocation(const Found<Backend>& f, int32_t device,
+                           int64_t timeout_ms, Ready ready) {
   auto& inv = *f.inv;
-  const int64_t p = inv.plan->axis_size;
   std::unique_lock<std::mutex> lock(inv.mu);
   SpinThenWait(lock, inv.cv, DeadlineAfter(timeout_ms),
-               [&] { return inv.arrived == p || inv.failed(); });
-  if (inv.arrived == p && !inv.failed()) return ffi::Error::Success();
+               [&] { return ready(inv) || inv.failed(); });
+  if (ready(inv) && !inv.failed()) return ffi::Error::Success();
   const std::string message = f.where + ": " + StallMessage(inv, timeout_ms);
   lock.unlock();
   return Abandon(f.inv, f.rank, device, message);
 }
 
-// Blocks (bounded) until the last rank has issued the group's copies.
+// Every rank has published (async issue: a done then knows the flag values
+// of the copies that read this rank's buffers).
+template <class Backend>
+ffi::Error AwaitArrived(const Found<Backend>& f, int32_t device,
+                        int64_t timeout_ms) {
+  return AwaitInvocation(f, device, timeout_ms, [](const auto& inv) {
+    return inv.arrived == inv.plan->axis_size;
+  });
+}
+
+// The last rank has issued the group's copies.
 template <class Backend>
 ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
                        int64_t timeout_ms) {
-  auto& inv = *f.inv;
-  std::unique_lock<std::mutex> lock(inv.mu);
-  SpinThenWait(lock, inv.cv, DeadlineAfter(timeout_ms),
-                    [&] { return inv.issued || inv.failed(); });
-  if (inv.issued && !inv.failed()) return ffi::Error::Success();
-  const std::string message = f.where + ": " + StallMessage(inv, timeout_ms);
-  lock.unlock();
-  return Abandon(f.inv, f.rank, device, message);
+  return AwaitInvocation(f, device, timeout_ms,
+                         [](const auto& inv) { return inv.issued; });
 }
 
 // The buffers of one ficco_peer_copy_sync call, checked against its
@@ -774,13 +781,9 @@ template <class Backend>
 ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
                                int32_t device, const SyncCall& call,
                                const SyncAttrs& attrs) {
-  if (std::string poison = Registry<Backend>::Get().PoisonOf(device);
-      !poison.empty()) {
-    return ffi::Error(ffi::ErrorCode::kAborted,
-                      "ficco peer copy sync of '" + std::string(attrs.op_name) +
-                          "' on device " + std::to_string(device) +
-                          ": an earlier copy failed after its op had returned,"
-                          " so its result was wrong: " + poison);
+  if (auto err = PoisonError<Backend>("sync", attrs.op_name, device);
+      err.failure()) {
+    return err;
   }
   std::vector<Found<Backend>> parts;
   ffi::Error failure = ffi::Error::Success();

@@ -173,13 +173,17 @@ struct Invocation {
   void Fail(const std::string& message) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (failure.empty()) {
-        failure = message;
-        failed_at = Clock::now();
-      }
-      has_failed.store(true);
+      FailLocked(message);
     }
     cv.notify_all();
+  }
+  // Fail's state change, for callers that hold `mu` (and notify `cv` after).
+  void FailLocked(const std::string& message) {
+    if (failure.empty()) {
+      failure = message;
+      failed_at = Clock::now();
+    }
+    has_failed.store(true);
   }
   bool failed() const { return has_failed.load(); }
 
