@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -55,7 +56,12 @@ struct CpuBackend {
   static constexpr bool kDeviceFlags = false;
   static int DefaultIssueMode() {
     const int mode = IssueModeFromEnv("FICCO_CPU_ISSUE", kIssueLast);
-    return mode == kIssueParallel ? kIssueLast : mode;
+    if (mode != kIssueParallel) return mode;
+    std::fprintf(stderr,
+                 "ficco: FICCO_CPU_ISSUE=parallel is not supported by the CPU"
+                 " twin (a start blocked for its peers could starve XLA:CPU's"
+                 " pool); using last\n");
+    return kIssueLast;
   }
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {

@@ -38,7 +38,7 @@ inline const char* IssueModeName(int mode) {
 }
 
 // The mode named by environment variable `var` (last, parallel, async), or
-// `fallback` if it is unset or names none.
+// `fallback` if it is unset; a value naming none is logged, not ignored.
 inline int IssueModeFromEnv(const char* var, int fallback) {
   const char* v = std::getenv(var);
   if (v == nullptr) return fallback;
@@ -46,6 +46,10 @@ inline int IssueModeFromEnv(const char* var, int fallback) {
   for (int mode : {kIssueLast, kIssueParallel, kIssueAsync}) {
     if (s == IssueModeName(mode)) return mode;
   }
+  std::fprintf(stderr,
+               "ficco: %s=%s names no issue mode (last, parallel, async);"
+               " using %s\n",
+               var, v, IssueModeName(fallback));
   return fallback;
 }
 
