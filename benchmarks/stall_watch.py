@@ -1,12 +1,14 @@
-"""Runs a benchmark script and, if its copy-engine ops stall, says where.
+"""Runs a benchmark script and, if its copy-engine ops stop making progress,
+says where.
 
-Async issue (xla_ffi/PROTOCOL.md) lets a compute stream wait for a copy
-that no thread has issued yet. A watchdog thread reads every copy queue's
-flag (`library.flag_state`: the word, the last value assigned and the last
-one issued) every few seconds. A stall is a queue whose word lags the
-assigned value, with all the states unchanged for ``--stall_s``. Then it
-writes the states, the live invocations and every Python thread's stack to
-``--out`` and exits with status 3.
+Every host wait of the peer-copy protocol is bounded, so a stall that no
+timeout reports is on the devices or inside a driver call. A watchdog
+thread reads the handlers' call counts (`library.host_stats`) every few
+seconds. A stall is live invocations with the counts unchanged for
+``--stall_s``. Then it writes the counts, the live invocations and every
+Python thread's stack to ``--out`` and exits with status 3 (C++ stacks: run
+it under ``gdb -batch -ex 'thread apply all bt'`` or py-spy where one is
+installed).
 
   python benchmarks/stall_watch.py --out=stall.txt -- benchmarks/rs_bench.py ...
 """
@@ -22,43 +24,34 @@ import threading
 import time
 
 
-def _states(devices: int, queues: int):
+def _state(platform: str):
   from ficco_jax._src.dma import library
 
-  out = {}
-  for d in range(devices):
-    for q in range(queues):
-      s = library.flag_state(d, q)
-      if s is not None and s[1]:
-        out[(d, q)] = s
-  return out
+  calls = {k: c for k, (c, _) in library.host_stats(platform).items()}
+  return calls, library.live_invocations(platform)
 
 
-def _watch(out_path: str, stall_s: float, period_s: float, devices: int,
-           queues: int) -> None:
-  from ficco_jax._src.dma import library
-
+def _watch(out_path: str, stall_s: float, period_s: float,
+           platform: str) -> None:
   last, since = None, time.monotonic()
   while True:
     time.sleep(period_s)
     try:
-      states = _states(devices, queues)
+      state = _state(platform)
     except Exception:  # pylint: disable=broad-except
       continue  # The library is not loaded yet.
-    lagging = any(word != assigned for word, assigned, _ in states.values())
-    if states != last or not lagging:
-      last, since = states, time.monotonic()
+    if state != last or state[1] == 0:
+      last, since = state, time.monotonic()
       continue
     if time.monotonic() - since < stall_s:
       continue
+    from ficco_jax._src.dma import library
+
     with open(out_path, "w") as f:
       f.write(f"stalled for {time.monotonic() - since:.0f} s\n")
-      f.write("(device, queue): word, assigned, signalled\n")
-      for key, s in sorted(states.items()):
-        f.write(f"{key}: {s}\n")
-      for platform in ("cuda",):
-        f.write(f"live invocations: {library.live_invocations(platform)}, "
-                f"pending entries: {library.pending_entries(platform)}\n")
+      f.write(f"handler calls: {state[0]}\n")
+      f.write(f"live invocations: {state[1]}, pending entries: "
+              f"{library.pending_entries(platform)}\n")
       f.flush()
       faulthandler.dump_traceback(file=f, all_threads=True)
     print(f"stall_watch: stalled; see {out_path}", flush=True)
@@ -73,13 +66,12 @@ def main() -> None:
   parser.add_argument("--out", default="stall.txt")
   parser.add_argument("--stall_s", type=float, default=45.0)
   parser.add_argument("--period_s", type=float, default=5.0)
-  parser.add_argument("--devices", type=int, default=8)
-  parser.add_argument("--queues", type=int, default=8)
+  parser.add_argument("--platform", default="cuda")
   args = parser.parse_args(sys.argv[1:split])
   script = sys.argv[split + 1]
   threading.Thread(target=_watch, daemon=True,
-                   args=(args.out, args.stall_s, args.period_s, args.devices,
-                         args.queues)).start()
+                   args=(args.out, args.stall_s, args.period_s,
+                         args.platform)).start()
   sys.argv = [script] + sys.argv[split + 2:]
   sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
   runpy.run_path(script, run_name="__main__")

@@ -285,7 +285,7 @@ def test_1000_calls_allocate_nothing_new(platform):
     return out
 
   # Warm up with the same pattern: the pools grow to the invocations in
-  # flight at once, which async issue (no host wait for the issue) lets
+  # flight at once, which the async issuers (running behind the starts) let
   # run deeper than one call.
   calls(300).block_until_ready()
   _assert_idle(platform)

@@ -52,8 +52,6 @@ struct CpuBackend {
   // its peers could starve them, so the last rank to arrive issues for all,
   // or (FICCO_CPU_ISSUE=async, or the C API, for tests of that mode) each
   // device's issuer thread, which is ficco's own. Never parallel.
-  static constexpr int kPlatform = 0;
-  static constexpr bool kDeviceFlags = false;
   static int DefaultIssueMode() {
     const int mode = IssueModeFromEnv("FICCO_CPU_ISSUE", kIssueLast);
     if (mode != kIssueParallel) return mode;
@@ -63,6 +61,9 @@ struct CpuBackend {
                  " pool); using last\n");
     return kIssueLast;
   }
+
+  // The issuer threads hold no per-thread device state.
+  static void BindIssuer(int32_t) {}
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
     return AcquireCpuEvent(Pools(), device);

@@ -5,13 +5,10 @@
 //
 // Host code only: nothing here runs on the GPU's SMs.
 
-#include <cuda.h>  // Types of the stream memory operations only.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,84 +28,6 @@
 namespace ficco {
 namespace {
 
-// The async mode's flags: one 32-bit word per (device, copy queue) in
-// mapped pinned host memory, which every GPU can poll and write. A queue
-// writes its word after each copy (cuStreamWriteValue32), with values that
-// start assigned in program order; a compute stream waits until the word
-// reaches a value (cuStreamWaitValue32). The driver's stream memory
-// operations are reached through the runtime's entry-point query, so the
-// library still links cudart statically and nothing else.
-constexpr int kFlagDevices = 64;
-constexpr int kFlagQueues = 64;
-
-struct FlagTable {
-  using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-  using WriteFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-  uint32_t* words = nullptr;
-  WaitFn wait = nullptr;
-  WriteFn write = nullptr;
-  std::atomic<uint32_t> next[kFlagDevices][kFlagQueues] = {};
-  // The last value each queue was told to write (diagnostics of a stall:
-  // FiccoFlagState): assigned > signalled is an issue not yet made, and
-  // signalled > the word a write the queue has not yet reached.
-  std::atomic<uint32_t> signalled[kFlagDevices][kFlagQueues] = {};
-
-  CUdeviceptr Address(int32_t device, int64_t stream) const {
-    return reinterpret_cast<CUdeviceptr>(words + device * kFlagQueues + stream);
-  }
-};
-
-ffi::Error CheckDriver(CUresult status, const char* call) {
-  if (status == CUDA_SUCCESS) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string(call) + " failed: CUresult " +
-                              std::to_string(static_cast<int>(status)));
-}
-
-ffi::ErrorOr<FlagTable*> MakeFlags() {
-  auto* table = new FlagTable();  // Leaked: copy queues may outlive exit.
-  void* words = nullptr;
-  if (auto err = Check(cudaHostAlloc(&words, sizeof(uint32_t) * kFlagDevices *
-                                                 kFlagQueues,
-                                     cudaHostAllocMapped | cudaHostAllocPortable),
-                       "cudaHostAlloc(flags)");
-      err.failure()) {
-    return ffi::Unexpected(err);
-  }
-  std::memset(words, 0, sizeof(uint32_t) * kFlagDevices * kFlagQueues);
-  table->words = static_cast<uint32_t*>(words);
-  for (auto [name, fn] : {std::make_pair("cuStreamWaitValue32",
-                                         reinterpret_cast<void**>(&table->wait)),
-                          std::make_pair("cuStreamWriteValue32",
-                                         reinterpret_cast<void**>(&table->write))}) {
-    cudaDriverEntryPointQueryResult found;
-    if (auto err = Check(cudaGetDriverEntryPointByVersion(
-                             name, fn, 12000, cudaEnableDefault, &found),
-                         "cudaGetDriverEntryPointByVersion");
-        err.failure()) {
-      return ffi::Unexpected(err);
-    }
-    if (found != cudaDriverEntryPointSuccess || *fn == nullptr) {
-      return ffi::Unexpected(ffi::Error(
-          ffi::ErrorCode::kUnimplemented,
-          std::string("the driver has no ") + name +
-              ", which async issue needs (set FICCO_CUDA_ISSUE=parallel)"));
-    }
-  }
-  return table;
-}
-
-// Created on first use, with whichever device is current (the memory is
-// portable: every context maps it at the same address under unified
-// addressing).
-// nullptr (and the reason in *error) if the table cannot be made.
-FlagTable* Flags(ffi::Error* error) {
-  static auto* flags = new ffi::ErrorOr<FlagTable*>(MakeFlags());
-  if (flags->has_value()) return **flags;
-  *error = ffi::Error(flags->error().errc().value_or(ffi::ErrorCode::kInternal),
-                      flags->error().message());
-  return nullptr;
-}
-
 EventPools<CUevent_st>& Pools() {
   static auto* pools = new EventPools<CUevent_st>();
   return *pools;
@@ -123,65 +42,18 @@ struct CudaBackend {
   // and never switches devices (one thread issuing for all, with the device
   // switches, cost ~15-20 us per copy on 4xH200 and made short ops
   // host-bound). Async issue (FICCO_CUDA_ISSUE=async, or the C API): start
-  // only publishes, the device's issuer thread waits for the peers and
-  // issues, and sync's compute-stream waits are on flags the copy queues
-  // write (below), so XLA's thread never waits for a peer's issue. It cut
-  // the host floor by 30-50 us per call, but one benchmark run under it
-  // stalled (benchmarks/RESULTS.md, session 9), so it is not the default.
-  static constexpr int kPlatform = 1;
-  static constexpr bool kDeviceFlags = true;
+  // only publishes and the device's issuer thread waits for the peers and
+  // issues, so XLA's thread goes on enqueuing the next chunk's matmul; its
+  // sync still waits for the issue (PROTOCOL.md, "Three ways to issue").
   static int DefaultIssueMode() {
     return IssueModeFromEnv("FICCO_CUDA_ISSUE", kIssueParallel);
   }
 
-  // The flag value the next copy on (device, queue) writes once landed.
-  static ffi::ErrorOr<uint32_t> NextSeq(int32_t device, int64_t stream) {
-    ffi::Error error = ffi::Error::Success();
-    FlagTable* flags = Flags(&error);
-    if (flags == nullptr) return ffi::Unexpected(error);
-    if (device < 0 || device >= kFlagDevices || stream < 0 ||
-        stream >= kFlagQueues) {
-      return ffi::Unexpected(ffi::Error::InvalidArgument(
-          "async issue supports devices < " + std::to_string(kFlagDevices) +
-          " and copy queues < " + std::to_string(kFlagQueues) + "; got device " +
-          std::to_string(device) + ", queue " + std::to_string(stream) +
-          " (set FICCO_CUDA_ISSUE=parallel)"));
-    }
-    return flags->next[device][stream].fetch_add(1) + 1;
-  }
-
-  // In order after the copies before it on the queue (the write is fenced).
-  ffi::Error SideSignal(const std::shared_ptr<Inv>&, int32_t device,
-                        int64_t stream, uint32_t seq) {
-    ffi::Error error = ffi::Error::Success();
-    FlagTable* flags = Flags(&error);
-    if (flags == nullptr) return error;
-    ScopedDevice scoped;
-    if (auto err = scoped.Set(device); err.failure()) return err;
-    auto side = SideStream(device, stream);
-    if (!side.has_value()) return side.error();
-    if (auto err = CheckDriver(
-            flags->write(*side, flags->Address(device, stream), seq,
-                         CU_STREAM_WRITE_VALUE_DEFAULT),
-            "cuStreamWriteValue32");
-        err.failure()) {
-      return err;
-    }
-    flags->signalled[device][stream].store(seq);
-    return ffi::Error::Success();
-  }
-
-  // Enqueued on the compute stream: it waits, the host does not. GEQ is a
-  // cyclic comparison, so the 32-bit values may wrap.
-  ffi::Error ComputeWaitFlag(int32_t device, int64_t stream, uint32_t seq) {
-    ffi::Error error = ffi::Error::Success();
-    FlagTable* flags = Flags(&error);
-    if (flags == nullptr) return error;
-    return CheckDriver(
-        flags->wait(compute, flags->Address(device, stream), seq,
-                       CU_STREAM_WAIT_VALUE_GEQ),
-        "cuStreamWaitValue32");
-  }
+  // The issuer thread is ficco's own: its device stays current, so the
+  // Side* calls' ScopedDevice finds it set and skips the set and restore.
+  // (Should this fail, each ScopedDevice sets the device itself and reports
+  // the failure where it can.)
+  static void BindIssuer(int32_t device) { cudaSetDevice(device); }
 
   // How a copy is enqueued: cudaMemcpyAsync(cudaMemcpyDefault), which
   // unified addressing routes to the receiver's copy engine once peer access
@@ -312,21 +184,6 @@ int CudaSetIssueMode(int mode) {
   return Registry<CudaBackend>::Get().mode().exchange(mode);
 }
 int CudaIssueMode() { return Registry<CudaBackend>::Get().mode().load(); }
-int CudaFlagState(int device, int queue, uint32_t* word, uint32_t* assigned,
-                  uint32_t* signalled) {
-  if (device < 0 || device >= kFlagDevices || queue < 0 ||
-      queue >= kFlagQueues) {
-    return -1;
-  }
-  ffi::Error error = ffi::Error::Success();
-  FlagTable* flags = Flags(&error);
-  if (flags == nullptr) return -1;
-  *word = reinterpret_cast<volatile uint32_t*>(flags->words)[device * kFlagQueues + queue];
-  *assigned = flags->next[device][queue].load();
-  *signalled = flags->signalled[device][queue].load();
-  return 0;
-}
-
 }  // namespace ficco
 
 // Not command-buffer compatible (no ffi::Traits): a CUDA graph would freeze

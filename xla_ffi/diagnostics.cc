@@ -92,16 +92,6 @@ int FiccoIssueMode(int platform) {
   return -1;
 }
 
-int FiccoFlagState(int device, int queue, uint32_t* word, uint32_t* assigned,
-                   uint32_t* signalled) {
-#ifdef FICCO_WITH_CUDA
-  return ficco::CudaFlagState(device, queue, word, assigned, signalled);
-#else
-  (void)device, (void)queue, (void)word, (void)assigned, (void)signalled;
-  return -1;
-#endif
-}
-
 void FiccoTestSetNeverArrive(int device) { ficco::never_arrive.store(device); }
 void FiccoTestClearNeverArrive(void) { ficco::never_arrive.store(-1); }
 

@@ -61,14 +61,6 @@ void FiccoHostStatsReset(int platform);
 int FiccoSetIssueMode(int platform, int mode);
 int FiccoIssueMode(int platform);
 
-// Async issue on CUDA (PROTOCOL.md): the flag of copy queue `queue` of
-// `device` as the host reads it now, the last value a start assigned there,
-// and the last one an issuer enqueued a write of. Returns 0, or -1 if CUDA
-// is not compiled in, the flags were never made, or the indexes are out of
-// range. For diagnosing a stall.
-int FiccoFlagState(int device, int queue, uint32_t* word, uint32_t* assigned,
-                   uint32_t* signalled);
-
 // Test hook: every start on `device` fails at once without joining its
 // peers, which then run into their timeout. -1 (or the clear call) disables.
 void FiccoTestSetNeverArrive(int device);
@@ -121,8 +113,6 @@ bool CudaHostStat(int stat, int64_t* calls, int64_t* ns);
 void CudaHostStatsReset();
 int CudaSetIssueMode(int mode);
 int CudaIssueMode();
-int CudaFlagState(int device, int queue, uint32_t* word, uint32_t* assigned,
-                  uint32_t* signalled);
 #endif
 }  // namespace ficco
 

@@ -19,11 +19,9 @@
 //   SideCopy(inv, device, stream, dst, src, src_device, bytes)
 //   SideRecord(inv, device, stream, event)    event <- copy queue now
 // The Side* calls may name any device: the last arriver issues for all.
-// A Backend with kDeviceFlags (CUDA) also provides, for the async mode:
-//   static NextSeq(device, stream) -> ErrorOr<uint32_t>   next flag value
-//   SideSignal(inv, device, stream, seq)      queue's flag <- seq, in order
-//   ComputeWaitFlag(device, stream, seq)      compute waits for flag >= seq
-// and every Backend: static DefaultIssueMode(), static kPlatform (issuer.h).
+// and, for the issue modes (issuer.h): static DefaultIssueMode(), and
+// static BindIssuer(device), run once on each device's issuer thread before
+// its first task.
 
 #ifndef FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
 #define FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
@@ -104,11 +102,6 @@ ffi::Error CopyTransfer(Backend& backend,
   }
   if (err.success()) {
     err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
-  }
-  if constexpr (Backend::kDeviceFlags) {
-    if (err.success() && !me.seqs.empty()) {
-      err = backend.SideSignal(inv, me.device, t.stream, me.seqs[i]);
-    }
   }
   if (err.success()) me.stamps[i] = IssueStamp();
   return err;
@@ -231,33 +224,20 @@ ffi::Error IssueRank(Backend& backend,
 }
 
 // A failure of the issue half of an async start (on the issuer thread).
-// The rank's sync finds the invocation failed and reports it; if that sync
-// already let its execution go on, the device is poisoned instead, and the
-// copies' flags are signalled anyway so no compute stream waits forever.
+// The invocation is never marked issued, so the rank's sync, which waits
+// for the issue, finds it failed and fails its execution.
 template <class Backend>
-void FailAsyncIssue(Backend& backend,
-                    const std::shared_ptr<Invocation<Backend>>& inv,
-                    int64_t rank, int32_t device, const std::string& message) {
+void FailAsyncIssue(const std::shared_ptr<Invocation<Backend>>& inv,
+                    const std::string& message) {
   std::vector<std::function<void()>> callbacks;
-  bool synced = false;
   {
     std::lock_guard<std::mutex> lock(inv->mu);
     if (!inv->issued) inv->abandoned = true;  // Late arrivers fail at once.
     inv->FailLocked(message);
     callbacks.swap(inv->on_issued);
-    synced = inv->ranks[rank].synced;
   }
   inv->cv.notify_all();
   for (auto& callback : callbacks) callback();
-  if constexpr (Backend::kDeviceFlags) {
-    const auto& me = inv->ranks[rank];
-    for (size_t i = 0; i < me.seqs.size(); ++i) {
-      // Best effort: the queue is broken if this fails too.
-      backend.SideSignal(inv, device, inv->plan->transfers[i].stream,
-                         me.seqs[i]);
-    }
-  }
-  if (synced) Registry<Backend>::Get().Poison(device, message);
 }
 
 // The rest of start with parallel or async issue: wait (bounded) for every
@@ -284,7 +264,7 @@ ffi::Error StartParallel(Backend& backend,
       const std::string message = where + ": " + StallMessage(*inv, timeout_ms);
       lock.unlock();
       if (async) {
-        FailAsyncIssue(backend, inv, rank, device, message);
+        FailAsyncIssue(inv, message);
         return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, message);
       }
       return Abandon(inv, rank, device, message);
@@ -298,7 +278,7 @@ ffi::Error StartParallel(Backend& backend,
     const std::string message =
         where + ": issuing this rank's copies: " + err.message();
     if (async) {
-      FailAsyncIssue(backend, inv, rank, device, message);
+      FailAsyncIssue(inv, message);
       return ffi::Error(ffi::ErrorCode::kInternal, message);
     }
     inv->Fail(message);
@@ -315,31 +295,6 @@ ffi::Error StartParallel(Backend& backend,
   inv->cv.notify_all();
   for (auto& callback : callbacks) callback();
   return ffi::Error::Success();
-}
-
-// Fails a start or sync on a poisoned device (Registry::Poison).
-template <class Backend>
-ffi::Error PoisonError(const char* handler, std::string_view op_name,
-                       int32_t device) {
-  std::string poison = Registry<Backend>::Get().PoisonOf(device);
-  if (poison.empty()) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kAborted,
-                    "ficco peer copy " + std::string(handler) + " of '" +
-                        std::string(op_name) + "' on device " +
-                        std::to_string(device) +
-                        ": an earlier copy failed after its op had returned,"
-                        " so its result was wrong: " + poison);
-}
-
-// Serializes, per device, the async start's flag values and its task on the
-// issuer: a queue's flag values must rise in the order its copies are issued.
-inline std::mutex& StartOrderMutex(int platform, int32_t device) {
-  static std::mutex* mu = new std::mutex();
-  static auto* mutexes = new std::map<std::pair<int, int32_t>, std::mutex*>();
-  std::lock_guard<std::mutex> lock(*mu);
-  std::mutex*& m = (*mutexes)[{platform, device}];
-  if (m == nullptr) m = new std::mutex();
-  return *m;
 }
 
 // Start: publish this rank, then, by the issue mode (issuer.h): wait,
@@ -362,11 +317,6 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
                           "' on device " + std::to_string(device) +
                           ": test hook: this device never arrives");
   }
-  if (auto err = PoisonError<Backend>("start", attrs.op_name, device);
-      err.failure()) {
-    return err;
-  }
-
   Rank mine;
   mine.device = device;
   std::vector<BufferShape> source_shapes, landing_shapes;
@@ -418,25 +368,6 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
     }
   }
 
-  // Async issue: the flag values and the issuer task are taken in one
-  // order per device (each queue's flag must rise in issue order).
-  std::unique_lock<std::mutex> order;
-  if (mode == kIssueAsync) {
-    order = std::unique_lock<std::mutex>(
-        StartOrderMutex(Backend::kPlatform, device));
-    if constexpr (Backend::kDeviceFlags) {
-      for (const Transfer& t : plan->transfers) {
-        auto seq = Backend::NextSeq(device, t.stream);
-        if (!seq.has_value()) {
-          Inv::ReleaseEvents(mine);
-          return ffi::Error(seq.error().errc().value_or(ffi::ErrorCode::kInternal),
-                            where + ": " + seq.error().message());
-        }
-        mine.seqs.push_back(*seq);
-      }
-    }
-  }
-
   const Key key{run_id, plan->site, pos.group,
                 registry.NextSeq(device, run_id, plan->site)};
   std::shared_ptr<Inv> inv =
@@ -460,14 +391,14 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
     inv->ranks[pos.rank].arrived = true;
     last = ++inv->arrived == plan->axis_size;
   }
-  inv->cv.notify_all();  // Async syncs and issuers wait for arrivals.
+  inv->cv.notify_all();  // Parallel starts and issuers wait for arrivals.
   // wait and done of this device run after start returns (they consume its
   // outputs), so registering before the issue is early enough.
   registry.Register(device, run_id, inv, pos.rank);
   if (mode == kIssueAsync) {
     const int64_t rank = pos.rank;
     const int64_t timeout_ms = attrs.timeout_ms;
-    IssuerOf(Backend::kPlatform, device)
+    IssuerOf<Backend>(device)
         .Push([backend, inv, key, rank, device, last, where,
                timeout_ms]() mutable {
           StartParallel(backend, inv, key, rank, device, last, where,
@@ -636,16 +567,6 @@ ffi::Error AwaitInvocation(const Found<Backend>& f, int32_t device,
   return Abandon(f.inv, f.rank, device, message);
 }
 
-// Every rank has published (async issue: a done then knows the flag values
-// of the copies that read this rank's buffers).
-template <class Backend>
-ffi::Error AwaitArrived(const Found<Backend>& f, int32_t device,
-                        int64_t timeout_ms) {
-  return AwaitInvocation(f, device, timeout_ms, [](const auto& inv) {
-    return inv.arrived == inv.plan->axis_size;
-  });
-}
-
 // The last rank has issued the group's copies.
 template <class Backend>
 ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
@@ -725,12 +646,7 @@ struct Awaited {
   int32_t device;
   int64_t stream;
   uint64_t stamp;
-  uint32_t seq;  // the queue's flag value once landed (async issue), or 0
 };
-
-inline uint32_t SeqOf(const std::vector<uint32_t>& seqs, size_t i) {
-  return seqs.empty() ? 0 : seqs[i];
-}
 
 // The arrivals into landing buffer `landing` of rank `rank`.
 template <class Backend>
@@ -740,7 +656,7 @@ std::vector<Awaited<Backend>> LandingEvents(const Invocation<Backend>& inv,
   const auto& me = inv.ranks[rank];
   for (size_t i : TransfersInto(*inv.plan, landing)) {
     out.push_back({me.arrival[i], me.device, inv.plan->transfers[i].stream,
-                   me.stamps[i], SeqOf(me.seqs, i)});
+                   me.stamps[i]});
   }
   return out;
 }
@@ -763,7 +679,7 @@ std::vector<Awaited<Backend>> ReaderEvents(const Invocation<Backend>& inv,
       const Transfer& t = plan.transfers[i];
       if ((q + t.src_offset) % p != rank) continue;
       out.push_back({reader.arrival[i], reader.device, t.stream,
-                     reader.stamps[i], SeqOf(reader.seqs, i)});
+                     reader.stamps[i]});
     }
   }
   return out;
@@ -781,10 +697,6 @@ template <class Backend>
 ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
                                int32_t device, const SyncCall& call,
                                const SyncAttrs& attrs) {
-  if (auto err = PoisonError<Backend>("sync", attrs.op_name, device);
-      err.failure()) {
-    return err;
-  }
   std::vector<Found<Backend>> parts;
   ffi::Error failure = ffi::Error::Success();
   auto keep = [&](auto&& f) {
@@ -813,52 +725,38 @@ ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
 
   // With parallel issue each rank recorded its own arrival events before its
   // start returned, so a landing needs no host wait; a done reads peers'
-  // events, recorded once the whole group is issued. With async issue
-  // (device flags) nothing waits for an issue, only for every rank to have
-  // published: the flag values were assigned in the ranks' starts.
+  // events, recorded once the whole group is issued. Every other wait is
+  // for the issue (bounded): no stream wait is ever enqueued before the copy
+  // it waits for, whatever the mode. A CUDA wait on an unrecorded event is
+  // a no-op, and waiting on the device for work not yet enqueued can
+  // deadlock: streams share the device's few hardware queues in order, and
+  // a driver call on an issuer thread may block until the device idles
+  // (PROTOCOL.md, "Three ways to issue").
   const int mode = Registry<Backend>::Get().mode().load(std::memory_order_relaxed);
-  const bool flags = Backend::kDeviceFlags && mode == kIssueAsync;
   std::vector<Awaited<Backend>> events;
   for (size_t k = 0; k < parts.size(); ++k) {
     const auto& f = parts[k];
     const bool is_wait = k < found_waits;
-    ffi::Error err = ffi::Error::Success();
-    if (flags) {
-      // Every rank must have published: a done needs its readers' flag
-      // values, and a peer that never arrives must fail this execution
-      // here, within the timeout, rather than leave it to run on into
-      // garbage (its issuer's timeout would come after this sync returned).
-      err = AwaitArrived(f, device, attrs.timeout_ms);
-    } else if (!is_wait || mode != kIssueParallel) {
-      err = AwaitIssued(f, device, attrs.timeout_ms);
-    }
-    if (err.failure()) {
-      abandon_all("another part of this sync failed: " + err.message());
-      return err;
+    if (!is_wait || mode != kIssueParallel) {
+      if (ffi::Error err = AwaitIssued(f, device, attrs.timeout_ms);
+          err.failure()) {
+        abandon_all("another part of this sync failed: " + err.message());
+        return err;
+      }
     }
     auto more = is_wait ? LandingEvents(*f.inv, f.rank, f.landing)
                         : ReaderEvents(*f.inv, f.rank);
     events.insert(events.end(), more.begin(), more.end());
   }
-  // Newest event (or flag value) per (device, queue): a queue runs in order.
+  // Newest event per (device, queue): a queue runs in order.
   std::map<std::pair<int32_t, int64_t>, Awaited<Backend>> newest;
   for (const auto& e : events) {
     auto [it, added] = newest.try_emplace({e.device, e.stream}, e);
-    const bool newer =
-        flags ? static_cast<int32_t>(e.seq - it->second.seq) > 0
-              : e.stamp > it->second.stamp;
-    if (!added && newer) it->second = e;
+    if (!added && e.stamp > it->second.stamp) it->second = e;
   }
   const auto since = Clock::now();
   for (const auto& [queue, e] : newest) {
-    ffi::Error err = ffi::Error::Success();
-    if constexpr (Backend::kDeviceFlags) {
-      err = flags ? backend.ComputeWaitFlag(e.device, e.stream, e.seq)
-                  : backend.ComputeWait(e.event);
-    } else {
-      err = backend.ComputeWait(e.event);
-    }
-    if (err.failure()) {
+    if (ffi::Error err = backend.ComputeWait(e.event); err.failure()) {
       abandon_all(err.message());
       return ffi::Error(err.errc().value_or(ffi::ErrorCode::kInternal),
                         parts.front().where + ": " + err.message());
@@ -866,20 +764,6 @@ ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
   }
   Registry<Backend>::Get().stats().Add(kSyncWaits, since,
                                        static_cast<int64_t>(newest.size()));
-  if (flags) {
-    // From here a failure of an issue can no longer fail this execution:
-    // the issuer signals the flags anyway and poisons the device.
-    for (const auto& f : parts) {
-      std::unique_lock<std::mutex> lock(f.inv->mu);
-      if (f.inv->failed()) {
-        const std::string message = f.where + ": " + StallMessage(*f.inv, attrs.timeout_ms);
-        lock.unlock();
-        abandon_all(message);
-        return ffi::Error(ffi::ErrorCode::kAborted, message);
-      }
-      f.inv->ranks[f.rank].synced = true;
-    }
-  }
   for (size_t k = found_waits; k < parts.size(); ++k) {
     MarkLeft(*parts[k].inv, parts[k].rank);
   }

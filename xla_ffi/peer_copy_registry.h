@@ -134,15 +134,7 @@ struct Invocation {
     // in issue order, so of several events on one queue the newest implies
     // the others (sync waits for that one only).
     std::vector<uint64_t> stamps;
-    // Async issue with device flags only (PROTOCOL.md): per transfer, the
-    // value its copy queue's flag takes once the copy has landed. Assigned
-    // in start, so a sync can wait for copies not issued yet.
-    std::vector<uint32_t> seqs;
     bool left = false;              // passed done or gave up
-    // Async issue: this rank's sync let its execution go on (its compute
-    // stream waits on flags), so a later failure of this invocation can no
-    // longer fail that execution: it poisons the device instead.
-    bool synced = false;
   };
 
   Invocation(Key key, std::shared_ptr<const Plan> plan, int64_t row_bytes)
@@ -235,27 +227,6 @@ class Registry {
   // Who issues copies (issuer.h, IssueMode); set through the C API between
   // ops, never while one is in flight.
   std::atomic<int>& mode() { return mode_; }
-
-  // A failure that no handler of `device` could report any more (async
-  // issue: the execution already went on): every later start and sync on
-  // the device fails with it, so garbage is never returned twice silently.
-  void Poison(int32_t device, const std::string& message) {
-    std::lock_guard<std::mutex> lock(mu_);
-    poison_.try_emplace(device, message);
-    any_poison_.store(true);
-  }
-  // The poison of `device`, or "" if none.
-  std::string PoisonOf(int32_t device) {
-    if (!any_poison_.load(std::memory_order_relaxed)) return std::string();
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = poison_.find(device);
-    return it == poison_.end() ? std::string() : it->second;
-  }
-  void ClearPoison() {
-    std::lock_guard<std::mutex> lock(mu_);
-    poison_.clear();
-    any_poison_.store(false);
-  }
 
   // seq of a start: how many starts of `site` this device ran before in this
   // execution. A scan runs one site many times under one run id.
@@ -418,8 +389,6 @@ class Registry {
 
   HostStats stats_;
   std::atomic<int> mode_{Backend::DefaultIssueMode()};
-  std::map<int32_t, std::string> poison_;
-  std::atomic<bool> any_poison_{false};
   std::mutex mu_;
   std::map<Key, std::shared_ptr<Inv>> pending_;
   Index<int64_t> waits_;  // -> landing buffer index

@@ -58,9 +58,6 @@ def _library() -> ctypes.CDLL:
   lib.FiccoSetIssueMode.argtypes = [ctypes.c_int, ctypes.c_int]
   lib.FiccoIssueMode.restype = ctypes.c_int
   lib.FiccoIssueMode.argtypes = [ctypes.c_int]
-  lib.FiccoFlagState.restype = ctypes.c_int
-  lib.FiccoFlagState.argtypes = [ctypes.c_int, ctypes.c_int] + [
-      ctypes.POINTER(ctypes.c_uint32)] * 3
   lib.FiccoTestSetNeverArrive.argtypes = [ctypes.c_int]
   lib.FiccoTestSetNeverArrive.restype = None
   lib.FiccoTestClearNeverArrive.restype = None
@@ -193,10 +190,9 @@ def set_issue_mode(mode: str, platform: str = "cpu") -> str:
 
   Args:
     mode: ``"parallel"`` (each rank in its start, after a host
-      rendezvous; CUDA only, and its default), ``"async"`` (each device's
-      own issuer thread; start returns at once, and on CUDA sync's stream
-      waits need no host wait for the issue; PROTOCOL.md says why it is not
-      the default) or ``"last"`` (the last rank to arrive issues for all:
+      rendezvous; CUDA only), ``"async"`` (each device's own issuer thread
+      waits for the peers and issues; start returns at once and sync waits
+      for the issue) or ``"last"`` (the last rank to arrive issues for all:
       the CPU twin's default). The environment variables
       ``FICCO_CUDA_ISSUE`` and ``FICCO_CPU_ISSUE`` set the initial mode.
     platform: ``"cpu"`` or ``"cuda"``.
@@ -213,19 +209,6 @@ def set_issue_mode(mode: str, platform: str = "cpu") -> str:
         f"mode={mode!r} is not supported on {platform!r} (the CPU twin takes"
         " 'last' or 'async'), or its handlers are not compiled in.")
   return ISSUE_MODES[previous]
-
-
-def flag_state(device_ordinal: int, queue: int) -> tuple[int, int, int] | None:
-  """Async issue on CUDA: ``(word, assigned, signalled)`` of one copy queue's
-  flag (PROTOCOL.md), or None where there is none. A stalled op shows
-  ``assigned > signalled`` (a copy not issued) or ``signalled > word`` (a
-  write the queue has not reached)."""
-  word, assigned, signalled = (ctypes.c_uint32(), ctypes.c_uint32(),
-                               ctypes.c_uint32())
-  if _library().FiccoFlagState(device_ordinal, queue, ctypes.byref(word),
-                               ctypes.byref(assigned), ctypes.byref(signalled)):
-    return None
-  return word.value, assigned.value, signalled.value
 
 
 def set_never_arrive(device_ordinal: int) -> None:
