@@ -13,7 +13,8 @@ R="$OUT/r48"; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
 t install; python3 -m pip install --no-build-isolation --no-deps . > "$R/install.log" 2>&1 || { echo "install FAILED"; exit 1; }
-python3 -c "from ficco_jax._src.dma import library as l; print('cuda issue mode:', l.issue_mode('cuda'))"
+# -P: not the source tree (no .so there); the call as run lacked it, so this line failed there.
+python3 -P -c "from ficco_jax._src.dma import library as l; print('cuda issue mode:', l.issue_mode('cuda'))"
 t rs
 timeout 215 python3 benchmarks/stall_watch.py --out="$R/stall_rs.txt" --stall_s=40 -- \
   benchmarks/rs_bench.py --axis_sizes=4 \
