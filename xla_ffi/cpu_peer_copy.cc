@@ -52,9 +52,12 @@ struct CpuBackend {
   // its peers could starve them, so the last rank to arrive issues for all,
   // or (FICCO_CPU_ISSUE=async, or the C API, for tests of that mode) each
   // device's issuer thread, which is ficco's own. Never parallel.
+  static bool SupportsIssueMode(int mode) {
+    return mode == kIssueLast || mode == kIssueAsync;
+  }
   static int DefaultIssueMode() {
     const int mode = IssueModeFromEnv("FICCO_CPU_ISSUE", kIssueLast);
-    if (mode != kIssueParallel) return mode;
+    if (SupportsIssueMode(mode)) return mode;
     std::fprintf(stderr,
                  "ficco: FICCO_CPU_ISSUE=parallel is not supported by the CPU"
                  " twin (a start blocked for its peers could starve XLA:CPU's"
@@ -331,10 +334,7 @@ bool CpuHostStat(int stat, int64_t* calls, int64_t* ns) {
   return Registry<CpuBackend>::Get().stats().Read(stat, calls, ns);
 }
 void CpuHostStatsReset() { Registry<CpuBackend>::Get().stats().Reset(); }
-int CpuSetIssueMode(int mode) {
-  if (mode != kIssueLast && mode != kIssueAsync) return -1;
-  return Registry<CpuBackend>::Get().mode().exchange(mode);
-}
+int CpuSetIssueMode(int mode) { return SetIssueMode<CpuBackend>(mode); }
 int CpuIssueMode() { return Registry<CpuBackend>::Get().mode().load(); }
 
 }  // namespace ficco

@@ -46,6 +46,9 @@ struct CudaBackend {
   // start itself waits for the peers and issues. Async cut the host floor
   // of a short reduce-scatter from 0.328 to 0.277 ms per call (PROTOCOL.md,
   // "Three ways to issue").
+  static bool SupportsIssueMode(int mode) {
+    return mode == kIssueLast || mode == kIssueParallel || mode == kIssueAsync;
+  }
   static int DefaultIssueMode() {
     return IssueModeFromEnv("FICCO_CUDA_ISSUE", kIssueAsync);
   }
@@ -178,12 +181,7 @@ bool CudaHostStat(int stat, int64_t* calls, int64_t* ns) {
   return Registry<CudaBackend>::Get().stats().Read(stat, calls, ns);
 }
 void CudaHostStatsReset() { Registry<CudaBackend>::Get().stats().Reset(); }
-int CudaSetIssueMode(int mode) {
-  if (mode != kIssueLast && mode != kIssueParallel && mode != kIssueAsync) {
-    return -1;
-  }
-  return Registry<CudaBackend>::Get().mode().exchange(mode);
-}
+int CudaSetIssueMode(int mode) { return SetIssueMode<CudaBackend>(mode); }
 int CudaIssueMode() { return Registry<CudaBackend>::Get().mode().load(); }
 }  // namespace ficco
 

@@ -19,9 +19,9 @@
 //   SideCopy(inv, device, stream, dst, src, src_device, bytes)
 //   SideRecord(inv, device, stream, event)    event <- copy queue now
 // The Side* calls may name any device: the last arriver issues for all.
-// and, for the issue modes (issuer.h): static DefaultIssueMode(), and
-// static BindIssuer(device), run once on each device's issuer thread before
-// its first task.
+// and, for the issue modes (issuer.h): static SupportsIssueMode(mode),
+// static DefaultIssueMode(), and static BindIssuer(device), run once on each
+// device's issuer thread before its first task.
 
 #ifndef FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
 #define FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
@@ -295,6 +295,14 @@ ffi::Error StartParallel(Backend& backend,
   inv->cv.notify_all();
   for (auto& callback : callbacks) callback();
   return ffi::Error::Success();
+}
+
+// The C API's mode switch for Backend: the previous mode, or -1 (mode left
+// as it was) if Backend cannot run `mode`.
+template <class Backend>
+int SetIssueMode(int mode) {
+  if (!Backend::SupportsIssueMode(mode)) return -1;
+  return Registry<Backend>::Get().mode().exchange(mode);
 }
 
 // Start: publish this rank, then, by the issue mode (issuer.h): wait,

@@ -189,12 +189,12 @@ struct Invocation {
   int64_t arrived = 0;
   int64_t left = 0;
   // Every rank's copies and events are issued (by the last rank to arrive,
-  // or, with parallel or async issue (issuer.h), by each rank for the copies it
-  // receives; `issued` is then set by the last rank to finish).
+  // or, with parallel or async issue (issuer.h), by each rank for the copies
+  // it receives; `issued` is then set by the last rank to finish).
   bool issued = false;
-  // Parallel and async issue only: per rank, how many of its transfers have their
-  // arrival events recorded (ring forwarding waits on these), and how many
-  // ranks have issued everything.
+  // Parallel and async issue only: per rank, how many of its transfers have
+  // their arrival events recorded (ring forwarding waits on these), and how
+  // many ranks have issued everything.
   std::vector<int64_t> recorded;
   int64_t issued_ranks = 0;
   // Run once issued, or once a rank gave up (CPU waits that block no
