@@ -468,3 +468,67 @@ def test_hopper_kernel_pieces_in_mosaic_gpu_interpreter(monkeypatch, into):
     assert rel < 1e-2
   if into:
     assert np.isnan(got[rows:2 * rows]).all()
+
+
+# ------------------------------------------- offsets given per rank (ByRank)
+
+
+def test_by_rank_validates_its_table():
+  with pytest.raises(ValueError, match="one non-empty row per rank"):
+    cm.ByRank(jnp.int32(0), [[0, 8], [8]])
+  with pytest.raises(ValueError, match="one non-empty row per rank"):
+    cm.ByRank(jnp.int32(0), [])
+  with pytest.raises(TypeError, match="x_rows.rank must be an integer"):
+    cm.chunk_matmul_pieces(jnp.zeros((16, 8), jnp.float32),
+                           cm.ByRank(jnp.float32(0), [[0], [8]]), 8,
+                           jnp.zeros((8, 4), jnp.float32))
+  with pytest.raises(ValueError, match=r"x_rows\[1\]=12 with rows=8"):
+    cm.chunk_matmul_pieces(jnp.zeros((16, 8), jnp.float32),
+                           cm.ByRank(jnp.int32(0), [[0], [12]]), 8,
+                           jnp.zeros((8, 4), jnp.float32))
+
+
+def test_chunk_matmul_pieces_by_rank_reads_each_ranks_rows():
+  # Each rank's pieces come from the table row of its own rank: the traced
+  # rank selects it (interpret mode, as in the reduce-scatter's shard_map).
+  rng = np.random.default_rng(5)
+  p, rows = 3, 8
+  x = jnp.asarray(rng.standard_normal((p * 2 * rows, 24)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
+  table = [[(r + 1) % p * 2 * rows, r * 2 * rows + rows] for r in range(p)]
+  for r in range(p):
+    got = cm.chunk_matmul_pieces(x, cm.ByRank(jnp.int32(r), table), rows, w,
+                                 interpret=True)
+    ref = np.concatenate(_pieces_ref(x, table[r], rows, w), 0)
+    # f32 dots run as tf32 on GPUs: a relative-norm tolerance that fits.
+    rel = np.linalg.norm(np.asarray(got, np.float64) - ref) / np.linalg.norm(ref)
+    assert rel < (3e-3 if jax.default_backend() == "gpu" else 1e-5), (r, rel)
+
+
+@pytest.mark.parametrize("into", [False, True])
+def test_hopper_kernel_by_rank_offsets_in_mosaic_gpu_interpreter(monkeypatch,
+                                                                into):
+  # The Hopper kernel with ByRank offsets: the table is compiled in and the
+  # one run-time operand is the rank, so ranks 0 and 2 of one compiled
+  # kernel must read (and write) their own rows.
+  params = _mosaic_gpu_interpret_params(monkeypatch)
+  cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=128, max_concurrent_steps=2)
+  rows, k, n = cfg.cta_tile_m, 128, cfg.cta_tile_n
+  rng = np.random.default_rng(34)
+  x = jnp.asarray(rng.standard_normal((4 * rows, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+  x_table = [[(r + 1) % 3 * rows, (r + 2) % 3 * rows + rows] for r in range(3)]
+  out_table = [[3 * rows, r * rows] for r in range(3)]
+  for r in (0, 2):
+    out_rows = (cm.ByRank(jnp.int32(r), out_table) if into
+                else [0, rows])
+    off = cm._by_rank_offsets(out_rows, cm.ByRank(jnp.int32(r), x_table))
+    out = jnp.full((4 * rows, n), jnp.nan, jnp.bfloat16) if into else None
+    result = cm._mgpu_into(out, x, w, off, num_sms=2, config=cfg,
+                           rows=2 * rows, out_dtype=jnp.bfloat16,
+                           mosaic_interpret=params)
+    got = np.asarray(result, np.float64)
+    dests = out_table[r] if into else [0, rows]
+    for dst, ref in zip(dests, _pieces_ref(x, x_table[r], rows, w)):
+      rel = np.linalg.norm(got[dst:dst + rows] - ref) / np.linalg.norm(ref)
+      assert rel < 1e-2, (r, dst, rel)

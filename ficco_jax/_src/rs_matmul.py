@@ -21,29 +21,39 @@ def _dot(a, w, st: ag_matmul.Static):
   return ag_matmul._dot(a, w, st)  # pylint: disable=protected-access
 
 
-def _rows_dot(h0, start, size, w, st: ag_matmul.Static):
-  """``h0[start:start + size] @ w``: one partial product (`_pieces_dot`)."""
-  return _pieces_dot(h0, [start], size, w, st)
+def _rows_dot(h0, start_of, size, w, st: ag_matmul.Static):
+  """``h0[start:start + size] @ w``, ``start = start_of(rank)``: one partial
+  product (`_pieces_dot`)."""
+  return _pieces_dot(h0, lambda r: [start_of(r)], size, w, st)
 
 
-def _pieces_dot(h0, starts, rows, w, st: ag_matmul.Static):
-  """``h0[r:r + rows] @ w`` for each ``r`` in ``starts``, stacked in order.
+def _pieces_dot(h0, starts_of, rows, w, st: ag_matmul.Static):
+  """``h0[r:r + rows] @ w`` for each ``r`` in ``starts_of(rank)``, stacked.
+
+  ``starts_of`` maps this device's rank along ``st.axis_name`` (a Python
+  int, or the traced rank) to the first rows of the pieces. Taking it as a
+  function lets ``compute="pallas"`` hand ficco's kernel every rank's rows
+  as constants (`chunk_matmul.ByRank`): its only run-time operand is then
+  the rank, which XLA computes once for all the op's launches.
 
   ``compute="pallas"`` runs ficco's kernel, which TMA-loads every piece's
   rows from ``h0`` in place, in one launch; XLA's dot needs them sliced out
   (and, for several pieces, copied together) first: a copy kernel per
   piece, ~4% of a 70B-class reduce-scatter on an H200.
   """
+  rank = lax.axis_index(st.axis_name)
   if st.schedule.compute == "pallas":
     from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
 
     fold = math.prod(h0.shape[1:-1])
+    table = [[r0 * fold for r0 in starts_of(r)] for r in range(st.axis_size)]
     y = chunk_matmul.chunk_matmul_pieces(
-        h0.reshape(-1, h0.shape[-1]), [r * fold for r in starts], rows * fold,
-        w, num_sms=st.schedule.num_sms,
+        h0.reshape(-1, h0.shape[-1]), chunk_matmul.ByRank(rank, table),
+        rows * fold, w, num_sms=st.schedule.num_sms,
         preferred_element_type=_out_dtype(h0, w, st),
         x_zero_padded_k=h0.shape[-1] != w.shape[0])
-    return y.reshape((len(starts) * rows,) + h0.shape[1:-1] + (w.shape[1],))
+    return y.reshape((len(table[0]) * rows,) + h0.shape[1:-1] + (w.shape[1],))
+  starts = starts_of(rank)
   pieces = [lax.dynamic_slice_in_dim(h0, r, rows, axis=0) for r in starts]
   return _dot(pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, 0),
               w, st)
@@ -54,7 +64,7 @@ def _send(x, axis_name, shift, p):
   return lax.ppermute(x, axis_name, perm=[(i, (i + shift) % p) for i in range(p)])
 
 
-def _ring(h0, w, st, rank, m, row0, rows, direction):
+def _ring(h0, w, st, m, row0, rows, direction):
   """Accumulate-and-forward ring over rows [row0, row0 + rows) of each block.
 
   At step t rank r adds its partial for block j_t and passes the sum on in
@@ -63,8 +73,9 @@ def _ring(h0, w, st, rank, m, row0, rows, direction):
   p = st.axis_size
   acc = None
   for step in range(p):
-    block = (rank - direction * (1 + step)) % p
-    part = _rows_dot(h0, block * m + row0, rows, w, st)
+    part = _rows_dot(
+        h0, lambda r, step=step: (r - direction * (1 + step)) % p * m + row0,
+        rows, w, st)
     if acc is not None:
       received = _send(acc, st.axis_name, direction, p)
       acc_dtype = _acc_dtype(part.dtype)
@@ -106,7 +117,6 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
   if schedule.comm == "dma":
     return _forward_dma(h0, w, st, m)
   mc = m // schedule.num_chunks
-  rank = lax.axis_index(st.axis_name)
   chunks = []
   for c in range(schedule.num_chunks):
     row0 = c * mc
@@ -115,30 +125,30 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
       # multiplies its own rows.
       received = []
       if schedule.granularity(st.op_name) == "step":
-        parts = _peers_dot(h0, w, st, rank, m, row0, mc)
+        parts = _peers_dot(h0, w, st, m, row0, mc)
         for shift in range(1, p):
           part = lax.slice_in_dim(parts, (shift - 1) * mc, shift * mc)
           received.append(_send(part, st.axis_name, shift, p))
       else:
         for shift in range(1, p):
-          dest = (rank + shift) % p
-          part = _rows_dot(h0, dest * m + row0, mc, w, st)
+          part = _rows_dot(
+              h0, lambda r, shift=shift: (r + shift) % p * m + row0, mc, w, st)
           received.append(_send(part, st.axis_name, shift, p))
-      acc = _rows_dot(h0, rank * m + row0, mc, w, st)
+      acc = _rows_dot(h0, lambda r: r * m + row0, mc, w, st)
       acc = acc.astype(_acc_dtype(acc.dtype))
       for r in received:
         acc = acc + r.astype(acc.dtype)
       chunks.append(acc.astype(out_dtype))
     elif schedule.dataflow == "ring":
-      chunks.append(_ring(h0, w, st, rank, m, row0, mc, +1))
+      chunks.append(_ring(h0, w, st, m, row0, mc, +1))
     elif schedule.dataflow == "bidirectional":
       # Half of each piece's rows reduce around each direction, so both
       # directions of every link carry half of the bytes.
       half = mc // 2
       parts = []
       if half:
-        parts.append(_ring(h0, w, st, rank, m, row0, half, +1))
-      parts.append(_ring(h0, w, st, rank, m, row0 + half, mc - half, -1))
+        parts.append(_ring(h0, w, st, m, row0, half, +1))
+      parts.append(_ring(h0, w, st, m, row0 + half, mc - half, -1))
       chunks.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, 0))
     else:
       raise ValueError(f"Unknown dataflow {schedule.dataflow!r}.")
@@ -164,13 +174,13 @@ def _pull_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
                              transfers=(transfer,), blocks=(), num_streams=1)
 
 
-def _peers_dot(h0, w, st: ag_matmul.Static, rank, m, row0, rows):
+def _peers_dot(h0, w, st: ag_matmul.Static, m, row0, rows):
   """One step's partials: rows ``[row0, row0 + rows)`` of the blocks of ranks
   ``r + 1 .. r + P - 1`` times ``w``, stacked in that order (the blocks wrap
   around this rank's own, so they are not contiguous in ``h0``)."""
   p = st.axis_size
-  return _pieces_dot(h0, [((rank + s) % p) * m + row0 for s in range(1, p)],
-                     rows, w, st)
+  return _pieces_dot(
+      h0, lambda r: [(r + s) % p * m + row0 for s in range(1, p)], rows, w, st)
 
 
 def _step_plan(p: int, rows: int) -> plan_lib.GatherPlan:
@@ -201,7 +211,7 @@ def _dma(st):
   return peer_copy, kw
 
 
-def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
+def _direct_dma(h0, w, st, m, mc, out_dtype):
   """Direct dataflow: each partial leaves as soon as it is multiplied.
 
   Step (j, s) multiplies chunk j of the rows owned by rank ``r + s`` and hands
@@ -245,13 +255,14 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
     if step:
       # One dot for the chunk's rows of every peer, one start for all their
       # pulls: P - 1 times fewer host rendezvous than piece by piece.
-      part = _peers_dot(h0, w, st, rank, m, j * mc, mc)
+      part = _peers_dot(h0, w, st, m, j * mc, mc)
       hand_over(j, part.astype(out_dtype), plans[0])
       continue
     for s in range(1, p):
-      part = _rows_dot(h0, ((rank + s) % p) * m + j * mc, mc, w, st)
+      part = _rows_dot(h0, lambda r, s=s, j=j: (r + s) % p * m + j * mc, mc,
+                       w, st)
       hand_over(j, part.astype(out_dtype), plans[s])
-  own = _rows_dot(h0, rank * m, m, w, st)
+  own = _rows_dot(h0, lambda r: r * m, m, w, st)
   # Wait only after the own rows' matmul was issued (it hides the last pull).
   landings = tuple(f[2] for f in in_flight)
   own, landings = lax.optimization_barrier((own, landings))
@@ -276,7 +287,7 @@ def _direct_dma(h0, w, st, rank, m, mc, out_dtype):
   return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
 
 
-def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype, ends):
+def _ring_dma(h0, w, st, m, row0, rows, direction, out_dtype, ends):
   """Accumulate-and-forward ring; each hop is one copy-engine pull.
 
   While the running sum of step t travels to the next rank, this rank
@@ -290,13 +301,15 @@ def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype, ends):
   peer_copy, kw = _dma(st)
   p = st.axis_size
   gplan = _pull_plan(p, rows, direction)
-  block = lambda step: (rank - direction * (1 + step)) % p
-  acc = _rows_dot(h0, block(0) * m + row0, rows, w, st).astype(out_dtype)
+  # Rank r's block at `step`; r is an int or the traced rank (_pieces_dot).
+  row_of = lambda step: (
+      lambda r: (r - direction * (1 + step)) % p * m + row0)
+  acc = _rows_dot(h0, row_of(0), rows, w, st).astype(out_dtype)
   for step in range(1, p):
     site = peer_copy.new_site()
     landing = peer_copy.start([acc], gplan, site=site, **kw)[0]
     h0, landing = lax.optimization_barrier((h0, landing))
-    part = _rows_dot(h0, block(step) * m + row0, rows, w, st)
+    part = _rows_dot(h0, row_of(step), rows, w, st)
     part, landing = lax.optimization_barrier((part, landing))
     received = peer_copy.wait(landing, site=site, **kw)
     acc_dtype = _acc_dtype(part.dtype)
@@ -307,25 +320,24 @@ def _ring_dma(h0, w, st, rank, m, row0, rows, direction, out_dtype, ends):
 
 def _forward_dma(h0, w, st, m):
   schedule = st.schedule
-  rank = lax.axis_index(st.axis_name)
   mc = m // schedule.num_chunks
   out_dtype = _out_dtype(h0, w, st)
   if schedule.dataflow == "direct":
-    return _direct_dma(h0, w, st, rank, m, mc, out_dtype)
+    return _direct_dma(h0, w, st, m, mc, out_dtype)
   ends = []  # (keepalive, site) of every ring hop, ended together below.
   chunks = []
   for c in range(schedule.num_chunks):
     row0 = c * mc
     if schedule.dataflow == "ring":
-      chunks.append(_ring_dma(h0, w, st, rank, m, row0, mc, +1, out_dtype,
+      chunks.append(_ring_dma(h0, w, st, m, row0, mc, +1, out_dtype,
                               ends))
       continue
     half = mc // 2
     parts = []
     if half:
-      parts.append(_ring_dma(h0, w, st, rank, m, row0, half, +1, out_dtype,
+      parts.append(_ring_dma(h0, w, st, m, row0, half, +1, out_dtype,
                              ends))
-    parts.append(_ring_dma(h0, w, st, rank, m, row0 + half, mc - half, -1,
+    parts.append(_ring_dma(h0, w, st, m, row0 + half, mc - half, -1,
                            out_dtype, ends))
     chunks.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, 0))
   out = chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks, 0)

@@ -220,6 +220,47 @@ def default_config(mc: int, k: int, n: int, in_dtype=jnp.bfloat16,
 
 
 # ----------------------------------------------------------------------------
+# Offsets that are a function of the device's rank.
+
+
+@dataclasses.dataclass(frozen=True)
+class ByRank:
+  """Piece offsets that depend only on this device's rank along a mesh axis.
+
+  ``table[r]`` lists the offsets (one per piece) that rank ``r`` uses;
+  ``rank`` is the traced rank (``lax.axis_index``). The Hopper kernel
+  compiles the table in and reads only the rank at run time: every Pallas
+  call of an op then takes the same one-element operand, which XLA computes
+  once, instead of an offsets array per call, each its own tiny kernel
+  launch (4 to 7 per reduce-scatter, ~1 us of device and several us of host
+  time each; benchmarks/results/h200x4_session11_a, profile).
+
+  Attributes:
+    rank: int32 scalar, this device's rank in ``[0, len(table))``.
+    table: per rank, one static offset per piece.
+  """
+
+  rank: Any
+  table: tuple[tuple[int, ...], ...]
+
+  def __post_init__(self):
+    table = tuple(tuple(int(v) for v in row) for row in self.table)
+    if not table or len({len(row) for row in table}) != 1 or not table[0]:
+      raise ValueError(
+          f"ByRank.table must have one non-empty row per rank, all of one"
+          f" length; got row lengths {[len(r) for r in table]}.")
+    object.__setattr__(self, "table", table)
+
+  def __len__(self) -> int:
+    return len(self.table[0])
+
+  def traced(self) -> list[jax.Array]:
+    """This rank's offsets as traced int32 scalars (portable paths)."""
+    t = jnp.asarray(np.asarray(self.table, np.int32))
+    return [t[self.rank, i] for i in range(len(self))]
+
+
+# ----------------------------------------------------------------------------
 # Reference.
 
 
@@ -385,11 +426,14 @@ def _device_num_sms() -> int:
   return getattr(jax.devices()[0], "core_count", None) or 1
 
 
-def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
+def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc,
+                 rank_table=None):
   # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
   #           out, then the first row of each piece inside x. The mc rows of
   #           the product are `pieces` equal pieces, each a whole number of
-  #           CTA tiles, so a tile never straddles two.
+  #           CTA tiles, so a tile never straddles two. With `rank_table`
+  #           (ByRank): (1,) int32, the rank, and rank r's offsets are
+  #           rank_table[r] (compiled in).
   # x_gmem:   (>= mc, K) GMEM, TMA-loaded in (cta_tile_m, tile_k) blocks from
   #           its piece's x row on, so pieces of a larger operand need no
   #           gathering copy.
@@ -407,7 +451,7 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
   cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
   m_iters, n_iters = mc // cta_tile_m, n // cta_tile_n
   epi_tile_m, epi_tile_n = c.epi_tile_m, c.epi_tile_n
-  pieces = off_gmem.shape[0] // 2
+  pieces = (off_gmem.shape[0] if rank_table is None else len(rank_table[0])) // 2
   tiles_per_piece = m_iters // pieces
 
   swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
@@ -451,8 +495,19 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
   )
   def _scope(pipeline_allocs, out_smem):
     wg_idx = lax.axis_index("wg")
+    if rank_table is None:
+      off_at = lambda q: off_gmem[q]
+    else:
+      rank = off_gmem[0]
+
+      def off_at(q):
+        # A select chain over the ranks' compiled-in offsets (a few ranks).
+        v = jnp.asarray(rank_table[0][q], jnp.int32)
+        for r in range(1, len(rank_table)):
+          v = jnp.where(rank == r, jnp.asarray(rank_table[r][q], jnp.int32), v)
+        return v
     if pieces == 1:
-      out_base, x_base = off_gmem[0], off_gmem[1]
+      out_base, x_base = off_at(0), off_at(1)
 
     def tile_rows(m_idx):
       """First rows of tile row m_idx in out and in x."""
@@ -463,11 +518,11 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc):
         # it needs no dynamic scalar load.
         piece = m_idx // tiles_per_piece
         within = m_idx - piece * tiles_per_piece
-        piece_out, piece_x = off_gmem[0], off_gmem[pieces]
+        piece_out, piece_x = off_at(0), off_at(pieces)
         for q in range(1, pieces):
           hit = piece == q
-          piece_out = jnp.where(hit, off_gmem[q], piece_out)
-          piece_x = jnp.where(hit, off_gmem[pieces + q], piece_x)
+          piece_out = jnp.where(hit, off_at(q), piece_out)
+          piece_x = jnp.where(hit, off_at(pieces + q), piece_x)
       # The hint lets layout inference keep the (8, swizzle) tiling of
       # out_smem for TMA stores at a run-time row, and TMA loads at a
       # run-time row need the same proof; the wrappers require every
@@ -533,7 +588,8 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   """The Hopper kernel: for each of the ``len(off) // 2`` pieces ``i`` of
   ``rows / pieces`` rows, ``x[off[P + i]:][:rows / P] @ w`` into rows
   ``off[i]:`` of ``out`` (aliased), or of a fresh ``[rows, n]`` array when
-  ``out`` is None (every tile is written, so nothing needs zeroing first)."""
+  ``out`` is None (every tile is written, so nothing needs zeroing first).
+  ``off`` may be a `ByRank` of the same ``2 * pieces`` offsets per rank."""
   # mosaic_interpret: tests only; jax's Mosaic GPU interpreter params, which
   # run this very kernel on CPU (simulated threads, TMA and wgmma).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
@@ -554,7 +610,11 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
         " operands (wgmma from shared memory); use compute='xla' for float32.")
   device_sms = _device_num_sms()
   sms = min(num_sms, device_sms) if num_sms is not None else device_sms
-  pieces = off.shape[0] // 2
+  rank_table = None
+  if isinstance(off, ByRank):
+    rank_table = off.table
+    off = jnp.asarray(off.rank, jnp.int32).reshape(1)
+  pieces = (off.shape[0] if rank_table is None else len(rank_table[0])) // 2
   piece_rows = mc // pieces
   if config is None:
     # Waves are counted over all the pieces' tiles; tiles must divide each.
@@ -574,7 +634,8 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
 
   kernel = pl.kernel(
       functools.partial(_mgpu_kernel, config=config,
-                        k_iters=k // config.tile_k, mc=mc),
+                        k_iters=k // config.tile_k, mc=mc,
+                        rank_table=rank_table),
       out_type=(() if out is not None
                 else _out_type((mc, n), out_dtype, like=(x, w, off))),
       mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",),
@@ -750,9 +811,46 @@ def chunk_matmul_rows(
                              interpret=interpret, config=config)
 
 
+def _static_rows(offsets) -> list:
+  """The offsets to check: a `ByRank`'s every rank's, else the list."""
+  if isinstance(offsets, ByRank):
+    return [v for row in offsets.table for v in row]
+  return list(offsets)
+
+
+def _by_rank_offsets(dest_rows, x_rows) -> ByRank:
+  """The kernel's ``2 * pieces`` offsets per rank, as a `ByRank`; a plain
+  list (static ints) is the same for every rank."""
+  # Both ByRank: they must hold the same rank (a traced value cannot be
+  # compared here); the kernel reads the first one's.
+  given = [o for o in (dest_rows, x_rows) if isinstance(o, ByRank)]
+  ranks = {len(o.table) for o in given}
+  if len(ranks) != 1:
+    raise ValueError("out_rows and x_rows given as ByRank must have one row"
+                     f" per rank each, got {sorted(ranks)} rows.")
+  rows_of = lambda o, r: (o.table[r] if isinstance(o, ByRank)
+                          else [int(v) for v in o])
+  for o in (dest_rows, x_rows):
+    if not isinstance(o, ByRank) and any(
+        not isinstance(v, (int, np.integer)) for v in o):
+      raise TypeError("With a ByRank offset list, the other list must hold"
+                      " static ints (or be a ByRank too).")
+  table = tuple(tuple(rows_of(dest_rows, r)) + tuple(rows_of(x_rows, r))
+                for r in range(ranks.pop()))
+  return ByRank(given[0].rank, table)
+
+
 def _check_piece_rows(name, offsets, rows, shape):
   """Each static offset keeps its ``rows`` rows inside ``shape``; traced
   ones must be integer scalars (their range is not checked)."""
+  if isinstance(offsets, ByRank):
+    dt = getattr(offsets.rank, "dtype", None)
+    if (dt is None and not isinstance(offsets.rank, (int, np.integer))) or (
+        dt is not None and (jnp.ndim(offsets.rank) != 0
+                            or not jnp.issubdtype(dt, jnp.integer))):
+      raise TypeError(f"{name}.rank must be an integer scalar, got"
+                      f" {type(offsets.rank).__name__} with dtype={dt}.")
+    offsets = _static_rows(offsets)
   for i, r in enumerate(offsets):
     if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
       if not 0 <= r <= shape[0] - rows:
@@ -772,12 +870,12 @@ def _check_piece_rows(name, offsets, rows, shape):
 
 def chunk_matmul_pieces(
     x: jax.Array,
-    x_rows: Sequence[int | jax.Array],
+    x_rows: Sequence[int | jax.Array] | ByRank,
     rows: int,
     w: jax.Array,
     *,
     out: jax.Array | None = None,
-    out_rows: Sequence[int | jax.Array] | None = None,
+    out_rows: Sequence[int | jax.Array] | ByRank | None = None,
     num_sms: int | None = None,
     preferred_element_type: Any = None,
     interpret: bool | None = None,
@@ -798,13 +896,15 @@ def chunk_matmul_pieces(
     x: ``[M, K]`` left operand, bf16/f16/f32.
     x_rows: first row of each piece in ``x``: Python ints (checked: ``0 <=
       r <= M - rows``) or traced int32 scalars (not checked), multiples of 8
-      on the Hopper path.
+      on the Hopper path; or a `ByRank` (each rank's static rows, checked),
+      which the Hopper kernel compiles in so that it reads only the rank.
     rows: rows per piece (a multiple of the CTA tile's rows on the Hopper
       path, so no tile straddles two pieces).
     w: ``[K, n]``, same dtype as ``x``.
     out: None, or the ``[M_out, n]`` array the pieces are written into.
     out_rows: with ``out``, the first row of each piece in ``out`` (same
-      rules as ``x_rows``); must be None without ``out``.
+      rules as ``x_rows``; with a `ByRank` on either side the other holds
+      static ints or a `ByRank` of the same rank); None without ``out``.
     num_sms, preferred_element_type, interpret, config: as for
       ``chunk_matmul_into`` (with ``out``, ``preferred_element_type`` must be
       None or ``out.dtype``).
@@ -819,8 +919,9 @@ def chunk_matmul_pieces(
     raise ValueError(
         f"x and w must be 2-D, got x.shape={getattr(x, 'shape', None)},"
         f" w.shape={getattr(w, 'shape', None)}.")
-  x_rows = list(x_rows)
-  if not x_rows:
+  if not isinstance(x_rows, ByRank):
+    x_rows = list(x_rows)
+  if not len(x_rows):  # pylint: disable=g-explicit-length-test
     raise ValueError("x_rows must name at least one piece, got [].")
   if (isinstance(rows, bool) or not isinstance(rows, int)
       or not 0 < rows <= x.shape[0]):
@@ -830,7 +931,8 @@ def chunk_matmul_pieces(
     raise ValueError("out and out_rows go together: pass both or neither"
                      f" (out is {'None' if out is None else 'given'}).")
   if out is not None:
-    out_rows = list(out_rows)
+    if not isinstance(out_rows, ByRank):
+      out_rows = list(out_rows)
     if len(out_rows) != len(x_rows):
       raise ValueError(f"out_rows has {len(out_rows)} entries, x_rows"
                        f" {len(x_rows)}: one per piece.")
@@ -857,6 +959,9 @@ def chunk_matmul_pieces(
   if _resolve_interpret(interpret):
     if x_zero_padded_k:
       x = x[:, :w.shape[0]]
+    x_rows = x_rows.traced() if isinstance(x_rows, ByRank) else x_rows
+    if isinstance(out_rows, ByRank):
+      out_rows = out_rows.traced()
     pieces = [lax.dynamic_slice_in_dim(x, r, rows, axis=0) for r in x_rows]
     if out is None:
       return chunk_matmul(jnp.concatenate(pieces, 0), w,
@@ -864,7 +969,7 @@ def chunk_matmul_pieces(
     for piece, r in zip(pieces, out_rows):
       out = chunk_matmul_into(out, piece, w, r, interpret=True)
     return out
-  for r in (*x_rows, *(out_rows or ())):
+  for r in (*_static_rows(x_rows), *_static_rows(out_rows or ())):
     if isinstance(r, (int, np.integer)) and r % 8:
       raise ValueError(
           f"row offset {r} must be a multiple of 8 on the Hopper path (TMA"
@@ -872,6 +977,10 @@ def chunk_matmul_pieces(
   _hopper_offset(0)
   dest_rows = out_rows if out is not None else [i * rows
                                                 for i in range(n_pieces)]
-  return _mgpu_into(out, x, w, _offsets(dest_rows, x_rows),
+  if isinstance(x_rows, ByRank) or isinstance(dest_rows, ByRank):
+    off = _by_rank_offsets(dest_rows, x_rows)
+  else:
+    off = _offsets(dest_rows, x_rows)
+  return _mgpu_into(out, x, w, off,
                     num_sms=num_sms, config=config, rows=n_pieces * rows,
                     out_dtype=dtype)
