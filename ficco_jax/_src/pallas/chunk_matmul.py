@@ -230,10 +230,11 @@ class ByRank:
   ``table[r]`` lists the offsets (one per piece) that rank ``r`` uses;
   ``rank`` is the traced rank (``lax.axis_index``). The Hopper kernel
   compiles the table in and reads only the rank at run time: every Pallas
-  call of an op then takes the same one-element operand, which XLA computes
-  once, instead of an offsets array per call, each its own tiny kernel
-  launch (4 to 7 per reduce-scatter, ~1 us of device and several us of host
-  time each; benchmarks/results/h200x4_session11_a, profile).
+  call of an op takes the same one-element operand, one expression that
+  XLA's CSE may compute once (not yet checked in compiled HLO), instead of
+  an offsets array per call, each its own tiny kernel launch (4 to 7 per
+  reduce-scatter, ~1 us of device and several us of host time each;
+  benchmarks/results/h200x4_session11_a, profile).
 
   Attributes:
     rank: int32 scalar, this device's rank in ``[0, len(table))``.
