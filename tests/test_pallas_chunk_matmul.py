@@ -478,7 +478,7 @@ def test_by_rank_validates_its_table():
     cm.ByRank(jnp.int32(0), [[0, 8], [8]])
   with pytest.raises(ValueError, match="one non-empty row per rank"):
     cm.ByRank(jnp.int32(0), [])
-  with pytest.raises(TypeError, match="x_rows.rank must be an integer"):
+  with pytest.raises(TypeError, match="x_rows.rank must be an int or an integer scalar array"):
     cm.chunk_matmul_pieces(jnp.zeros((16, 8), jnp.float32),
                            cm.ByRank(jnp.float32(0), [[0], [8]]), 8,
                            jnp.zeros((8, 4), jnp.float32))

@@ -428,7 +428,7 @@ def _device_num_sms() -> int:
 
 
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc,
-                 rank_table=None):
+                 pieces, rank_table=None):
   # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
   #           out, then the first row of each piece inside x. The mc rows of
   #           the product are `pieces` equal pieces, each a whole number of
@@ -452,7 +452,6 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc,
   cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
   m_iters, n_iters = mc // cta_tile_m, n // cta_tile_n
   epi_tile_m, epi_tile_n = c.epi_tile_m, c.epi_tile_n
-  pieces = (off_gmem.shape[0] if rank_table is None else len(rank_table[0])) // 2
   tiles_per_piece = m_iters // pieces
 
   swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
@@ -635,7 +634,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
 
   kernel = pl.kernel(
       functools.partial(_mgpu_kernel, config=config,
-                        k_iters=k // config.tile_k, mc=mc,
+                        k_iters=k // config.tile_k, mc=mc, pieces=pieces,
                         rank_table=rank_table),
       out_type=(() if out is not None
                 else _out_type((mc, n), out_dtype, like=(x, w, off))),
@@ -841,16 +840,24 @@ def _by_rank_offsets(dest_rows, x_rows) -> ByRank:
   return ByRank(given[0].rank, table)
 
 
+def _check_int_scalar(label, r) -> None:
+  """``r`` is an int or an integer scalar array (traced or not)."""
+  if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
+    return
+  dt = getattr(r, "dtype", None)
+  if (isinstance(r, bool) or dt is None or jnp.ndim(r) != 0
+      or not jnp.issubdtype(dt, jnp.integer)):
+    raise TypeError(
+        f"{label} must be an int or an integer scalar array, got"
+        f" {type(r).__name__} with dtype={dt},"
+        f" shape={getattr(r, 'shape', None)}.")
+
+
 def _check_piece_rows(name, offsets, rows, shape):
   """Each static offset keeps its ``rows`` rows inside ``shape``; traced
   ones must be integer scalars (their range is not checked)."""
   if isinstance(offsets, ByRank):
-    dt = getattr(offsets.rank, "dtype", None)
-    if (dt is None and not isinstance(offsets.rank, (int, np.integer))) or (
-        dt is not None and (jnp.ndim(offsets.rank) != 0
-                            or not jnp.issubdtype(dt, jnp.integer))):
-      raise TypeError(f"{name}.rank must be an integer scalar, got"
-                      f" {type(offsets.rank).__name__} with dtype={dt}.")
+    _check_int_scalar(f"{name}.rank", offsets.rank)
     offsets = _static_rows(offsets)
   for i, r in enumerate(offsets):
     if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
@@ -860,13 +867,7 @@ def _check_piece_rows(name, offsets, rows, shape):
             f" [0, {shape[0] - rows}] so the piece fits in {shape[0]} rows"
             f" (shape {tuple(shape)}).")
       continue
-    dt = getattr(r, "dtype", None)
-    if (isinstance(r, bool) or dt is None or jnp.ndim(r) != 0
-        or not jnp.issubdtype(dt, jnp.integer)):
-      raise TypeError(
-          f"{name}[{i}] must be an int or an integer scalar array, got"
-          f" {type(r).__name__} with dtype={dt},"
-          f" shape={getattr(r, 'shape', None)}.")
+    _check_int_scalar(f"{name}[{i}]", r)
 
 
 def chunk_matmul_pieces(
