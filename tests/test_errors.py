@@ -73,6 +73,13 @@ def test_outside_shard_map_explains_how_to_call():
     (dict(num_sms=0), ValueError, r"num_sms=0 must be None or a positive int"),
     (dict(compute_granularity="tile"), ValueError,
      r"compute_granularity='tile' must be None or one of"),
+    (dict(compute="pallas", reduce_in_epilogue=1), TypeError,
+     r"reduce_in_epilogue=1 must be a bool"),
+    (dict(reduce_in_epilogue=True), ValueError,
+     r"reduce_in_epilogue=True needs dataflow='direct' and compute='pallas'"
+     r".*compute='xla'"),
+    (dict(dataflow="ring", compute="pallas", reduce_in_epilogue=True),
+     ValueError, r"got dataflow='ring'"),
 ])
 def test_schedule_validation(kwargs, exc, match):
   with pytest.raises(exc, match=match):
@@ -87,6 +94,8 @@ def test_schedule_validation(kwargs, exc, match):
              compute_granularity="step"),
     Schedule(dataflow="direct", num_chunks=3, compute="pallas", num_sms=64,
              compute_granularity="piece"),
+    Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
+             compute_granularity="step", reduce_in_epilogue=True),
 ])
 def test_schedule_label_round_trips(schedule):
   assert Schedule.from_short(schedule.short()) == schedule

@@ -273,6 +273,14 @@ PALLAS = [Schedule(dataflow=d, num_chunks=c, comm=comm, compute="pallas",
                                 # all-gather writes 3 owners' rows.
                                 ("direct", 1, "dma", "step"),
                                 ("direct", 3, "xla", "step"))]
+# The reduce-scatter's own rows add the peers' partials in the kernel's
+# epilogue (the all-gather ignores the flag): one sync and one kernel per
+# chunk, each chunk's kernel writing its rows of one result in place.
+PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm=comm,
+                    compute="pallas", compute_granularity=g,
+                    reduce_in_epilogue=True)
+           for c, comm, g in ((1, "dma", None), (3, "dma", None),
+                              (2, "dma", "step"), (2, "xla", None))]
 
 
 @pytest.mark.parametrize("schedule", PALLAS, ids=_ids(PALLAS))
@@ -299,8 +307,8 @@ def test_pallas_compute(schedule):
   assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w2)) < util.tol(dtype)
 
 
-@pytest.mark.parametrize("schedule", [PALLAS[3], PALLAS[5], PALLAS[1]],
-                         ids=_ids([PALLAS[3], PALLAS[5], PALLAS[1]]))
+@pytest.mark.parametrize("schedule", [PALLAS[3], PALLAS[5], PALLAS[1], PALLAS[8]],
+                         ids=_ids([PALLAS[3], PALLAS[5], PALLAS[1], PALLAS[8]]))
 def test_pallas_reduce_scatter_pads_k_to_whole_steps(schedule):
   """K = 96 per device leaves half a 64-deep step: h is zero-padded once per
   op (qwen2-72b's 7392 is the case that matters), w is read as it is."""

@@ -532,3 +532,108 @@ def test_hopper_kernel_by_rank_offsets_in_mosaic_gpu_interpreter(monkeypatch,
     for dst, ref in zip(dests, _pieces_ref(x, x_table[r], rows, w)):
       rel = np.linalg.norm(got[dst:dst + rows] - ref) / np.linalg.norm(ref)
       assert rel < 1e-2, (r, dst, rel)
+
+
+# ------------------------------------------ addends and fresh placed output
+
+
+def test_chunk_matmul_pieces_adds_addends_and_places_pieces():
+  # The reduce-scatter's own rows: the product plus the pulled partials
+  # (one of them a slot of a larger buffer), written into one result chunk
+  # by chunk (interpret mode).
+  rng = np.random.default_rng(41)
+  x = jnp.asarray(rng.standard_normal((40, 24)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((24, 12)), jnp.float32)
+  a = jnp.asarray(rng.standard_normal((8, 12)), jnp.float32)
+  b = jnp.asarray(rng.standard_normal((24, 12)), jnp.float32)
+  first = cm.chunk_matmul_pieces(x, [16], 8, w, addends=[a, b],
+                                 addend_rows=[0, 16], out_rows=[0],
+                                 fresh_rows=16, interpret=True)
+  both = cm.chunk_matmul_pieces(x, [24], 8, w, addends=[b], out=first,
+                                out_rows=[8], interpret=True)
+  xs, ws = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  want = np.concatenate([xs[16:24] @ ws + np.asarray(a) + np.asarray(b)[16:],
+                         xs[24:32] @ ws + np.asarray(b)[:8]])
+  assert both.shape == (16, 12)
+  rel = np.linalg.norm(np.asarray(both, np.float64) - want) / np.linalg.norm(want)
+  # f32 dots run as tf32 on GPUs.
+  assert rel < (3e-3 if jax.default_backend() == "gpu" else 1e-6), rel
+
+
+def test_chunk_matmul_pieces_rejects_bad_addends():
+  x, w = jnp.zeros((16, 8), jnp.float32), jnp.zeros((8, 4), jnp.float32)
+  with pytest.raises(ValueError, match=r"addends\[0\].shape=\(8, 5\) must be"):
+    cm.chunk_matmul_pieces(x, [0], 8, w, addends=[jnp.zeros((8, 5), jnp.float32)])
+  with pytest.raises(ValueError, match=r"addend_rows\[0\]=4 with the result's 8 rows"):
+    cm.chunk_matmul_pieces(x, [0], 8, w, addends=[jnp.zeros((8, 4), jnp.float32)],
+                           addend_rows=[4])
+  with pytest.raises(ValueError, match="addend_rows has 2 entries"):
+    cm.chunk_matmul_pieces(x, [0], 8, w, addends=[jnp.zeros((8, 4), jnp.float32)],
+                           addend_rows=[0, 0])
+  with pytest.raises(TypeError, match="addend_rows must hold static ints"):
+    cm.chunk_matmul_pieces(x, [0], 8, w, addends=[jnp.zeros((8, 4), jnp.float32)],
+                           addend_rows=[jnp.int32(0)])
+  with pytest.raises(ValueError, match="fresh_rows needs out=None and out_rows"):
+    cm.chunk_matmul_pieces(x, [0], 8, w, fresh_rows=16)
+  with pytest.raises(ValueError, match="fresh_rows=4 must be an int of at least rows=8"):
+    cm.chunk_matmul_pieces(x, [0], 8, w, out_rows=[0], fresh_rows=4)
+  with pytest.raises(ValueError, match=r"out_rows\[0\]=12 with rows=8"):
+    cm.chunk_matmul_pieces(x, [0], 8, w, out_rows=[12], fresh_rows=16)
+
+
+@pytest.mark.parametrize("by_rank", [False, True])
+def test_hopper_kernel_adds_addends_in_mosaic_gpu_interpreter(monkeypatch,
+                                                             by_rank):
+  # The epilogue loads each addend's tile from GMEM into registers and adds
+  # it to the f32 accumulator before rounding: a fresh result placed at a
+  # row (the other rows unwritten), then a second piece written into it.
+  params = _mosaic_gpu_interpret_params(monkeypatch)
+  cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=128, max_concurrent_steps=2)
+  rows, k, n = 2 * cfg.cta_tile_m, 128, cfg.cta_tile_n
+  rng = np.random.default_rng(35)
+  x = jnp.asarray(rng.standard_normal((3 * rows, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+  a = jnp.asarray(rng.standard_normal((rows, n)), jnp.bfloat16)
+  b = jnp.asarray(rng.standard_normal((2 * rows, n)), jnp.bfloat16)
+
+  def off(dest, src):
+    if by_rank:  # Rank 1 of a two-rank table, as in the reduce-scatter.
+      return cm._by_rank_offsets([dest], cm.ByRank(jnp.int32(1),
+                                                   [[0], [src]]))
+    return cm._offsets([dest], [src])
+
+  first = cm._mgpu_into(None, x, w, off(rows, 2 * rows), num_sms=3,
+                        config=cfg, rows=rows, out_dtype=jnp.bfloat16,
+                        addends=[a, b], addend_rows=[0, rows],
+                        fresh_rows=2 * rows, mosaic_interpret=params)
+  assert first.shape == (2 * rows, n)
+  both = cm._mgpu_into(first, x, w, off(0, 0), num_sms=3, config=cfg,
+                       rows=rows, addends=[b], addend_rows=[0],
+                       mosaic_interpret=params)
+  f64 = lambda v: np.asarray(v, np.float64)
+  want = [f64(x[:rows]) @ f64(w) + f64(b[:rows]),
+          f64(x[2 * rows:]) @ f64(w) + f64(a) + f64(b[rows:])]
+  got = f64(both)
+  for i, ref in enumerate(want):
+    part = got[i * rows:(i + 1) * rows]
+    rel = np.linalg.norm(part - ref) / np.linalg.norm(ref)
+    assert rel < 1e-2, (i, rel)
+
+
+def test_hopper_kernel_with_addends_lowers_for_cuda():
+  # The interpreter reads the addends with a plain load; the compiled
+  # kernel needs plgpu.load's element-wise path (a plain read of GMEM into
+  # the wgmma layout does not lower). Lowering for CUDA runs on any host.
+  from jax import export  # pylint: disable=g-import-not-at-top
+
+  def f(x, w, a, b):
+    return cm._mgpu_into(None, x, w, cm._offsets([256], [128]), num_sms=None,
+                         config=None, rows=256, out_dtype=jnp.bfloat16,
+                         addends=[a, b], addend_rows=[0, 256],
+                         fresh_rows=512)
+
+  s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  exported = export.export(jax.jit(f), platforms=["cuda"])(
+      s(512, 1024), s(1024, 512), s(256, 512), s(512, 512))
+  assert exported.out_avals[0].shape == (512, 512)
+  assert "ficco_chunk_matmul_into" in exported.mlir_module()

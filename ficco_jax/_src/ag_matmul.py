@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from ficco_jax._src import gather
 from ficco_jax._src import plan as plan_lib
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import vma
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,9 +127,11 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
                               comm=st.schedule.comm, consume=consume,
                               carry=out, op_name=st.op_name,
                               timeout_s=st.timeout_s)
-  return gather.finish(out, keepalive, comm=st.schedule.comm,
-                       axis_name=st.axis_name, op_name=st.op_name,
-                       timeout_s=st.timeout_s)
+  out = gather.finish(out, keepalive, comm=st.schedule.comm,
+                      axis_name=st.axis_name, op_name=st.op_name,
+                      timeout_s=st.timeout_s)
+  # The Pallas kernel's in-place writes leave `out` typed invariant.
+  return vma.vary_like(out, x0, w)
 
 
 def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,

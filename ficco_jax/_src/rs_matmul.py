@@ -15,20 +15,28 @@ import jax.numpy as jnp
 
 from ficco_jax._src import ag_matmul
 from ficco_jax._src import plan as plan_lib
+from ficco_jax._src import vma
 
 
 def _dot(a, w, st: ag_matmul.Static):
   return ag_matmul._dot(a, w, st)  # pylint: disable=protected-access
 
 
-def _rows_dot(h0, start_of, size, w, st: ag_matmul.Static):
+def _rows_dot(h0, start_of, size, w, st: ag_matmul.Static, **addends):
   """``h0[start:start + size] @ w``, ``start = start_of(rank)``: one partial
   product (`_pieces_dot`)."""
-  return _pieces_dot(h0, lambda r: [start_of(r)], size, w, st)
+  return _pieces_dot(h0, lambda r: [start_of(r)], size, w, st, **addends)
 
 
-def _pieces_dot(h0, starts_of, rows, w, st: ag_matmul.Static):
-  """``h0[r:r + rows] @ w`` for each ``r`` in ``starts_of(rank)``, stacked.
+def _pieces_dot(h0, starts_of, rows, w, st: ag_matmul.Static, *,
+                addends=(), addend_rows=None, out=None, out_row=None,
+                total_rows=None):
+  """``h0[r:r + rows] @ w`` for each ``r`` in ``starts_of(rank)``, stacked,
+  plus ``addends`` (rows ``addend_rows`` on, as `chunk_matmul_pieces`'s).
+
+  With ``out_row`` (one piece, ``compute="pallas"``): the product is
+  written at that row of ``out``, aliased, or of a fresh ``total_rows``-row
+  array whose other rows are left unwritten (``out`` None).
 
   ``starts_of`` maps this device's rank along ``st.axis_name`` (a Python
   int, or the traced rank) to the first rows of the pieces. Taking it as a
@@ -47,12 +55,28 @@ def _pieces_dot(h0, starts_of, rows, w, st: ag_matmul.Static):
 
     fold = math.prod(h0.shape[1:-1])
     table = [[r0 * fold for r0 in starts_of(r)] for r in range(st.axis_size)]
+    place = {}
+    if out_row is not None:
+      place["out_rows"] = [out_row * fold]
+      if out is None:
+        place["fresh_rows"] = total_rows * fold
+      else:
+        total_rows = out.shape[0]
+        place["out"] = out.reshape(-1, out.shape[-1])
     y = chunk_matmul.chunk_matmul_pieces(
         h0.reshape(-1, h0.shape[-1]), chunk_matmul.ByRank(rank, table),
         rows * fold, w, num_sms=st.schedule.num_sms,
         preferred_element_type=_out_dtype(h0, w, st),
-        x_zero_padded_k=h0.shape[-1] != w.shape[0])
-    return y.reshape((len(table[0]) * rows,) + h0.shape[1:-1] + (w.shape[1],))
+        x_zero_padded_k=h0.shape[-1] != w.shape[0],
+        addends=[a.reshape(-1, a.shape[-1]) for a in addends],
+        addend_rows=(None if addend_rows is None
+                     else [a0 * fold for a0 in addend_rows]),
+        **place)
+    lead = len(table[0]) * rows if out_row is None else total_rows
+    return y.reshape((lead,) + h0.shape[1:-1] + (w.shape[1],))
+  if addends or out_row is not None:
+    raise ValueError("addends and out_row need compute='pallas' (Schedule"
+                     " checks this).")
   starts = starts_of(rank)
   pieces = [lax.dynamic_slice_in_dim(h0, r, rows, axis=0) for r in starts]
   return _dot(pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, 0),
@@ -134,6 +158,10 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
           part = _rows_dot(
               h0, lambda r, shift=shift: (r + shift) % p * m + row0, mc, w, st)
           received.append(_send(part, st.axis_name, shift, p))
+      if schedule.reduce_in_epilogue:
+        chunks.append(_rows_dot(h0, lambda r: r * m + row0, mc, w, st,
+                                addends=received).astype(out_dtype))
+        continue
       acc = _rows_dot(h0, lambda r: r * m + row0, mc, w, st)
       acc = acc.astype(_acc_dtype(acc.dtype))
       for r in received:
@@ -262,6 +290,8 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
       part = _rows_dot(h0, lambda r, s=s, j=j: (r + s) % p * m + j * mc, mc,
                        w, st)
       hand_over(j, part.astype(out_dtype), plans[s])
+  if st.schedule.reduce_in_epilogue:
+    return _own_rows_with_pulls(h0, w, st, m, mc, in_flight)
   own = _rows_dot(h0, lambda r: r * m, m, w, st)
   # Wait only after the own rows' matmul was issued (it hides the last pull).
   landings = tuple(f[2] for f in in_flight)
@@ -285,6 +315,47 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
         acc = acc + buf[slot * mc:(slot + 1) * mc].astype(acc_dtype)
     chunks.append(acc.astype(out_dtype))
   return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
+
+
+def _own_rows_with_pulls(h0, w, st, m, mc, in_flight):
+  """The direct dataflow's end with ``reduce_in_epilogue``: chunk j's own
+  rows multiplied by a kernel that adds chunk j's pulled partials.
+
+  Chunk j's kernel waits for chunk j's pulls only, and is issued before the
+  wait for chunk j + 1's, so it hides them (a sync per chunk, against one
+  for the whole op without the epilogue). The last sync also ends every
+  invocation: by symmetry the peers' pulls of this rank's last partial
+  finish when this rank's own last pull does.
+  """
+  peer_copy, kw = _dma(st)
+  num_chunks = st.schedule.num_chunks
+  ends = [([f[1]], f[3]) for f in in_flight]
+  chunks = []
+  for j in range(num_chunks):
+    mine = [f for f in in_flight if f[0] == j]
+    landings = tuple(f[2] for f in mine)
+    # After every start (h0 went through each start's barrier) and, from
+    # chunk 1 on, after the previous chunk's kernel: else XLA may wait for
+    # these pulls before work that hides them.
+    prev = chunks[-1] if chunks else h0
+    prev, landings = lax.optimization_barrier((prev, landings))
+    if chunks:
+      chunks[-1] = prev
+    last = j == num_chunks - 1
+    pulled = peer_copy.sync([(b, f[3]) for b, f in zip(landings, mine)],
+                            ends if last else [], **kw)
+    # A step's landing buffer holds one partial per peer, mc rows each.
+    addends = [buf for buf in pulled for _ in range(buf.shape[0] // mc)]
+    rows = [slot * mc for buf in pulled for slot in range(buf.shape[0] // mc)]
+    # Each chunk's kernel writes its rows of one [m] result in place (a
+    # concatenate would be one more pass over the result).
+    chunks.append(_rows_dot(
+        h0, lambda r, j=j: r * m + j * mc, mc, w, st, addends=addends,
+        addend_rows=rows, out=chunks[-1] if chunks else None,
+        out_row=j * mc, total_rows=m))
+  # Written in place chunk by chunk, the result is typed invariant (see
+  # _mgpu_into's fresh_rows); it varies as h0 and w do.
+  return vma.vary_like(chunks[-1], h0, w)
 
 
 def _ring_dma(h0, w, st, m, row0, rows, direction, out_dtype, ends):

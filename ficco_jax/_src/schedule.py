@@ -69,6 +69,21 @@ class Schedule:
       * None: each op's own default: the all-gather ``"step"`` with
         ``compute="xla"`` and ``"piece"`` with ``compute="pallas"``; the
         reduce-scatter ``"piece"``.
+    reduce_in_epilogue: the reduce-scatter's direct dataflow only (the
+      all-gather, which reduces nothing, ignores it): this rank's own rows
+      of each chunk are multiplied last, by a kernel that adds the partials
+      pulled from the peers in its epilogue, instead of a separate pass
+      over them after one matmul of all own rows. It saves that pass (it
+      reads ``P`` and writes one output-sized buffer: 9% of a
+      16384x8192x8192 op on 4 H200s, fully exposed), at the price of
+      waiting for chunk ``c``'s pulls before chunk ``c``'s own rows: with
+      ``num_chunks=1`` the last pull is exposed; with more, chunk ``c``'s
+      own rows hide chunk ``c + 1``'s pulls. Needs ``compute="pallas"``.
+      Measured slower on 4 H200s (benchmarks/RESULTS.md, session 12): the
+      kernel reads the partials with element-wise loads (Mosaic GPU has no
+      tiled GMEM-to-register transfer, and its stages fill shared memory),
+      which cost more than XLA's separate pass. Opt-in; the heuristic and
+      the autotune cache never pick it.
   """
 
   dataflow: Dataflow = "direct"
@@ -77,6 +92,7 @@ class Schedule:
   compute: Compute = "xla"
   num_sms: int | None = None
   compute_granularity: Granularity | None = None
+  reduce_in_epilogue: bool = False
 
   def __post_init__(self):
     if self.dataflow not in DATAFLOWS:
@@ -104,6 +120,14 @@ class Schedule:
         and self.compute_granularity not in GRANULARITIES):
       raise ValueError(f"{self.compute_granularity=} must be None or one of"
                        f" {GRANULARITIES}.")
+    if not isinstance(self.reduce_in_epilogue, bool):
+      raise TypeError(f"{self.reduce_in_epilogue=} must be a bool.")
+    if self.reduce_in_epilogue and (self.dataflow != "direct"
+                                    or self.compute != "pallas"):
+      raise ValueError(
+          f"reduce_in_epilogue=True needs dataflow='direct' and"
+          f" compute='pallas' (the sum is added by ficco's kernel), got"
+          f" dataflow={self.dataflow!r}, compute={self.compute!r}.")
 
   @property
   def overlapped(self) -> bool:
@@ -124,12 +148,15 @@ class Schedule:
       s += f"/sm{self.num_sms}"
     if self.compute_granularity is not None:
       s += f"/{self.compute_granularity}"
+    if self.reduce_in_epilogue:
+      s += "/epi"
     return s
 
   @classmethod
   def from_short(cls, label: str) -> "Schedule":
     """The schedule of a `short` label; ``dataflow/cN[/comm[/compute]]``
-    then, in any order, ``smK`` and a granularity.
+    then, in any order, ``smK``, a granularity and ``epi``
+    (``reduce_in_epilogue``).
 
     Raises:
       ValueError: ``label`` is not such a label.
@@ -148,6 +175,8 @@ class Schedule:
       for tok in parts[4:]:
         if tok in GRANULARITIES:
           kw["compute_granularity"] = tok
+        elif tok == "epi":
+          kw["reduce_in_epilogue"] = True
         elif tok.startswith("sm"):
           kw["num_sms"] = int(tok[2:])
         else:
@@ -155,7 +184,8 @@ class Schedule:
     except ValueError as e:
       raise ValueError(
           f"label={label!r} is not a schedule label"
-          " (dataflow/cN[/comm[/compute[/smK][/piece|step]]]): {e}") from e
+          " (dataflow/cN[/comm[/compute[/smK][/piece|step][/epi]]]):"
+          f" {e}") from e
     return cls(**kw)
 
 

@@ -29,3 +29,19 @@ def match(ct: jax.Array, like: jax.Array) -> jax.Array:
   if missing:
     ct = lax.pcast(ct, tuple(sorted(missing)), to="varying")
   return ct
+
+
+def vary_like(y: jax.Array, *likes: jax.Array) -> jax.Array:
+  """``y`` typed as varying over every axis any of ``likes`` varies over.
+
+  For results of ficco's Pallas kernel written in place: jax >= 0.11's
+  ``pl.kernel`` takes no Ref that varies over a manual axis, so an output
+  written into is typed invariant, although its rows differ per device. A
+  ``psum`` of an invariant value multiplies it by the axis size instead of
+  summing, so the op restores the type before returning (no run-time cost).
+  """
+  want = frozenset().union(*(varying_axes(a) for a in likes))
+  missing = want - varying_axes(y)
+  if missing:
+    y = lax.pcast(y, tuple(sorted(missing)), to="varying")
+  return y

@@ -347,14 +347,22 @@ def _out_type_like(out) -> jax.ShapeDtypeStruct:
   return _out_type(out.shape, out.dtype, like=(out,))
 
 
-def _out_type(shape, dtype, *, like) -> jax.ShapeDtypeStruct:
+def _out_type(shape, dtype, *, like, invariant=False) -> jax.ShapeDtypeStruct:
   # Inside shard_map with check_vma the result varies over the mesh axes that
   # out varies over (jax >= 0.10: manual_axis_type; older: vma). Note that
   # jax 0.10.2's Pallas interpreter rejects even trivial kernels under
   # check_vma=True ("requires varying manual axes to match"), so interpret
   # mode inside shard_map needs check_vma=False; the Hopper kernel does not.
   # ``like``: the operands the result is computed from; it varies over the
-  # axes any of them varies over.
+  # axes any of them varies over. ``invariant``: typed as varying over no
+  # axis, explicitly (jax >= 0.11 under check_vma demands a type).
+  if invariant:
+    # The type of a fresh constant: invariant, in any jax version.
+    mat = getattr(jax.typeof(jnp.zeros((), jnp.int32)), "manual_axis_type",
+                  None)
+    if mat is not None:
+      return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
+    return jax.ShapeDtypeStruct(shape, dtype)
   avals = [jax.typeof(a) for a in like]
   typed = [a for a in avals if getattr(a, "manual_axis_type", None) is not None]
   if typed:
@@ -427,8 +435,8 @@ def _device_num_sms() -> int:
   return getattr(jax.devices()[0], "core_count", None) or 1
 
 
-def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc,
-                 pieces, rank_table=None):
+def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
+                 pieces, rank_table=None, addend_rows=(), interpreted=False):
   # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
   #           out, then the first row of each piece inside x. The mc rows of
   #           the product are `pieces` equal pieces, each a whole number of
@@ -439,10 +447,18 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc,
   #           its piece's x row on, so pieces of a larger operand need no
   #           gathering copy.
   # w_gmem:   (K, n) GMEM, TMA-loaded in (tile_k, cta_tile_n) blocks.
+  # rest:     the addends, then out_gmem.
+  # addends:  one GMEM array per entry of addend_rows; rows a0 + t of
+  #           addend i (a0 = addend_rows[i]) are added, in f32, to row t of
+  #           the product (its pieces stacked) before it is rounded and
+  #           stored. Read straight into registers in the epilogue: the
+  #           pipeline's shared memory is all taken by its stages.
   # out_gmem: (M, n) GMEM, all of out (aliased, or a fresh (mc, n) output);
   #           (epi_tile_m, epi_tile_n) sub-tiles are TMA-stored at row
   #           offset + tile row.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
+
+  *addend_gmems, out_gmem = rest
 
   dtype = x_gmem.dtype
   out_dtype = out_gmem.dtype
@@ -549,7 +565,9 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc,
             pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
         def _acc_scope(acc_ref):
           eval_pipeline(acc_ref)
-          acc = acc_ref[...].astype(out_dtype)
+          acc = acc_ref[...]
+          if not addend_gmems:
+            acc = acc.astype(out_dtype)
           # The chunk's rows start at a run-time offset inside out: the TMA
           # descriptor spans all of out and takes the offset as a coordinate.
           out_rows = pl.ds(out_row, cta_tile_m)
@@ -563,7 +581,28 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc,
               slot = (epi_mi * (tile_n // epi_tile_n) + epi_ni) % 2
               # Double buffered: wait until at most one store is in flight.
               plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-              out_smem[wg_idx, slot] = acc[epi_m, epi_n]
+              tile = acc[epi_m, epi_n]
+              if addend_gmems:
+                r0 = m_idx * cta_tile_m + epi_mi * epi_tile_m
+                c0 = n_idx * cta_tile_n + epi_ni * epi_tile_n
+                if c.wg_dimension == "m":
+                  r0 = r0 + wg_idx * tile_m
+                else:
+                  c0 = c0 + wg_idx * tile_n
+                for a_gmem, a_row in zip(addend_gmems, addend_rows):
+                  idx = (pl.ds(r0 + a_row, epi_tile_m), pl.ds(c0, epi_tile_n))
+                  if interpreted:
+                    # jax's Mosaic GPU interpreter has no rule for
+                    # plgpu.load; a plain read of the same tile.
+                    a_tile = a_gmem[idx]
+                  else:
+                    # Not "optimized": Mosaic GPU has no tiled transfer
+                    # from GMEM into the wgmma layout, only element-wise
+                    # loads (a plain read would demand the tiled one).
+                    a_tile = plgpu.load(a_gmem, idx, optimized=False)
+                  tile = tile + a_tile.astype(jnp.float32)
+                tile = tile.astype(out_dtype)
+              out_smem[wg_idx, slot] = tile
               plgpu.commit_smem()
               plgpu.copy_smem_to_gmem(out_smem.at[wg_idx, slot],
                                       out_tile.at[epi_m, epi_n])
@@ -584,12 +623,17 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters, mc,
 
 
 def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
-               mosaic_interpret=None, rows=None, out_dtype=None):
+               mosaic_interpret=None, rows=None, out_dtype=None,
+               addends=(), addend_rows=(), fresh_rows=None):
   """The Hopper kernel: for each of the ``len(off) // 2`` pieces ``i`` of
   ``rows / pieces`` rows, ``x[off[P + i]:][:rows / P] @ w`` into rows
   ``off[i]:`` of ``out`` (aliased), or of a fresh ``[rows, n]`` array when
-  ``out`` is None (every tile is written, so nothing needs zeroing first).
-  ``off`` may be a `ByRank` of the same ``2 * pieces`` offsets per rank."""
+  ``out`` is None (every tile is written, so nothing needs zeroing first),
+  or of a fresh ``[fresh_rows, n]`` array (rows no piece covers are left
+  unwritten). ``off`` may be a `ByRank` of the same ``2 * pieces`` offsets
+  per rank. Row ``t`` of the product (pieces stacked) gets
+  ``addends[i][addend_rows[i] + t]`` added for every ``i``, in f32 before
+  rounding."""
   # mosaic_interpret: tests only; jax's Mosaic GPU interpreter params, which
   # run this very kernel on CPU (simulated threads, TMA and wgmma).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
@@ -635,8 +679,16 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   kernel = pl.kernel(
       functools.partial(_mgpu_kernel, config=config,
                         k_iters=k // config.tile_k, mc=mc, pieces=pieces,
-                        rank_table=rank_table),
+                        rank_table=rank_table,
+                        addend_rows=tuple(int(a) for a in addend_rows),
+                        interpreted=bool(mosaic_interpret)),
       out_type=(() if out is not None
+                # A fresh_rows result is written into by later calls (a
+                # Ref), which jax >= 0.11 allows only typed invariant; the
+                # caller restores its type (vma.vary_like).
+                else _out_type((fresh_rows, n), out_dtype, like=(),
+                               invariant=True)
+                if fresh_rows is not None
                 else _out_type((mc, n), out_dtype, like=(x, w, off))),
       mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",),
                       num_threads=3, thread_name="wg"),
@@ -646,11 +698,11 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
       interpret=mosaic_interpret or False,
   )
   if out is None:
-    return kernel(off, x, w)
+    return kernel(off, x, w, *addends)
   # A Ref operand is aliased in and out of the kernel (input_output_aliases
   # after discharge): the kernel writes the chunk's rows of out in place.
   out_ref = jax.new_ref(out)
-  kernel(off, x, w, out_ref)
+  kernel(off, x, w, *addends, out_ref)
   return jax.freeze(out_ref)
 
 
@@ -853,6 +905,32 @@ def _check_int_scalar(label, r) -> None:
         f" shape={getattr(r, 'shape', None)}.")
 
 
+def _static_int(name, v) -> int:
+  if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+    raise TypeError(f"{name} must hold static ints, got {v!r}"
+                    f" ({type(v).__name__}).")
+  return int(v)
+
+
+def _check_addends(addends, addend_rows, rows, n) -> None:
+  """Each addend holds ``rows`` rows of ``n`` columns from its first row."""
+  if len(addend_rows) != len(addends):
+    raise ValueError(f"addend_rows has {len(addend_rows)} entries, addends"
+                     f" {len(addends)}: one per addend.")
+  for i, (a, a0) in enumerate(zip(addends, addend_rows)):
+    shape = getattr(a, "shape", None)
+    if getattr(a, "ndim", None) != 2 or shape[1] != n:
+      raise ValueError(f"addends[{i}].shape={shape} must be 2-D with w's {n}"
+                       " columns.")
+    if jnp.dtype(a.dtype) not in _DTYPES:
+      raise TypeError(f"addends[{i}].dtype={a.dtype} must be one of"
+                      " bfloat16, float16, float32.")
+    if not 0 <= a0 <= shape[0] - rows:
+      raise ValueError(
+          f"addend_rows[{i}]={a0} with the result's {rows} rows must lie in"
+          f" [0, {shape[0] - rows}] (addends[{i}].shape={shape}).")
+
+
 def _check_piece_rows(name, offsets, rows, shape):
   """Each static offset keeps its ``rows`` rows inside ``shape``; traced
   ones must be integer scalars (their range is not checked)."""
@@ -883,6 +961,9 @@ def chunk_matmul_pieces(
     interpret: bool | None = None,
     config: ChunkMatmulConfig | None = None,
     x_zero_padded_k: bool = False,
+    addends: Sequence[jax.Array] = (),
+    addend_rows: Sequence[int] | None = None,
+    fresh_rows: int | None = None,
 ) -> jax.Array:
   """Several row pieces of ``x``, each times ``w``, in one kernel launch.
 
@@ -904,18 +985,35 @@ def chunk_matmul_pieces(
       path, so no tile straddles two pieces).
     w: ``[K, n]``, same dtype as ``x``.
     out: None, or the ``[M_out, n]`` array the pieces are written into.
-    out_rows: with ``out``, the first row of each piece in ``out`` (same
-      rules as ``x_rows``; with a `ByRank` on either side the other holds
-      static ints or a `ByRank` of the same rank); None without ``out``.
+    out_rows: with ``out`` or ``fresh_rows``, the first row of each piece
+      in the result (same rules as ``x_rows``; with a `ByRank` on either
+      side the other holds static ints or a `ByRank` of the same rank);
+      None otherwise (pieces stacked from row 0).
     num_sms, preferred_element_type, interpret, config: as for
       ``chunk_matmul_into`` (with ``out``, ``preferred_element_type`` must be
       None or ``out.dtype``).
     x_zero_padded_k: ``x`` is `pad_k`'s output for a ``w`` of ``K`` rows:
       its columns past ``K`` are zeros (not checked), up to a multiple of 64.
+    addends: arrays of ``n`` columns added to the product, in f32, before
+      it is rounded: row ``t`` of the product (its pieces stacked, before
+      they are placed) gets ``a[a0 + t]`` of each addend ``a``. The
+      reduce-scatter adds the partials pulled from its peers this way, in
+      the kernel's epilogue, instead of in a separate pass.
+    addend_rows: the static first row ``a0`` read from each addend (None:
+      0 for every addend), a multiple of 8 on the Hopper path; so one
+      buffer holding several partials is given once per partial, unsliced.
+    fresh_rows: without ``out``: the rows of the fresh result, the pieces
+      placed at ``out_rows``; rows no piece covers are left **unwritten**
+      (the caller fills them, e.g. with later calls that pass this result
+      as ``out``). None: the pieces stacked, ``len(x_rows) * rows`` rows.
+      On the Hopper path the result is typed invariant over shard_map's
+      axes, as every result written in place is (jax >= 0.11 takes no
+      varying Ref): restore its type with `vma.vary_like` when done.
 
   Returns:
-    ``[len(x_rows) * rows, n]`` of ``preferred_element_type`` (default
-    ``x.dtype``), or ``out`` with the pieces' rows replaced.
+    ``[len(x_rows) * rows, n]`` (or ``[fresh_rows, n]``) of
+    ``preferred_element_type`` (default ``x.dtype``), or ``out`` with the
+    pieces' rows replaced.
   """
   if getattr(x, "ndim", None) != 2 or getattr(w, "ndim", None) != 2:
     raise ValueError(
@@ -929,19 +1027,32 @@ def chunk_matmul_pieces(
       or not 0 < rows <= x.shape[0]):
     raise ValueError(f"rows={rows!r} must be an int in [1, {x.shape[0]}]"
                      f" (x.shape={x.shape}).")
-  if (out is None) != (out_rows is None):
+  if fresh_rows is not None:
+    if out is not None or out_rows is None:
+      raise ValueError("fresh_rows needs out=None and out_rows (where the"
+                       " pieces go in the fresh result).")
+    if (isinstance(fresh_rows, bool) or not isinstance(fresh_rows, int)
+        or fresh_rows < rows):
+      raise ValueError(f"fresh_rows={fresh_rows!r} must be an int of at"
+                       f" least rows={rows}.")
+  elif (out is None) != (out_rows is None):
     raise ValueError("out and out_rows go together: pass both or neither"
                      f" (out is {'None' if out is None else 'given'}).")
-  if out is not None:
+  if out_rows is not None:
     if not isinstance(out_rows, ByRank):
       out_rows = list(out_rows)
     if len(out_rows) != len(x_rows):
       raise ValueError(f"out_rows has {len(out_rows)} entries, x_rows"
                        f" {len(x_rows)}: one per piece.")
+  if out is not None:
     dtype = jnp.dtype(out.dtype)
   else:
     dtype = jnp.dtype(preferred_element_type or x.dtype)
   _check_num_sms(num_sms)
+  addends = list(addends)
+  addend_rows = ([0] * len(addends) if addend_rows is None
+                 else [_static_int("addend_rows", a) for a in addend_rows])
+  _check_addends(addends, addend_rows, len(x_rows) * rows, w.shape[1])
   if x_zero_padded_k:
     k = w.shape[0]
     if x.shape[1] != padded_k(k):
@@ -951,13 +1062,13 @@ def chunk_matmul_pieces(
   n_pieces = len(x_rows)
   piece_type = jax.ShapeDtypeStruct(
       (rows, w.shape[0] if x_zero_padded_k else x.shape[1]), x.dtype)
-  target = (out if out is not None else
-            jax.ShapeDtypeStruct((n_pieces * rows, w.shape[1]), dtype))
+  target = (out if out is not None else jax.ShapeDtypeStruct(
+      (fresh_rows or n_pieces * rows, w.shape[1]), dtype))
   # Shapes and dtypes, as for one piece written at row 0 of the target.
   _check_args(target, piece_type, w, 0, preferred_element_type)
   _check_piece_rows("x_rows", x_rows, rows, x.shape)
-  if out is not None:
-    _check_piece_rows("out_rows", out_rows, rows, out.shape)
+  if out_rows is not None:
+    _check_piece_rows("out_rows", out_rows, rows, target.shape)
   if _resolve_interpret(interpret):
     if x_zero_padded_k:
       x = x[:, :w.shape[0]]
@@ -965,24 +1076,44 @@ def chunk_matmul_pieces(
     if isinstance(out_rows, ByRank):
       out_rows = out_rows.traced()
     pieces = [lax.dynamic_slice_in_dim(x, r, rows, axis=0) for r in x_rows]
-    if out is None:
+    if addends:
+      # As the kernel: the f32 product plus the addends, rounded once.
+      total = chunk_matmul(jnp.concatenate(pieces, 0), w,
+                           preferred_element_type=jnp.float32,
+                           interpret=True)
+      for a, a0 in zip(addends, addend_rows):
+        total = total + a[a0:a0 + total.shape[0]].astype(jnp.float32)
+      total = total.astype(dtype)
+      if out_rows is None:
+        return total
+      if out is None:
+        out = jnp.zeros((fresh_rows, w.shape[1]), dtype)
+      for i, r in enumerate(out_rows):
+        out = lax.dynamic_update_slice_in_dim(
+            out, total[i * rows:(i + 1) * rows], r, axis=0)
+      return out
+    if out is None and out_rows is None:
       return chunk_matmul(jnp.concatenate(pieces, 0), w,
                           preferred_element_type=dtype, interpret=True)
+    if out is None:
+      out = jnp.zeros((fresh_rows, w.shape[1]), dtype)
     for piece, r in zip(pieces, out_rows):
       out = chunk_matmul_into(out, piece, w, r, interpret=True)
     return out
-  for r in (*_static_rows(x_rows), *_static_rows(out_rows or ())):
+  for r in (*_static_rows(x_rows), *_static_rows(out_rows or ()),
+            *addend_rows):
     if isinstance(r, (int, np.integer)) and r % 8:
       raise ValueError(
           f"row offset {r} must be a multiple of 8 on the Hopper path (TMA"
           " transfers of 8-row tiled shared memory).")
   _hopper_offset(0)
-  dest_rows = out_rows if out is not None else [i * rows
-                                                for i in range(n_pieces)]
+  dest_rows = (out_rows if out_rows is not None
+               else [i * rows for i in range(n_pieces)])
   if isinstance(x_rows, ByRank) or isinstance(dest_rows, ByRank):
     off = _by_rank_offsets(dest_rows, x_rows)
   else:
     off = _offsets(dest_rows, x_rows)
   return _mgpu_into(out, x, w, off,
                     num_sms=num_sms, config=config, rows=n_pieces * rows,
-                    out_dtype=dtype)
+                    out_dtype=dtype, addends=addends, addend_rows=addend_rows,
+                    fresh_rows=fresh_rows)
