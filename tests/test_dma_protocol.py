@@ -51,8 +51,8 @@ def _devices(platform):
                 ids=lambda p: "-".join(p))
 def platform(request):
   """The platform, with each issue mode it supports (PROTOCOL.md): the CPU
-  twin's default and the async issuer threads; CUDA's default (parallel)
-  and async issue."""
+  twin's default and the async issuer threads; CUDA's default (async) and
+  parallel issue."""
   name, mode = request.param
   _devices(name)  # Skips where the platform is missing.
   previous = library.set_issue_mode(mode, name)

@@ -330,17 +330,17 @@ def _own_rows_with_pulls(h0, w, st, m, mc, in_flight):
   peer_copy, kw = _dma(st)
   num_chunks = st.schedule.num_chunks
   ends = [([f[1]], f[3]) for f in in_flight]
-  chunks = []
+  out = None  # The result, written chunk by chunk in place.
   for j in range(num_chunks):
     mine = [f for f in in_flight if f[0] == j]
     landings = tuple(f[2] for f in mine)
     # After every start (h0 went through each start's barrier) and, from
     # chunk 1 on, after the previous chunk's kernel: else XLA may wait for
     # these pulls before work that hides them.
-    prev = chunks[-1] if chunks else h0
-    prev, landings = lax.optimization_barrier((prev, landings))
-    if chunks:
-      chunks[-1] = prev
+    if out is None:
+      _, landings = lax.optimization_barrier((h0, landings))
+    else:
+      out, landings = lax.optimization_barrier((out, landings))
     last = j == num_chunks - 1
     pulled = peer_copy.sync([(b, f[3]) for b, f in zip(landings, mine)],
                             ends if last else [], **kw)
@@ -349,13 +349,12 @@ def _own_rows_with_pulls(h0, w, st, m, mc, in_flight):
     rows = [slot * mc for buf in pulled for slot in range(buf.shape[0] // mc)]
     # Each chunk's kernel writes its rows of one [m] result in place (a
     # concatenate would be one more pass over the result).
-    chunks.append(_rows_dot(
-        h0, lambda r, j=j: r * m + j * mc, mc, w, st, addends=addends,
-        addend_rows=rows, out=chunks[-1] if chunks else None,
-        out_row=j * mc, total_rows=m))
+    out = _rows_dot(h0, lambda r, j=j: r * m + j * mc, mc, w, st,
+                    addends=addends, addend_rows=rows, out=out,
+                    out_row=j * mc, total_rows=m)
   # Written in place chunk by chunk, the result is typed invariant (see
   # _mgpu_into's fresh_rows); it varies as h0 and w do.
-  return vma.vary_like(chunks[-1], h0, w)
+  return vma.vary_like(out, h0, w)
 
 
 def _ring_dma(h0, w, st, m, row0, rows, direction, out_dtype, ends):

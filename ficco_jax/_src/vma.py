@@ -25,10 +25,7 @@ def match(ct: jax.Array, like: jax.Array) -> jax.Array:
   extra = varying_axes(ct) - varying_axes(like)
   if extra:
     ct = lax.psum(ct, tuple(sorted(extra)))
-  missing = varying_axes(like) - varying_axes(ct)
-  if missing:
-    ct = lax.pcast(ct, tuple(sorted(missing)), to="varying")
-  return ct
+  return vary_like(ct, like)
 
 
 def vary_like(y: jax.Array, *likes: jax.Array) -> jax.Array:

@@ -230,9 +230,10 @@ class ByRank:
   ``table[r]`` lists the offsets (one per piece) that rank ``r`` uses;
   ``rank`` is the traced rank (``lax.axis_index``). The Hopper kernel
   compiles the table in and reads only the rank at run time: every Pallas
-  call of an op takes the same one-element operand, one expression that
-  XLA's CSE may compute once (not yet checked in compiled HLO), instead of
-  an offsets array per call, each its own tiny kernel launch (4 to 7 per
+  call of an op takes the same one-element operand, which XLA computes once
+  (compiled HLO of a reduce-scatter: one ``partition-id``, one operand for
+  its four kernels; benchmarks/results/h200x4_session12_a), instead of an
+  offsets array per call, each its own tiny kernel launch (4 to 7 per
   reduce-scatter, ~1 us of device and several us of host time each;
   benchmarks/results/h200x4_session11_a, profile).
 
@@ -347,22 +348,23 @@ def _out_type_like(out) -> jax.ShapeDtypeStruct:
   return _out_type(out.shape, out.dtype, like=(out,))
 
 
-def _out_type(shape, dtype, *, like, invariant=False) -> jax.ShapeDtypeStruct:
+def _invariant_out_type(shape, dtype) -> jax.ShapeDtypeStruct:
+  """A result typed as varying over no mesh axis, explicitly (jax >= 0.11
+  under check_vma demands a type): a fresh constant's type, in any jax."""
+  mat = getattr(jax.typeof(jnp.zeros((), jnp.int32)), "manual_axis_type", None)
+  if mat is not None:
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _out_type(shape, dtype, *, like) -> jax.ShapeDtypeStruct:
   # Inside shard_map with check_vma the result varies over the mesh axes that
   # out varies over (jax >= 0.10: manual_axis_type; older: vma). Note that
   # jax 0.10.2's Pallas interpreter rejects even trivial kernels under
   # check_vma=True ("requires varying manual axes to match"), so interpret
   # mode inside shard_map needs check_vma=False; the Hopper kernel does not.
   # ``like``: the operands the result is computed from; it varies over the
-  # axes any of them varies over. ``invariant``: typed as varying over no
-  # axis, explicitly (jax >= 0.11 under check_vma demands a type).
-  if invariant:
-    # The type of a fresh constant: invariant, in any jax version.
-    mat = getattr(jax.typeof(jnp.zeros((), jnp.int32)), "manual_axis_type",
-                  None)
-    if mat is not None:
-      return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
-    return jax.ShapeDtypeStruct(shape, dtype)
+  # axes any of them varies over.
   avals = [jax.typeof(a) for a in like]
   typed = [a for a in avals if getattr(a, "manual_axis_type", None) is not None]
   if typed:
@@ -686,8 +688,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                 # A fresh_rows result is written into by later calls (a
                 # Ref), which jax >= 0.11 allows only typed invariant; the
                 # caller restores its type (vma.vary_like).
-                else _out_type((fresh_rows, n), out_dtype, like=(),
-                               invariant=True)
+                else _invariant_out_type((fresh_rows, n), out_dtype)
                 if fresh_rows is not None
                 else _out_type((mc, n), out_dtype, like=(x, w, off))),
       mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",),
@@ -1076,6 +1077,8 @@ def chunk_matmul_pieces(
     if isinstance(out_rows, ByRank):
       out_rows = out_rows.traced()
     pieces = [lax.dynamic_slice_in_dim(x, r, rows, axis=0) for r in x_rows]
+    if fresh_rows is not None:
+      out = jnp.zeros((fresh_rows, w.shape[1]), dtype)
     if addends:
       # As the kernel: the f32 product plus the addends, rounded once.
       total = chunk_matmul(jnp.concatenate(pieces, 0), w,
@@ -1084,19 +1087,15 @@ def chunk_matmul_pieces(
       for a, a0 in zip(addends, addend_rows):
         total = total + a[a0:a0 + total.shape[0]].astype(jnp.float32)
       total = total.astype(dtype)
-      if out_rows is None:
-        return total
       if out is None:
-        out = jnp.zeros((fresh_rows, w.shape[1]), dtype)
+        return total
       for i, r in enumerate(out_rows):
         out = lax.dynamic_update_slice_in_dim(
             out, total[i * rows:(i + 1) * rows], r, axis=0)
       return out
-    if out is None and out_rows is None:
+    if out is None:
       return chunk_matmul(jnp.concatenate(pieces, 0), w,
                           preferred_element_type=dtype, interpret=True)
-    if out is None:
-      out = jnp.zeros((fresh_rows, w.shape[1]), dtype)
     for piece, r in zip(pieces, out_rows):
       out = chunk_matmul_into(out, piece, w, r, interpret=True)
     return out
