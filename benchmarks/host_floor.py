@@ -98,7 +98,12 @@ def main(argv):
       body, op_fn, in_specs, out_spec, args = _case(op, mesh, w)
       tk = dict(warmup=FLAGS.warmup, rounds=FLAGS.rounds, iters=FLAGS.iters)
       xla = common.jit_shard_map(body, mesh, in_specs, out_spec)
-      rec = {"op": op, "xla": timing.time_jax(xla, [args], **tk), "ficco": {}}
+      # The floor of any 4-device program: dispatch and one element-wise
+      # kernel per device, no collective.
+      trivial = common.jit_shard_map(lambda a, b: a * 2, mesh, in_specs,
+                                     in_specs[0])
+      rec = {"op": op, "xla": timing.time_jax(xla, [args], **tk),
+             "trivial": timing.time_jax(trivial, [args], **tk), "ficco": {}}
       for label in FLAGS.schedules:
         # "label@mode": the schedule under that peer-copy issue mode.
         sched = common.schedule_from_label(label.partition("@")[0])
@@ -118,6 +123,9 @@ def main(argv):
   for rec in results["cases"]:
     x = rec["xla"]["median_ms"]
     lines.append(f"| {rec['op']} | xla | {x:.3f} | 1.00x | | | | | |")
+    tr = rec["trivial"]["median_ms"]
+    lines.append(f"| {rec['op']} | trivial (a * 2) | {tr:.3f} | {x / tr:.2f}x"
+                 " | | | | | |")
     for label, e in rec["ficco"].items():
       t, h = e["time"]["median_ms"], e["host"]
       waits = h["sync_waits"]["per_call"] / max(h["sync"]["per_call"], 1e-9)

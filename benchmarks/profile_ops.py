@@ -62,7 +62,7 @@ def build(op: str, m: int, k: int, n: int, label: str, w: int):
   return fn, args
 
 
-def profile(fn, args, calls: int) -> str:
+def profile(fn, args, calls: int, host_timeline: bool = False) -> str:
   import jax
   for i in range(5):
     out = fn(*args[i % len(args)])
@@ -77,7 +77,8 @@ def profile(fn, args, calls: int) -> str:
     finally:
       # A failed call must not leave the profiler on for the next spec.
       jax.profiler.stop_trace()
-    return profile_summary.summarize(profile_summary.load(tmp), calls=calls)
+    return profile_summary.summarize(profile_summary.load(tmp), calls=calls,
+                                     host_timeline=host_timeline)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -88,6 +89,8 @@ def main():
   p.add_argument("--calls", type=int, default=10)
   p.add_argument("--axis_size", type=int, default=4)
   p.add_argument("--out_dir", default=".")
+  p.add_argument("--host_timeline", action="store_true",
+                 help="End each summary with the last call's host timeline.")
   a = p.parse_args()
   os.makedirs(a.out_dir, exist_ok=True)
   for i, spec in enumerate(a.specs.split(",")):
@@ -95,7 +98,8 @@ def main():
     m, k, n = (int(v) for v in shape.lower().split("x"))
     try:
       fn, args = build(op, m, k, n, label, a.axis_size)
-      text = f"# {spec} ({a.calls} calls)\n" + profile(fn, args, a.calls)
+      text = f"# {spec} ({a.calls} calls)\n" + profile(
+          fn, args, a.calls, a.host_timeline)
     except Exception as e:  # pylint: disable=broad-except
       text = f"# {spec}: FAILED {type(e).__name__}: {str(e)[:800]}"
     print(text, flush=True)

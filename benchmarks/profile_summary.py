@@ -71,8 +71,14 @@ def _short(name: str, n: int = 48) -> str:
 
 
 def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
-              timeline_events: int = 50, host_events: int = 14) -> str:
-  """A text report (see the module docstring)."""
+              timeline_events: int = 50, host_events: int = 14,
+              host_timeline: bool = False) -> str:
+  """A text report (see the module docstring).
+
+  With ``host_timeline``, it ends with the last call's host timeline:
+  every XLA execute thread's events of at least 1 us, nested, in us from
+  that call's dispatch, which shows where one thread waits for another.
+  """
   procs, threads = _names(events)
   gpus = sorted((pid for pid, n in procs.items() if "GPU" in n),
                 key=lambda p: procs[p])
@@ -180,7 +186,37 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
           f"{n} {d / 1e3 / calls:.3f} ({host_count[name][n] / calls:g})"
           for n, d in c.most_common(host_events))
       lines.append(f"  {name}: total {sum(c.values()) / 1e3 / calls:.3f}; {top}")
+  if host_timeline:
+    lines += _host_timeline(procs, threads, by_pid)
   return "\n".join(lines)
+
+
+def _host_timeline(procs, threads, by_pid, depth: int = 7) -> list[str]:
+  """The last call on the host: each execute thread's events, nested."""
+  host = [e for pid, n in procs.items() if "GPU" not in n for e in by_pid[pid]]
+  dispatch = [e for e in host if e["name"].startswith("PjitFunction")]
+  if not dispatch:
+    return ["## host timeline: no PjitFunction event"]
+  t0 = max(e["ts"] for e in dispatch)
+  lines = ["## last call's host timeline (us from its dispatch; dur;"
+           " nested events indented)"]
+  per_thread = collections.defaultdict(list)
+  for e in host:
+    if e["ts"] + e["dur"] >= t0 and e["dur"] >= 1.0:
+      per_thread[(e["pid"], e.get("tid"))].append(e)
+  for key, es in sorted(per_thread.items(), key=lambda kv: str(
+      threads.get(kv[0], kv[0]))):
+    lines.append(f"  thread {threads.get(key, key)}:")
+    es.sort(key=lambda e: (e["ts"], -e["dur"]))
+    ends: list[float] = []
+    for e in es:
+      while ends and ends[-1] <= e["ts"]:
+        ends.pop()
+      if len(ends) < depth:
+        lines.append(f"    {e['ts'] - t0:8.1f} {e['dur']:7.1f} "
+                     + "  " * len(ends) + _short(e["name"], 60))
+      ends.append(e["ts"] + e["dur"])
+  return lines
 
 
 def main():

@@ -145,6 +145,28 @@ def test_step_granularity_starts_once_per_chunk(c):
           < ps.device)
 
 
+@pytest.mark.parametrize("c", [1, 2])
+def test_halving_granularity_sits_between_piece_and_step(c):
+  """On 4 devices "halving" runs 2 dots and 2 starts per chunk (2 + 1
+  peers), against piece's 3 and step's 1: its host time and its pieces
+  lie between theirs, and its last group's pull is hidden by the own rows
+  as piece's is."""
+  rs = _prob("matmul_reduce_scatter")
+  kw = dict(dataflow="direct", num_chunks=c, comm="dma")
+  piece, halving, step = (Schedule(compute_granularity=g, **kw)
+                          for g in ("piece", "halving", "step"))
+  assert [cost_model.dma_ops(rs, s) for s in (piece, halving, step)] == [
+      3 * c, 2 * c, c]
+  params = dataclasses.replace(H200, host_call_s=100e-6, host_op_s=40e-6)
+  pp, ph, ps = (cost_model.predict_uncalibrated(rs, s, params)
+                for s in (piece, halving, step))
+  assert ps.host < ph.host < pp.host
+  assert (pp.pieces, ph.pieces, ps.pieces) == (3 * c + 1, 2 * c + 1, c + 1)
+  # Its widest group (2 peers) pulls at once, on two queues.
+  assert ph.links_used == 2
+  assert cost_model.family(rs.op, halving) == "direct:halving"
+
+
 def test_all_gather_piece_granularity_runs_more_smaller_dots():
   ag = _prob()
   step = Schedule(dataflow="direct", num_chunks=2, comm="dma")
@@ -226,12 +248,15 @@ def test_candidates_are_valid(split, op):
     if s.overlapped:
       plan_lib.gather_plan(s, axis_size=p, shard_rows=split)  # Does not raise.
   # Every chunk count that divides is offered, for every dataflow and engine;
-  # the reduce-scatter's direct dataflow also at step granularity.
+  # the reduce-scatter's direct dataflow also at step and halving
+  # granularity (on 4 devices halving's groups, 2 + 1, are neither).
   valid = [c for c in cost_model.CHUNK_COUNTS if split % c == 0]
-  per_engine = 3 + (op == "matmul_reduce_scatter")
+  per_engine = 3 + 2 * (op == "matmul_reduce_scatter")
   assert len(cands) == 1 + per_engine * 2 * len(valid)
-  steps = [s for s in cands if s.compute_granularity == "step"]
-  assert all(s.dataflow == "direct" for s in steps)
+  for g in ("step", "halving"):
+    grouped = [s for s in cands if s.compute_granularity == g]
+    assert all(s.dataflow == "direct" for s in grouped)
+    assert len(grouped) == (op == "matmul_reduce_scatter") * 2 * len(valid)
 
 
 @pytest.mark.parametrize("rows", [2048, 6144, 3 * 1000, 8191])

@@ -38,6 +38,7 @@ RS = ficco_jax.matmul_reduce_scatter
     (dict(a_shape=(24, 10), w_shape=(10, 8), gather_axis=1), ValueError, r"gather_axis=1 is invalid.*\(6, 10\)"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), axis_name="y"), ValueError, r"axis 'y' is not bound"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(dataflow="ring", num_chunks=4)), ValueError, r"x.shape\[0\].*\(6\) must be divisible by schedule.num_chunks \(4\)"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(compute_granularity="halving")), ValueError, r"compute_granularity='halving' is the reduce-scatter's"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), dtype=np.int32), TypeError, r"x has dtype int32"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule="direct"), TypeError, r"schedule must be a ficco_jax.Schedule"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=0), ValueError, r"timeout_s=0 must be positive"),
@@ -96,6 +97,8 @@ def test_schedule_validation(kwargs, exc, match):
              compute_granularity="piece"),
     Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
              compute_granularity="step", reduce_in_epilogue=True),
+    Schedule(dataflow="direct", num_chunks=1, comm="dma", compute="pallas",
+             compute_granularity="halving"),
 ])
 def test_schedule_label_round_trips(schedule):
   assert Schedule.from_short(schedule.short()) == schedule
@@ -114,6 +117,18 @@ def test_granularity_defaults_per_op():
   assert Schedule(compute="pallas").granularity(ag) == "piece"
   assert Schedule().granularity(rs) == "piece"
   assert Schedule(compute_granularity="step").granularity(rs) == "step"
+
+
+@pytest.mark.parametrize("peers, groups", [
+    (1, (1,)), (2, (1, 1)), (3, (2, 1)), (5, (3, 1, 1)), (6, (3, 2, 1)),
+    (7, (4, 2, 1))])
+def test_peer_groups(peers, groups):
+  rs = "matmul_reduce_scatter"
+  assert ficco_jax.Schedule(compute_granularity="halving").peer_groups(
+      rs, peers + 1) == groups
+  assert Schedule().peer_groups(rs, peers + 1) == (1,) * peers
+  assert Schedule(compute_granularity="step").peer_groups(
+      rs, peers + 1) == (peers,)
 
 
 def test_schedule_is_hashable_and_frozen():

@@ -220,32 +220,50 @@ GRANULAR = [Schedule(dataflow="direct", num_chunks=c, comm=comm,
                     compute_granularity=g)
             for c, comm, g in ((1, "xla", "step"), (3, "xla", "step"),
                                (1, "dma", "step"), (3, "dma", "step"),
-                               (2, "dma", "piece"), (3, "xla", "piece"))]
+                               (2, "dma", "piece"), (3, "xla", "piece"),
+                               (1, "dma", "halving"), (3, "dma", "halving"),
+                               (2, "xla", "halving"))]
 
 
 @pytest.mark.parametrize("schedule", GRANULAR, ids=_ids(GRANULAR))
 def test_compute_granularity_both_ops(schedule):
-  """Both granularities of the direct dataflow, both engines, on 4 devices
+  """Every granularity of the direct dataflow, both engines, on 4 devices
   (a step gathers 3 peers' rows, which wrap around the own block on every
-  rank but the first)."""
+  rank but the first; halving's first group 2 of them)."""
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(12)
   h, w = util.rand(rng, (2, 24, 12), np.float64), util.rand(rng, (12, 5), np.float64)
   out = run_rs(mesh, h, w, scatter_axis=1, schedule=schedule)
   assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)
+  if schedule.compute_granularity == "halving":
+    return  # The reduce-scatter's only (test_errors checks the refusal).
   x, w2 = util.rand(rng, (24, 11), np.float64), util.rand(rng, (11, 20), np.float64)
   out = run_ag(mesh, x, w2, schedule=schedule)
   assert util.rel_err(out, util.ref_all_gather_matmul(x, w2)) < util.tol(np.float64)
 
 
+@pytest.mark.parametrize("comm", ["dma", "xla"])
+def test_halving_granularity_8_devices(comm):
+  """8 devices: halving's groups are 4 + 2 + 1 peers (each group's rows
+  wrap around the own block differently on every rank)."""
+  mesh = util.mesh((8,), ("x",))
+  rng = np.random.default_rng(14)
+  h, w = util.rand(rng, (80, 24), np.float64), util.rand(rng, (24, 7), np.float64)
+  out = run_rs(mesh, h, w, schedule=Schedule(
+      dataflow="direct", num_chunks=2, comm=comm,
+      compute_granularity="halving"))
+  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float64)
+
+
 def test_step_granularity_moves_the_same_bytes_in_fewer_starts():
   """The step reduce-scatter's program has one peer-copy start per chunk
-  (the piece one P - 1), and both give the same result."""
+  (the piece one P - 1, the halving one 2 on 4 devices), and all give the
+  same result."""
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(13)
   h, w = util.rand(rng, (24, 8), np.float32), util.rand(rng, (8, 6), np.float32)
   texts = {}
-  for g in ("step", "piece"):
+  for g in ("step", "piece", "halving"):
     s = Schedule(dataflow="direct", num_chunks=2, comm="dma",
                  compute_granularity=g)
     f = jax.jit(jax.shard_map(
@@ -258,7 +276,7 @@ def test_step_granularity_moves_the_same_bytes_in_fewer_starts():
     texts[g] = f.lower(*args).as_text()
     assert util.rel_err(f(*args), util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
   starts = {g: t.count("ficco_peer_copy_start") for g, t in texts.items()}
-  assert starts == {"step": 2, "piece": 6}, starts
+  assert starts == {"step": 2, "piece": 6, "halving": 4}, starts
 
 
 PALLAS = [Schedule(dataflow=d, num_chunks=c, comm=comm, compute="pallas",
@@ -281,6 +299,11 @@ PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm=comm,
                     reduce_in_epilogue=True)
            for c, comm, g in ((1, "dma", None), (3, "dma", None),
                               (2, "dma", "step"), (2, "xla", None))]
+# The reduce-scatter's halving granularity: two launches per chunk on 4
+# devices, for 2 peers' wrapped rows, then 1 (the all-gather refuses it).
+PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm="dma",
+                    compute="pallas", compute_granularity="halving")
+           for c in (1, 3)]
 
 
 @pytest.mark.parametrize("schedule", PALLAS, ids=_ids(PALLAS))
@@ -300,8 +323,9 @@ def test_pallas_compute(schedule):
   else:
     dtype, (m, k, n) = np.float32, (6, 10, 7)
   x, w = util.rand(rng, (4 * m, k), dtype), util.rand(rng, (k, 4 * n), dtype)
-  out = run_ag(mesh, x, w, schedule=schedule, check_vma=util.on_gpu())
-  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(dtype)
+  if schedule.compute_granularity != "halving":
+    out = run_ag(mesh, x, w, schedule=schedule, check_vma=util.on_gpu())
+    assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(dtype)
   h, w2 = util.rand(rng, (4 * m, 4 * n), dtype), util.rand(rng, (4 * n, k), dtype)
   out = run_rs(mesh, h, w2, schedule=schedule, check_vma=util.on_gpu())
   assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w2)) < util.tol(dtype)

@@ -131,6 +131,13 @@ def _static(op, axis_name, axis_size, schedule, precision,
             preferred_element_type, timeout_s):
   if not timeout_s > 0:
     raise ValueError(f"{timeout_s=} must be positive.")
+  if (op == "all_gather_matmul"
+      and schedule.compute_granularity == "halving"):
+    # The all-gather waits for a step's pieces in one landing buffer, so
+    # smaller groups would only mean more dots.
+    raise ValueError(
+        "schedule.compute_granularity='halving' is the reduce-scatter's;"
+        " all_gather_matmul takes 'piece', 'step' or None.")
   pet = (None if preferred_element_type is None
          else np.dtype(preferred_element_type))
   return Static(axis_name=axis_name, axis_size=axis_size, schedule=schedule,
@@ -144,6 +151,10 @@ def _backward_static(st: Static, op: str) -> Static:
   # Hopper kernels do not take, so the backward matmuls are XLA dots; they
   # keep the forward schedule's dataflow, chunks and comm engine.
   schedule = dataclasses.replace(st.schedule, compute="xla", num_sms=None)
+  if op == "all_gather_matmul" and schedule.compute_granularity == "halving":
+    # A reduce-scatter's "halving" has no all-gather form (see _static):
+    # its gradient's gather runs at the all-gather's default granularity.
+    schedule = dataclasses.replace(schedule, compute_granularity=None)
   return dataclasses.replace(st, schedule=schedule, op_name=op,
                              preferred_element_type=None)
 

@@ -346,9 +346,10 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   time, one queue) while the next is multiplied; the own rows' dot hides the
   last pull, then one pass sums them. direct with ``compute_granularity=
   "step"``: per chunk one dot of the ``P - 1`` peers' rows (after copying
-  them together, with XLA's dot), then all peers pull their slot at once, sharing the
-  receive bandwidth of ``P - 1`` peers. A dot is ``1 + alpha`` slower for
-  as long as a transfer is in flight.
+  them together, with XLA's dot), then all peers pull their slot at once,
+  sharing the receive bandwidth of ``P - 1`` peers; ``"halving"``: the
+  same per peer group (`Schedule.peer_groups`). A dot is ``1 + alpha``
+  slower for as long as a transfer is in flight.
   """
   p, c = prob.axis_size, sched.num_chunks
   mc = prob.split / c
@@ -383,32 +384,31 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
     # Summing landed partials into the result: one pass over them.
     state["t"] += rows * out_row_bytes * (parts + 1) / params.hbm_bw
 
-  if direct and sched.granularity(prob.op) == "step":
+  if direct:
+    # Per chunk, one dot per peer group (`Schedule.peer_groups`: one peer
+    # each by default, all P - 1 with "step"), then the group's peers pull
+    # their slots. One peer: one queue, each step a permutation, one pull
+    # after another. Several (comm='dma'): each on its own queue at once,
+    # sharing this rank's receive bandwidth; with comm='xla' one ppermute
+    # per peer, one after another.
     k_row_bytes = prob.rows * prob.k * prob.itemsize
-    if sched.comm == "dma":
-      links, bw = p - 1, params.receive(p - 1)
+    groups = sched.peer_groups(prob.op, p)
+    widest = max(groups, default=1)
+    if sched.comm == "dma" and widest > 1:
+      links, bw = widest, params.receive(widest)
     for _ in range(c):
-      if sched.compute != "pallas":
-        # XLA's dot: the peers' rows copied into one operand first (the
-        # Pallas kernel reads them in place).
-        state["t"] += (p - 1) * mc * k_row_bytes * 2 / params.hbm_bw
-      dot((p - 1) * mc)
-      if sched.comm == "dma":
-        # Every peer pulls its slot at once.
-        send(mc, max(state["t"], state["comm_end"]), peers=p - 1)
-      else:
-        for _ in range(p - 1):
-          send(mc, max(state["t"], state["comm_end"]))
-    dot(prob.split)
-    state["t"] = max(state["t"], state["comm_end"])
-    add(prob.split, p - 1)
-  elif direct:
-    # One queue: the steps' pulls run one after another, each a permutation.
-    for _ in range(c):
-      for _ in range(p - 1):
-        dot(mc)
-        send(mc, max(state["t"], state["comm_end"]))
-    dot(prob.split)  # The own rows, hiding the last pull.
+      for g in groups:
+        if g > 1 and sched.compute != "pallas":
+          # XLA's dot: the group's rows copied into one operand first (the
+          # Pallas kernel reads them in place).
+          state["t"] += g * mc * k_row_bytes * 2 / params.hbm_bw
+        dot(g * mc)
+        if sched.comm == "dma":
+          send(mc, max(state["t"], state["comm_end"]), peers=g)
+        else:
+          for _ in range(g):
+            send(mc, max(state["t"], state["comm_end"]))
+    dot(prob.split)  # The own rows, hiding the last pulls.
     state["t"] = max(state["t"], state["comm_end"])
     add(prob.split, p - 1)
   else:
@@ -429,9 +429,10 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
   """Copy-engine ops (start / wait / done) a comm='dma' schedule runs.
 
   The all-gather issues its whole plan in one start. The reduce-scatter
-  starts once per partial sent (direct: ``P - 1`` per chunk; one per chunk
-  with ``compute_granularity="step"``) or per ring hop (``P - 1`` per chunk
-  and ring, two rings for bidirectional, one when a chunk has a single row).
+  starts once per peer group of a chunk (direct: ``P - 1`` per chunk; one
+  with ``compute_granularity="step"``; ``ceil(log2 P)`` with
+  ``"halving"``) or per ring hop (``P - 1`` per chunk and ring, two rings
+  for bidirectional, one when a chunk has a single row).
   """
   if schedule.comm != "dma" or not schedule.overlapped or prob.axis_size < 2:
     return 0
@@ -439,7 +440,7 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
     return 1
   c, p = schedule.num_chunks, prob.axis_size
   if schedule.dataflow == "direct":
-    return c if schedule.granularity(prob.op) == "step" else c * (p - 1)
+    return c * len(schedule.peer_groups(prob.op, p))
   rings = 2 if (schedule.dataflow == "bidirectional"
                 and prob.split // c >= 2) else 1
   return c * rings * (p - 1)
@@ -522,9 +523,10 @@ def candidates(prob: Problem, comms: tuple[str, ...]) -> tuple[
   """``"none"`` and every overlapped dataflow x chunk count x comm that is valid.
 
   A chunk count is valid when it divides ``prob.split`` (the dimension the
-  op cuts into pieces). The reduce-scatter's direct dataflow comes at both
-  compute granularities (the default ``"piece"`` and ``"step"``, which
-  trades overlap for fewer copy-engine starts); the all-gather's only at
+  op cuts into pieces). The reduce-scatter's direct dataflow comes at every
+  compute granularity (the default ``"piece"``; ``"step"``, which trades
+  overlap for fewer copy-engine starts; and ``"halving"``, between them,
+  where it differs from both: from 4 devices on); the all-gather's only at
   its default, one dot per step, which never issues more copy-engine ops.
   """
   out = [schedule_lib.NO_OVERLAP]
@@ -540,6 +542,10 @@ def candidates(prob: Problem, comms: tuple[str, ...]) -> tuple[
               out.append(schedule_lib.Schedule(
                   dataflow=dataflow, num_chunks=c, comm=comm,
                   compute_granularity="step"))
+              if prob.axis_size > 3:  # Else the same groups as "piece".
+                out.append(schedule_lib.Schedule(
+                    dataflow=dataflow, num_chunks=c, comm=comm,
+                    compute_granularity="halving"))
   return tuple(out)
 
 

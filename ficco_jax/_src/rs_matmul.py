@@ -148,15 +148,10 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
       # Partials for peers first, so their transfers start while this rank
       # multiplies its own rows.
       received = []
-      if schedule.granularity(st.op_name) == "step":
-        parts = _peers_dot(h0, w, st, m, row0, mc)
-        for shift in range(1, p):
-          part = lax.slice_in_dim(parts, (shift - 1) * mc, shift * mc)
-          received.append(_send(part, st.axis_name, shift, p))
-      else:
-        for shift in range(1, p):
-          part = _rows_dot(
-              h0, lambda r, shift=shift: (r + shift) % p * m + row0, mc, w, st)
+      for shifts in _shift_groups(st):
+        parts = _peers_dot(h0, w, st, m, row0, mc, shifts)
+        for i, shift in enumerate(shifts):
+          part = lax.slice_in_dim(parts, i * mc, (i + 1) * mc)
           received.append(_send(part, st.axis_name, shift, p))
       if schedule.reduce_in_epilogue:
         chunks.append(_rows_dot(h0, lambda r: r * m + row0, mc, w, st,
@@ -193,8 +188,9 @@ def _pull_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
 
   Every rank does the same at once, so the plan's transfers form a
   permutation: each device sends one piece and receives one, over one link.
-  The direct dataflow pulls a peer's partial for r's rows with it; a ring
-  hop (shift = its direction) pulls the neighbour's running sum.
+  A ring hop (shift = its direction) pulls the neighbour's running sum with
+  it (the direct dataflow's one-peer groups, `_group_plan`, are the same
+  plan).
   """
   transfer = plan_lib.Transfer(dst=0, dst_row=0, src_offset=(-shift) % p,
                                src=0, src_row=0, rows=rows, stream=0)
@@ -202,33 +198,45 @@ def _pull_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
                              transfers=(transfer,), blocks=(), num_streams=1)
 
 
-def _peers_dot(h0, w, st: ag_matmul.Static, m, row0, rows):
-  """One step's partials: rows ``[row0, row0 + rows)`` of the blocks of ranks
-  ``r + 1 .. r + P - 1`` times ``w``, stacked in that order (the blocks wrap
-  around this rank's own, so they are not contiguous in ``h0``)."""
+def _shift_groups(st: ag_matmul.Static) -> list[tuple[int, ...]]:
+  """The direct dataflow's shifts ``1 .. P - 1`` (rank r's partial for rank
+  r + s), cut into the schedule's peer groups: one dot and one hand-over
+  per group (`Schedule.peer_groups`)."""
+  out, s0 = [], 1
+  for g in st.schedule.peer_groups(st.op_name, st.axis_size):
+    out.append(tuple(range(s0, s0 + g)))
+    s0 += g
+  return out
+
+
+def _peers_dot(h0, w, st: ag_matmul.Static, m, row0, rows, shifts):
+  """One group's partials: rows ``[row0, row0 + rows)`` of the blocks of
+  ranks ``r + s``, ``s`` in ``shifts``, times ``w``, stacked in that order
+  (the blocks may wrap around this rank's own, so they need not be
+  contiguous in ``h0``)."""
   p = st.axis_size
   return _pieces_dot(
-      h0, lambda r: [(r + s) % p * m + row0 for s in range(1, p)], rows, w, st)
+      h0, lambda r: [(r + s) % p * m + row0 for s in shifts], rows, w, st)
 
 
-def _step_plan(p: int, rows: int) -> plan_lib.GatherPlan:
-  """Rank r pulls slot ``s - 1`` of rank ``r - s``'s step buffer, every s.
+def _group_plan(p: int, rows: int, shifts) -> plan_lib.GatherPlan:
+  """Rank r pulls slot ``i`` of rank ``r - shifts[i]``'s group buffer.
 
-  A step buffer holds the partials of one chunk for ranks ``q + 1 .. q + P -
-  1`` of its owner q, ``rows`` rows each, in that order, so the slot a
-  puller reads depends only on the shift. One copy queue per peer: every
-  device pulls from all P - 1 peers at once, as the all-gather's direct
-  plan does.
+  A group buffer holds one chunk's partials for ranks ``q + s``, ``s`` in
+  ``shifts``, of its owner q, ``rows`` rows each, in that order, so the
+  slot a puller reads depends only on the shift. One copy queue per shift:
+  every device pulls from all the group's peers at once, as the
+  all-gather's direct plan does. A one-shift group is a permutation: each
+  device sends one piece and receives one, over one link.
   """
   transfers = tuple(
-      plan_lib.Transfer(dst=0, dst_row=(s - 1) * rows, src_offset=(-s) % p,
-                        src=0, src_row=(s - 1) * rows, rows=rows,
-                        stream=s - 1)
-      for s in range(1, p))
-  return plan_lib.GatherPlan(axis_size=p, shard_rows=(p - 1) * rows,
-                             landing_rows=((p - 1) * rows,),
+      plan_lib.Transfer(dst=0, dst_row=i * rows, src_offset=(-s) % p,
+                        src=0, src_row=i * rows, rows=rows, stream=i)
+      for i, s in enumerate(shifts))
+  return plan_lib.GatherPlan(axis_size=p, shard_rows=len(shifts) * rows,
+                             landing_rows=(len(shifts) * rows,),
                              transfers=transfers, blocks=(),
-                             num_streams=p - 1)
+                             num_streams=len(shifts))
 
 
 def _dma(st):
@@ -253,9 +261,10 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
   one dot and one start (every peer pulls its slot at once, on its own
   queue): ``num_chunks`` starts instead of ``num_chunks (P - 1)``, for ops
   whose host time shows, while each chunk's partials leave only once all of
-  them are computed. XLA's dot reads the peers' rows gathered into one
-  operand (a copy of ``(P - 1) m / num_chunks`` rows of ``h0`` per chunk);
-  the Pallas kernel reads them in place.
+  them are computed. ``"halving"`` sits between: one dot and one start per
+  peer group (`Schedule.peer_groups`), whose pulls overlap the later
+  groups' dots. XLA's dot reads a group's rows gathered into one operand (a
+  copy of them per group); the Pallas kernel reads them in place.
 
   Live buffers until the end: the (P - 1) partials for peers and the (P - 1)
   landing buffers, ``2 (P - 1) m`` rows of the output row size, against the
@@ -265,9 +274,8 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
   peer_copy, kw = _dma(st)
   p = st.axis_size
   num_chunks = st.schedule.num_chunks
-  step = st.schedule.granularity(st.op_name) == "step"
-  plans = ({0: _step_plan(p, mc)} if step
-           else {s: _pull_plan(p, mc, s) for s in range(1, p)})
+  groups = _shift_groups(st)
+  plans = [_group_plan(p, mc, shifts) for shifts in groups]
   in_flight = []  # (chunk, part, landing, site) in issue order.
 
   def hand_over(j, part, plan):
@@ -280,16 +288,12 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
     in_flight.append((j, part, landing, site))
 
   for j in range(num_chunks):
-    if step:
-      # One dot for the chunk's rows of every peer, one start for all their
-      # pulls: P - 1 times fewer host rendezvous than piece by piece.
-      part = _peers_dot(h0, w, st, m, j * mc, mc)
-      hand_over(j, part.astype(out_dtype), plans[0])
-      continue
-    for s in range(1, p):
-      part = _rows_dot(h0, lambda r, s=s, j=j: (r + s) % p * m + j * mc, mc,
-                       w, st)
-      hand_over(j, part.astype(out_dtype), plans[s])
+    for shifts, plan in zip(groups, plans):
+      # One dot for the chunk's rows of the group's peers, one start for
+      # all their pulls (a step's group is every peer: P - 1 times fewer
+      # host rendezvous than piece by piece).
+      part = _peers_dot(h0, w, st, m, j * mc, mc, shifts)
+      hand_over(j, part.astype(out_dtype), plan)
   if st.schedule.reduce_in_epilogue:
     return _own_rows_with_pulls(h0, w, st, m, mc, in_flight)
   own = _rows_dot(h0, lambda r: r * m, m, w, st)
@@ -310,7 +314,7 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
     for f, buf in zip(in_flight, pulled):
       if f[0] != j:
         continue
-      # A step's landing buffer holds one slot per peer.
+      # A group's landing buffer holds one slot per peer of the group.
       for slot in range(buf.shape[0] // mc):
         acc = acc + buf[slot * mc:(slot + 1) * mc].astype(acc_dtype)
     chunks.append(acc.astype(out_dtype))
@@ -344,7 +348,7 @@ def _own_rows_with_pulls(h0, w, st, m, mc, in_flight):
     last = j == num_chunks - 1
     pulled = peer_copy.sync([(b, f[3]) for b, f in zip(landings, mine)],
                             ends if last else [], **kw)
-    # A step's landing buffer holds one partial per peer, mc rows each.
+    # A group's landing buffer holds one partial per peer, mc rows each.
     addends = [buf for buf in pulled for _ in range(buf.shape[0] // mc)]
     rows = [slot * mc for buf in pulled for slot in range(buf.shape[0] // mc)]
     # Each chunk's kernel writes its rows of one [m] result in place (a

@@ -8,12 +8,12 @@ from typing import Literal
 Dataflow = Literal["none", "ring", "bidirectional", "direct"]
 Comm = Literal["xla", "dma"]
 Compute = Literal["xla", "pallas"]
-Granularity = Literal["piece", "step"]
+Granularity = Literal["piece", "step", "halving"]
 
 DATAFLOWS: tuple[str, ...] = ("none", "ring", "bidirectional", "direct")
 COMMS: tuple[str, ...] = ("xla", "dma")
 COMPUTES: tuple[str, ...] = ("xla", "pallas")
-GRANULARITIES: tuple[str, ...] = ("piece", "step")
+GRANULARITIES: tuple[str, ...] = ("piece", "step", "halving")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,6 +66,15 @@ class Schedule:
         ``compute="pallas"`` reads (reduce-scatter) or writes (all-gather)
         every piece of the step in place, in one kernel launch; XLA's dot
         needs the reduce-scatter's peer rows copied together first.
+      * ``"halving"`` (reduce-scatter only): between the two, for ops whose
+        host time shows but whose transfers still need hiding. Each chunk's
+        peers are taken in groups that halve (`halving_groups`: 2 + 1 of
+        the 3 peers of 4 devices, 4 + 2 + 1 of 7): one dot and one
+        copy-engine start per group, so ``ceil(log2 P)`` per chunk instead
+        of ``P - 1``, while each group's pulls overlap the later groups'
+        dots and the own rows'. On 4 devices that is one host round trip
+        and one kernel launch fewer per chunk than ``"piece"``, at the price
+        of the first group's pulls starting one piece's dot later.
       * None: each op's own default: the all-gather ``"step"`` with
         ``compute="xla"`` and ``"piece"`` with ``compute="pallas"``; the
         reduce-scatter ``"piece"``.
@@ -141,6 +150,20 @@ class Schedule:
       return "step"
     return "piece"
 
+  def peer_groups(self, op: str, axis_size: int) -> tuple[int, ...]:
+    """How many peers each dot of a direct step covers, in issue order.
+
+    ``(1,) * (P - 1)`` for ``"piece"``, ``(P - 1,)`` for ``"step"``,
+    `halving_groups` for ``"halving"``.
+    """
+    peers = axis_size - 1
+    g = self.granularity(op)
+    if g == "step":
+      return (peers,) if peers else ()
+    if g == "halving":
+      return halving_groups(peers)
+    return (1,) * peers
+
   def short(self) -> str:
     """A compact label, e.g. ``direct/c4/dma/xla`` (`from_short` reads it)."""
     s = f"{self.dataflow}/c{self.num_chunks}/{self.comm}/{self.compute}"
@@ -184,9 +207,25 @@ class Schedule:
     except ValueError as e:
       raise ValueError(
           f"label={label!r} is not a schedule label"
-          " (dataflow/cN[/comm[/compute[/smK][/piece|step][/epi]]]):"
+          " (dataflow/cN[/comm[/compute[/smK][/piece|step|halving][/epi]]]):"
           f" {e}") from e
     return cls(**kw)
+
+
+def halving_groups(peers: int) -> tuple[int, ...]:
+  """Group sizes of ``compute_granularity="halving"``: half of the peers
+  (rounded up), then half of the rest, ..., down to one.
+
+  The last group is one peer, so the own rows' dot, one piece long, hides
+  its pull as it does piece by piece; every earlier group's pulls overlap
+  all the dots after it. ``halving_groups(3) == (2, 1)``,
+  ``halving_groups(7) == (4, 2, 1)``.
+  """
+  out = []
+  while peers > 0:
+    out.append((peers + 1) // 2)
+    peers -= out[-1]
+  return tuple(out)
 
 
 NO_OVERLAP = Schedule(dataflow="none", num_chunks=1, comm="xla", compute="xla")
