@@ -183,21 +183,6 @@ def forward(h0: jax.Array, w: jax.Array, st: ag_matmul.Static) -> jax.Array:
 # --------------------------------------------------------------------------
 
 
-def _pull_plan(p: int, rows: int, shift: int) -> plan_lib.GatherPlan:
-  """Rank r pulls ``rows`` rows of source 0 of rank r - shift.
-
-  Every rank does the same at once, so the plan's transfers form a
-  permutation: each device sends one piece and receives one, over one link.
-  A ring hop (shift = its direction) pulls the neighbour's running sum with
-  it (the direct dataflow's one-peer groups, `_group_plan`, are the same
-  plan).
-  """
-  transfer = plan_lib.Transfer(dst=0, dst_row=0, src_offset=(-shift) % p,
-                               src=0, src_row=0, rows=rows, stream=0)
-  return plan_lib.GatherPlan(axis_size=p, shard_rows=rows, landing_rows=(rows,),
-                             transfers=(transfer,), blocks=(), num_streams=1)
-
-
 def _shift_groups(st: ag_matmul.Static) -> list[tuple[int, ...]]:
   """The direct dataflow's shifts ``1 .. P - 1`` (rank r's partial for rank
   r + s), cut into the schedule's peer groups: one dot and one hand-over
@@ -227,7 +212,8 @@ def _group_plan(p: int, rows: int, shifts) -> plan_lib.GatherPlan:
   slot a puller reads depends only on the shift. One copy queue per shift:
   every device pulls from all the group's peers at once, as the
   all-gather's direct plan does. A one-shift group is a permutation: each
-  device sends one piece and receives one, over one link.
+  device sends one piece and receives one, over one link (a ring hop's
+  plan, with shift = its direction).
   """
   transfers = tuple(
       plan_lib.Transfer(dst=0, dst_row=i * rows, src_offset=(-s) % p,
@@ -374,7 +360,8 @@ def _ring_dma(h0, w, st, m, row0, rows, direction, out_dtype, ends):
   """
   peer_copy, kw = _dma(st)
   p = st.axis_size
-  gplan = _pull_plan(p, rows, direction)
+  # Rank r pulls the running sum of rank r - direction: a one-peer group.
+  gplan = _group_plan(p, rows, (direction,))
   # Rank r's block at `step`; r is an int or the traced rank (_pieces_dot).
   row_of = lambda step: (
       lambda r: (r - direction * (1 + step)) % p * m + row0)
