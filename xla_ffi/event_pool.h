@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "spin_mutex.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ficco {
@@ -20,7 +21,7 @@ class EventPools {
   template <class Create>
   xla::ffi::ErrorOr<Event*> Acquire(int32_t device, Create create) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<SpinMutex> lock(mu_);
       Pool& pool = pools_[device];
       if (!pool.free.empty()) {
         Event* e = pool.free.back();
@@ -30,19 +31,19 @@ class EventPools {
     }
     xla::ffi::ErrorOr<Event*> e = create(device);
     if (e.has_value()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<SpinMutex> lock(mu_);
       pools_[device].created++;
     }
     return e;
   }
 
   void Release(int32_t device, Event* e) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     pools_[device].free.push_back(e);
   }
 
   void Counts(int32_t device, int64_t* created, int64_t* pooled) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     auto it = pools_.find(device);
     *created = it == pools_.end() ? 0 : it->second.created;
     *pooled = it == pools_.end() ? 0 : static_cast<int64_t>(it->second.free.size());
@@ -53,7 +54,7 @@ class EventPools {
     std::vector<Event*> free;
     int64_t created = 0;
   };
-  std::mutex mu_;
+  SpinMutex mu_;  // Short sections, taken by every device's threads.
   std::unordered_map<int32_t, Pool> pools_;
 };
 

@@ -65,6 +65,10 @@ inline constexpr std::chrono::microseconds kIssuerSpin{500};
 // 25.5 us on 4xH200: benchmarks/results/h200x4_session10_a).
 template <class Backend>
 TaskThread& IssuerOf(int32_t device) {
+  // A per-thread memo first: every async start looks its issuer up, and the
+  // four devices' threads would contend for the lock below.
+  thread_local std::map<int32_t, TaskThread*> memo;
+  if (auto it = memo.find(device); it != memo.end()) return *it->second;
   static std::mutex* mu = new std::mutex();
   static auto* issuers = new std::map<int32_t, TaskThread*>();
   std::lock_guard<std::mutex> lock(*mu);
@@ -73,6 +77,7 @@ TaskThread& IssuerOf(int32_t device) {
     q = new TaskThread(kIssuerSpin);
     q->Push([device] { Backend::BindIssuer(device); });
   }
+  memo.emplace(device, q);
   return *q;
 }
 

@@ -196,7 +196,7 @@ ffi::Error IssueRank(Backend& backend,
         if (plan.transfers[j].dst == forwarded) need = j + 1;
       }
       {
-        std::unique_lock<std::mutex> lock(inv->mu);
+        std::unique_lock<std::mutex> lock(inv->mu, std::defer_lock);
         if (!SpinThenWait(lock, inv->cv, deadline, [&] {
               return inv->recorded[peer_rank] >= need || inv->failed();
             }) || inv->failed()) {
@@ -257,7 +257,7 @@ ffi::Error StartParallel(Backend& backend,
     registry.Forget(key, inv.get());
     inv->cv.notify_all();
   } else {
-    std::unique_lock<std::mutex> lock(inv->mu);
+    std::unique_lock<std::mutex> lock(inv->mu, std::defer_lock);
     if (!SpinThenWait(lock, inv->cv, DeadlineAfter(timeout_ms), [&] {
           return inv->arrived == p || inv->failed();
         }) || inv->failed()) {
@@ -566,7 +566,7 @@ template <class Backend, class Ready>
 ffi::Error AwaitInvocation(const Found<Backend>& f, int32_t device,
                            int64_t timeout_ms, Ready ready) {
   auto& inv = *f.inv;
-  std::unique_lock<std::mutex> lock(inv.mu);
+  std::unique_lock<std::mutex> lock(inv.mu, std::defer_lock);
   SpinThenWait(lock, inv.cv, DeadlineAfter(timeout_ms),
                [&] { return ready(inv) || inv.failed(); });
   if (ready(inv) && !inv.failed()) return ffi::Error::Success();
@@ -580,7 +580,7 @@ template <class Backend>
 ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
                        int64_t timeout_ms) {
   return AwaitInvocation(f, device, timeout_ms,
-                         [](const auto& inv) { return inv.issued; });
+                         [](const auto& inv) { return inv.issued.load(); });
 }
 
 // The buffers of one ficco_peer_copy_sync call, checked against its

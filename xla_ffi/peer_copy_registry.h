@@ -29,28 +29,42 @@
 #include <vector>
 
 #include "peer_copy_plan.h"
+#include "spin_mutex.h"
 
 namespace ficco {
 
 using Clock = std::chrono::steady_clock;
 
-// Waits for `pred` under `lock`, spinning (with yields) for a short while
-// before sleeping on `cv`. The CUDA handlers hand off to each other several
-// times per op (rendezvous, ring forwarding, issue complete); a sleeping
-// thread takes tens of microseconds to wake, which made sub-millisecond ops
-// host-bound. The spin is bounded, so an absent peer still costs no more
-// than a short burst of CPU before the thread sleeps until the deadline.
+// Waits until `pred` holds, spinning (with yields) for a short while before
+// sleeping on `cv`; returns with `lock` held, whether it was held on entry or
+// not. The CUDA handlers hand off to each other several times per op
+// (rendezvous, ring forwarding, issue complete); a sleeping thread takes tens
+// of microseconds to wake, which made sub-millisecond ops host-bound. The
+// spin is bounded, so an absent peer still costs no more than a short burst
+// of CPU before the thread sleeps until the deadline.
+//
+// The spin reads `pred` WITHOUT the lock, so `pred` may read only atomics
+// (Invocation's `arrived`, `issued`, `recorded`, `failed()`): up to eight
+// threads spin on one invocation at a time (four issuers in its rendezvous,
+// four syncs awaiting its issue), and when each took the mutex on every
+// turn, the starts that publish under it and the issuers that mark it issued
+// queued behind them, parking in futex waits of tens of microseconds.
+// Writers still update those fields under the mutex, so the sleeping phase
+// (which re-checks `pred` under it) cannot miss a wake-up.
 template <class Pred>
 bool SpinThenWait(std::unique_lock<std::mutex>& lock,
                   std::condition_variable& cv, Clock::time_point deadline,
                   Pred pred) {
+  if (lock.owns_lock()) lock.unlock();
   const auto spin_until = Clock::now() + std::chrono::microseconds(300);
   while (!pred()) {
-    if (Clock::now() >= spin_until) return cv.wait_until(lock, deadline, pred);
-    lock.unlock();
+    if (Clock::now() >= spin_until) {
+      lock.lock();
+      return cv.wait_until(lock, deadline, pred);
+    }
     std::this_thread::yield();
-    lock.lock();
   }
+  lock.lock();
   return true;
 }
 
@@ -139,7 +153,9 @@ struct Invocation {
 
   Invocation(Key key, std::shared_ptr<const Plan> plan, int64_t row_bytes)
       : key(key), plan(std::move(plan)), row_bytes(row_bytes),
-        ranks(this->plan->axis_size), recorded(this->plan->axis_size, 0) {
+        ranks(this->plan->axis_size),
+        recorded(new std::atomic<int64_t>[this->plan->axis_size]) {
+    for (int64_t r = 0; r < this->plan->axis_size; ++r) recorded[r].store(0);
     live.fetch_add(1);
   }
   ~Invocation() {
@@ -186,16 +202,18 @@ struct Invocation {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Rank> ranks;
-  int64_t arrived = 0;
+  // `arrived`, `issued` and `recorded` are written under `mu` (for `cv`) and
+  // are atomic so that SpinThenWait may poll them without it.
+  std::atomic<int64_t> arrived{0};
   int64_t left = 0;
   // Every rank's copies and events are issued (by the last rank to arrive,
   // or, with parallel or async issue (issuer.h), by each rank for the copies
   // it receives; `issued` is then set by the last rank to finish).
-  bool issued = false;
+  std::atomic<bool> issued{false};
   // Parallel and async issue only: per rank, how many of its transfers have
   // their arrival events recorded (ring forwarding waits on these), and how
   // many ranks have issued everything.
-  std::vector<int64_t> recorded;
+  std::unique_ptr<std::atomic<int64_t>[]> recorded;
   int64_t issued_ranks = 0;
   // Run once issued, or once a rank gave up (CPU waits that block no
   // thread; they check failed()).
@@ -231,7 +249,7 @@ class Registry {
   // seq of a start: how many starts of `site` this device ran before in this
   // execution. A scan runs one site many times under one run id.
   int64_t NextSeq(int32_t device, int64_t run_id, int64_t site) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     auto& runs = seqs_[device];
     auto it = std::find_if(runs.begin(), runs.end(),
                            [&](const auto& r) { return r.first == run_id; });
@@ -250,7 +268,7 @@ class Registry {
   std::shared_ptr<Inv> FindOrCreate(const Key& key,
                                     const std::shared_ptr<const Plan>& plan,
                                     int64_t row_bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     auto it = pending_.find(key);
     if (it != pending_.end()) return it->second;
     SweepLocked();
@@ -262,7 +280,7 @@ class Registry {
   // Drops `key` from the rendezvous once every rank arrived, or once every
   // rank that arrived at an abandoned invocation has left.
   void Forget(const Key& key, const Inv* inv) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     auto it = pending_.find(key);
     if (it != pending_.end() && it->second.get() == inv) pending_.erase(it);
   }
@@ -271,7 +289,7 @@ class Registry {
   // done by the address of sources[0].
   void Register(int32_t device, int64_t run_id,
                 const std::shared_ptr<Inv>& inv, int64_t rank) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     const auto& r = inv->ranks[rank];
     for (size_t b = 0; b < r.landings.size(); ++b) {
       waits_[{device, run_id, Addr(r.landings[b])}].push_back(
@@ -284,7 +302,7 @@ class Registry {
   // buffer `b` is at `address`; removes it.
   bool TakeWait(int32_t device, int64_t run_id, const void* address,
                 std::shared_ptr<Inv>* inv, int64_t* landing) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     auto it = waits_.find({device, run_id, Addr(address)});
     if (it == waits_.end()) return false;
     *inv = it->second.front().first;
@@ -301,7 +319,7 @@ class Registry {
   bool TakeDone(int32_t device, int64_t run_id,
                 const std::vector<const void*>& keepalive,
                 std::shared_ptr<Inv>* inv, int64_t* rank) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     auto it = dones_.find({device, run_id, Addr(keepalive[0])});
     if (it == dones_.end()) return false;
     auto& candidates = it->second;
@@ -319,7 +337,7 @@ class Registry {
   // Removes what `device` registered for `inv`: its execution failed, so its
   // waits and done will never run.
   void ForgetDevice(int32_t device, const Inv* inv) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     EraseIf(waits_, [&](const auto& key, const auto& e) {
       return std::get<0>(key) == device && e.first.get() == inv;
     });
@@ -329,7 +347,7 @@ class Registry {
   }
 
   int64_t Pending() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinMutex> lock(mu_);
     size_t n = pending_.size();
     for (const auto& [k, v] : waits_) n += v.size();
     for (const auto& [k, v] : dones_) n += v.size();
@@ -389,7 +407,7 @@ class Registry {
 
   HostStats stats_;
   std::atomic<int> mode_{Backend::DefaultIssueMode()};
-  std::mutex mu_;
+  SpinMutex mu_;  // Short sections, taken by every device's threads.
   std::map<Key, std::shared_ptr<Inv>> pending_;
   Index<int64_t> waits_;  // -> landing buffer index
   Index<int64_t> dones_;  // -> rank
