@@ -560,27 +560,19 @@ void MarkLeft(Invocation<Backend>& inv, int64_t rank) {
   }
 }
 
-// Blocks (bounded) until `ready(inv)` holds (under the invocation's lock) or
+// Blocks (bounded) until the last rank has issued the group's copies, or
 // the invocation failed; on failure or timeout this rank abandons it.
-template <class Backend, class Ready>
-ffi::Error AwaitInvocation(const Found<Backend>& f, int32_t device,
-                           int64_t timeout_ms, Ready ready) {
-  auto& inv = *f.inv;
-  std::unique_lock<std::mutex> lock(inv.mu, std::defer_lock);
-  SpinThenWait(lock, inv.cv, DeadlineAfter(timeout_ms),
-               [&] { return ready(inv) || inv.failed(); });
-  if (ready(inv) && !inv.failed()) return ffi::Error::Success();
-  const std::string message = f.where + ": " + StallMessage(inv, timeout_ms);
-  lock.unlock();
-  return Abandon(f.inv, f.rank, device, message);
-}
-
-// The last rank has issued the group's copies.
 template <class Backend>
 ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
                        int64_t timeout_ms) {
-  return AwaitInvocation(f, device, timeout_ms,
-                         [](const auto& inv) { return inv.issued.load(); });
+  auto& inv = *f.inv;
+  std::unique_lock<std::mutex> lock(inv.mu, std::defer_lock);
+  SpinThenWait(lock, inv.cv, DeadlineAfter(timeout_ms),
+               [&] { return inv.issued.load() || inv.failed(); });
+  if (inv.issued && !inv.failed()) return ffi::Error::Success();
+  const std::string message = f.where + ": " + StallMessage(inv, timeout_ms);
+  lock.unlock();
+  return Abandon(f.inv, f.rank, device, message);
 }
 
 // The buffers of one ficco_peer_copy_sync call, checked against its
