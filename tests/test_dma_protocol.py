@@ -341,6 +341,75 @@ def test_host_stats_count_handlers_and_stream_waits(platform, dataflow):
   assert all(v == (0, 0.0) for v in library.host_stats(platform).values())
 
 
+def test_host_trace_records_every_handler_in_order(platform):
+  mesh = _mesh(platform, "4")
+  plan = _plan("direct", 3)
+  f = _shard_map(mesh, lambda x: (_gather(x, plan),), 1)
+  x = _input(mesh, (5,))
+  f(x)[0].block_until_ready()
+  _assert_idle(platform)
+  calls, devices = 4, 4
+  syncs = len(plan.landing_rows) + 1  # one wait per landing, one done
+  library.trace_enable(10_000)
+  try:
+    for i in range(calls):
+      library.trace_mark(-1, i)
+      out = f(x)[0]
+    _assert_gathered(out, x)
+    _assert_idle(platform)
+  finally:
+    library.trace_disable()
+  events, recorded = library.trace_read(10_000)
+  assert recorded == len(events)
+  count = lambda point, device=None: sum(
+      e["point"] == point and device in (None, e["device"]) for e in events)
+  assert [e["tag"] for e in events if e["point"] == "mark"] == list(range(calls))
+  ordinals = sorted({d.local_hardware_id for d in mesh.devices.flat})
+  for o in ordinals:
+    assert count("start_enter", o) == count("start_exit", o) == calls, o
+    assert count("sync_enter", o) == count("sync_exit", o) == calls * syncs
+    if library.issue_mode(platform) == "last":
+      assert count("issue_begin", o) == 0
+    else:
+      assert count("issue_begin", o) == count("issue_end", o) == calls, o
+      assert count("peers_arrived", o) == calls, o
+    # Each device's handlers run in program order on its thread: every
+    # start enters after the previous one left, and so does every sync.
+    for enter, leave in (("start_enter", "start_exit"),
+                         ("sync_enter", "sync_exit")):
+      seq = [e for e in events if e["device"] == o and e["point"] in
+             (enter, leave)]
+      seq.sort(key=lambda e: e["t_ns"])
+      assert [e["point"] for e in seq] == [enter, leave] * (len(seq) // 2)
+  assert all(e["cpu"] >= 0 for e in events)
+  starts = {e["tag"] for e in events if e["point"] == "start_enter"}
+  assert len(starts) == 1 and starts.pop() >= 0  # One call site.
+  # Disabled: nothing more is recorded; a new trace starts empty.
+  f(x)[0].block_until_ready()
+  assert library.trace_read(10_000)[1] == recorded
+  library.trace_enable(3)
+  library.trace_disable()
+  assert library.trace_read(10)[1] == 0
+
+
+def test_host_trace_overflow_keeps_the_first_events(platform):
+  mesh = _mesh(platform, "4")
+  f = _shard_map(mesh, lambda x: (_gather(x, _plan("ring", 3)),), 1)
+  x = _input(mesh, (5,))
+  f(x)[0].block_until_ready()
+  library.trace_enable(5)
+  try:
+    for _ in range(3):
+      out = f(x)[0]
+    _assert_gathered(out, x)
+  finally:
+    library.trace_disable()
+  events, recorded = library.trace_read(100)
+  assert len(events) == 5 and recorded > 5
+  with pytest.raises(ValueError, match="capacity=-1"):
+    library.trace_enable(-1)
+
+
 def test_peer_that_never_arrives_times_out_then_recovers(platform):
   mesh = _mesh(platform, "4")
   plan = _plan("direct", 1)
@@ -408,3 +477,47 @@ def test_start_validates_its_operands():
   with pytest.raises(ValueError, match="axis_size"):
     _shard_map(mesh, lambda x: (_gather(x, wrong_size),), 1).lower(
         _input(mesh, (5,)))
+
+
+_PIN_SCRIPT = """
+import os, sys
+import jax, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import ficco_jax
+mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("x",))
+f = jax.jit(jax.shard_map(
+    lambda x, w: ficco_jax.all_gather_matmul(
+        x, w, axis_name="x", schedule=ficco_jax.Schedule(
+            dataflow="ring", num_chunks=1, comm="dma")),
+    mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
+x = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+w = np.ones((6, 8), np.float32)
+np.testing.assert_allclose(f(x, w), x @ w)
+pins = {}
+for tid in os.listdir("/proc/self/task"):
+  with open(f"/proc/self/task/{tid}/comm") as fh:
+    name = fh.read().strip()
+  if name.startswith("ficco-issue-"):
+    pins[name] = sorted(os.sched_getaffinity(int(tid)))
+print("PINS", sorted(pins.items()))
+"""
+
+
+@pytest.mark.parametrize("cpus", ["0", "not-a-cpu"])
+def test_issuer_threads_are_named_and_pinned_on_request(cpus):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, FICCO_CPU_ISSUE="async", FICCO_ISSUER_CPUS=cpus,
+             JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  run = subprocess.run([sys.executable, "-c", _PIN_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  line = [l for l in run.stdout.splitlines() if l.startswith("PINS")][0]
+  pins = dict(eval(line[5:]))  # pylint: disable=eval-used
+  assert sorted(pins) == [f"ficco-issue-{d}" for d in range(4)], pins
+  if cpus == "0":
+    assert all(v == [0] for v in pins.values()), pins
+  else:
+    # A bad list is logged, and the issuers run unpinned.
+    assert "FICCO_ISSUER_CPUS=not-a-cpu is not a list" in run.stderr
+    assert all(len(v) == len(os.sched_getaffinity(0)) for v in pins.values())

@@ -318,8 +318,11 @@ ffi::Future SyncUntimed(ffi::RunId run_id, int32_t device,
 ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
                      ffi::RemainingRets rets, SyncAttrs attrs) {
   const auto since = Clock::now();
+  Trace(device, kTraceSyncEnter, -1);
   ffi::Future future = SyncUntimed(run_id, device, args, rets, attrs);
   Registry<CpuBackend>::Get().stats().Add(kSyncTotal, since);
+  // The CPU sync is asynchronous: this is when its future was returned.
+  Trace(device, kTraceSyncExit, -1);
   return future;
 }
 

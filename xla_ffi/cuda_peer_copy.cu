@@ -19,6 +19,7 @@
 #include "cuda_util.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
+#include "gpu_trace.h"
 #include "issuer.h"
 #include "peer_copy_plan.h"
 #include "peer_copy_protocol.h"
@@ -127,6 +128,7 @@ struct CudaBackend {
     if (auto err = scoped.Set(device); err.failure()) return err;
     auto side = SideStream(device, stream);
     if (!side.has_value()) return side.error();
+    GpuTrace::Get().Stamp(device, *side, kTraceGpuCopyBegin);
     if (PeerMemcpy()) {
       FICCO_CUDA_RETURN_IF_ERROR(
           cudaMemcpyPeerAsync(dst, device, src, src_device, bytes, *side));
@@ -134,6 +136,7 @@ struct CudaBackend {
       FICCO_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, *side));
     }
+    GpuTrace::Get().Stamp(device, *side, kTraceGpuCopyEnd);
     return ffi::Error::Success();
   }
 
@@ -156,6 +159,7 @@ ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
+  GpuTrace::Get().Stamp(device, stream, kTraceGpuStart);
   return Start(backend, run_id.run_id, device, args, rets, attrs);
 }
 
@@ -167,7 +171,10 @@ ffi::Error SyncImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
-  return BlockingSync(backend, run_id.run_id, device, *call, attrs);
+  GpuTrace::Get().Stamp(device, stream, kTraceGpuSyncIn);
+  ffi::Error err = BlockingSync(backend, run_id.run_id, device, *call, attrs);
+  GpuTrace::Get().Stamp(device, stream, kTraceGpuSyncOut);
+  return err;
 }
 
 }  // namespace
@@ -183,6 +190,13 @@ bool CudaHostStat(int stat, int64_t* calls, int64_t* ns) {
 void CudaHostStatsReset() { Registry<CudaBackend>::Get().stats().Reset(); }
 int CudaSetIssueMode(int mode) { return SetIssueMode<CudaBackend>(mode); }
 int CudaIssueMode() { return Registry<CudaBackend>::Get().mode().load(); }
+bool CudaTraceGpuEnable(int64_t per_device) {
+  return GpuTrace::Get().Enable(per_device);
+}
+void CudaTraceGpuDisable() { GpuTrace::Get().Disable(); }
+int64_t CudaTraceGpuTimes(int device, int64_t* out, int64_t max) {
+  return GpuTrace::Get().Times(device, out, max);
+}
 }  // namespace ficco
 
 // Not command-buffer compatible (no ffi::Traits): a CUDA graph would freeze

@@ -1,10 +1,11 @@
 // The C API of ficco_ffi.h that is not a handler: what was compiled in,
-// per-platform counters, and the never-arrive test hook.
+// per-platform counters, the host timeline, and the never-arrive test hook.
 
 #include <atomic>
 #include <cstdint>
 
 #include "ficco_ffi.h"
+#include "host_trace.h"
 #include "peer_copy_registry.h"
 
 namespace ficco {
@@ -90,6 +91,38 @@ int FiccoIssueMode(int platform) {
   if (platform == kFiccoCuda) return ficco::CudaIssueMode();
 #endif
   return -1;
+}
+
+void FiccoTraceEnable(int64_t capacity) {
+  ficco::HostTrace::Get().Enable(capacity);
+}
+void FiccoTraceDisable(void) {
+  ficco::HostTrace::Get().Disable();
+#ifdef FICCO_WITH_CUDA
+  ficco::CudaTraceGpuDisable();
+#endif
+}
+int FiccoTraceGpuEnable(int64_t per_device) {
+#ifdef FICCO_WITH_CUDA
+  return ficco::CudaTraceGpuEnable(per_device) ? 0 : -1;
+#else
+  (void)per_device;
+  return -1;
+#endif
+}
+int64_t FiccoTraceGpuTimes(int device, int64_t* out, int64_t max) {
+#ifdef FICCO_WITH_CUDA
+  return ficco::CudaTraceGpuTimes(device, out, max);
+#else
+  (void)device, (void)out, (void)max;
+  return -1;
+#endif
+}
+int64_t FiccoTraceRead(int64_t* out, int64_t max_events, int64_t* recorded) {
+  return ficco::HostTrace::Get().Read(out, max_events, recorded);
+}
+void FiccoTraceMark(int device, int64_t tag) {
+  ficco::Trace(device, ficco::kTraceMark, tag);
 }
 
 void FiccoTestSetNeverArrive(int device) { ficco::never_arrive.store(device); }

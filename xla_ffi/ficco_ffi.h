@@ -61,6 +61,26 @@ void FiccoHostStatsReset(int platform);
 int FiccoSetIssueMode(int platform, int mode);
 int FiccoIssueMode(int platform);
 
+// Host timeline of the handlers (host_trace.h), for diagnosis: Enable
+// starts a trace of at most `capacity` events (dropping the previous one);
+// Read copies up to `max_events` kept events, 4 int64 each (steady-clock ns,
+// device, point | cpu << 16, tag: the call site, or -1), returns how many it
+// copied, and sets `*recorded` to how many were recorded (more than the
+// capacity if the trace overflowed); Mark records
+// point 8 with `device` and `tag` from the caller's thread. Enable and
+// Disable only while no op is in flight, and Read after the ops finished.
+void FiccoTraceEnable(int64_t capacity);
+void FiccoTraceDisable(void);
+int64_t FiccoTraceRead(int64_t* out, int64_t max_events, int64_t* recorded);
+void FiccoTraceMark(int device, int64_t tag);
+// GPU stamps (gpu_trace.h) into the same timeline, CUDA only: Enable
+// preallocates `per_device` timing events per device and returns 0, or -1
+// (not compiled in, or a CUDA error); FiccoTraceDisable stops them too.
+// Times writes the GPU time in ns of each of `device`'s stamps relative to
+// its first (the stamp events' tags index it) and returns how many, or -1.
+int FiccoTraceGpuEnable(int64_t per_device);
+int64_t FiccoTraceGpuTimes(int device, int64_t* out, int64_t max);
+
 // Test hook: every start on `device` fails at once without joining its
 // peers, which then run into their timeout. -1 (or the clear call) disables.
 void FiccoTestSetNeverArrive(int device);
@@ -113,6 +133,9 @@ bool CudaHostStat(int stat, int64_t* calls, int64_t* ns);
 void CudaHostStatsReset();
 int CudaSetIssueMode(int mode);
 int CudaIssueMode();
+bool CudaTraceGpuEnable(int64_t per_device);
+void CudaTraceGpuDisable();
+int64_t CudaTraceGpuTimes(int device, int64_t* out, int64_t max);
 #endif
 }  // namespace ficco
 

@@ -4,6 +4,10 @@
 #ifndef FICCO_XLA_FFI_ISSUER_H_
 #define FICCO_XLA_FFI_ISSUER_H_
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "task_thread.h"
 
@@ -54,7 +59,50 @@ inline int IssueModeFromEnv(const char* var, int fallback) {
 
 // One device's issuer. It spins for a while after each task before it
 // sleeps: back-to-back ops hand it a task every few tens of microseconds.
-inline constexpr std::chrono::microseconds kIssuerSpin{500};
+// 500 us, or FICCO_ISSUER_SPIN_US (read once; for measurements).
+inline std::chrono::microseconds IssuerSpin() {
+  static const std::chrono::microseconds spin{[] {
+    const char* v = std::getenv("FICCO_ISSUER_SPIN_US");
+    return v != nullptr && *v != '\0' ? std::atoll(v) : 500;
+  }()};
+  return spin;
+}
+
+// Names the calling issuer thread "ficco-issue-<device>" (so /proc and
+// profilers tell it apart) and, if FICCO_ISSUER_CPUS lists CPUs ("4,5,6,7"),
+// pins it to entry `device % n` of the list. Pinning is for measurements of
+// where host-bound ops lose time (benchmarks/host_timeline.py); a list that
+// does not parse, or a CPU the process may not use, is logged and ignored.
+inline void NameAndPinIssuer(int32_t device) {
+  const std::string name = "ficco-issue-" + std::to_string(device);
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  const char* v = std::getenv("FICCO_ISSUER_CPUS");
+  if (v == nullptr || *v == '\0') return;
+  std::vector<int> cpus;
+  const std::string list(v);
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    char* end = nullptr;
+    const std::string item = list.substr(at, comma - at);
+    const long cpu = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || cpu < 0 || cpu >= CPU_SETSIZE) {
+      std::fprintf(stderr,
+                   "ficco: FICCO_ISSUER_CPUS=%s is not a list of CPU numbers;"
+                   " issuers stay unpinned\n", v);
+      return;
+    }
+    cpus.push_back(static_cast<int>(cpu));
+    at = comma + 1;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpus[device % cpus.size()], &set);
+  if (int err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set)) {
+    std::fprintf(stderr, "ficco: pinning %s to CPU %d failed (error %d)\n",
+                 name.c_str(), cpus[device % cpus.size()], err);
+  }
+}
 
 // Issuers are created on first use and leaked: their detached threads must
 // never see their state destroyed at interpreter exit. One per (Backend,
@@ -74,8 +122,11 @@ TaskThread& IssuerOf(int32_t device) {
   std::lock_guard<std::mutex> lock(*mu);
   TaskThread*& q = (*issuers)[device];
   if (q == nullptr) {
-    q = new TaskThread(kIssuerSpin);
-    q->Push([device] { Backend::BindIssuer(device); });
+    q = new TaskThread(IssuerSpin());
+    q->Push([device] {
+      NameAndPinIssuer(device);
+      Backend::BindIssuer(device);
+    });
   }
   memo.emplace(device, q);
   return *q;

@@ -37,6 +37,7 @@
 #include <string_view>
 #include <vector>
 
+#include "host_trace.h"
 #include "issuer.h"
 #include "peer_copy_plan.h"
 #include "peer_copy_registry.h"
@@ -253,6 +254,7 @@ ffi::Error StartParallel(Backend& backend,
   const int64_t p = inv->plan->axis_size;
   auto& registry = Registry<Backend>::Get();
   const auto waited_since = Clock::now();
+  Trace(device, kTraceIssueBegin, inv->plan->site);
   if (last) {
     registry.Forget(key, inv.get());
     inv->cv.notify_all();
@@ -271,6 +273,7 @@ ffi::Error StartParallel(Backend& backend,
     }
   }
   const auto issue_since = Clock::now();
+  Trace(device, kTracePeersArrived, inv->plan->site);
   registry.stats().Add(kStartRendezvous, waited_since);
   ffi::Error err = IssueRank(backend, inv, rank, timeout_ms);
   registry.stats().Add(kStartIssue, issue_since);
@@ -294,6 +297,7 @@ ffi::Error StartParallel(Backend& backend,
   }
   inv->cv.notify_all();
   for (auto& callback : callbacks) callback();
+  Trace(device, kTraceIssueEnd, inv->plan->site);
   return ffi::Error::Success();
 }
 
@@ -444,8 +448,10 @@ ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
                  ffi::RemainingArgs args, ffi::RemainingRets rets,
                  const StartAttrs& attrs) {
   const auto since = Clock::now();
+  Trace(device, kTraceStartEnter, attrs.site);
   ffi::Error err = StartUntimed(backend, run_id, device, args, rets, attrs);
   Registry<Backend>::Get().stats().Add(kStartTotal, since);
+  Trace(device, kTraceStartExit, attrs.site);
   return err;
 }
 
@@ -748,6 +754,7 @@ ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
                         : ReaderEvents(*f.inv, f.rank);
     events.insert(events.end(), more.begin(), more.end());
   }
+  Trace(device, kTraceSyncIssued, -1);
   // Newest event per (device, queue): a queue runs in order.
   std::map<std::pair<int32_t, int64_t>, Awaited<Backend>> newest;
   for (const auto& e : events) {
@@ -774,8 +781,10 @@ template <class Backend>
 ffi::Error BlockingSync(Backend& backend, int64_t run_id, int32_t device,
                         const SyncCall& call, const SyncAttrs& attrs) {
   const auto since = Clock::now();
+  Trace(device, kTraceSyncEnter, -1);
   ffi::Error err = BlockingSyncUntimed(backend, run_id, device, call, attrs);
   Registry<Backend>::Get().stats().Add(kSyncTotal, since);
+  Trace(device, kTraceSyncExit, -1);
   return err;
 }
 

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <map>
@@ -34,6 +35,16 @@
 namespace ficco {
 
 using Clock = std::chrono::steady_clock;
+
+// How long SpinThenWait spins: 300 us, or FICCO_WAIT_SPIN_US (read once;
+// for measurements of what spinning threads cost a host-bound op).
+inline std::chrono::microseconds WaitSpin() {
+  static const std::chrono::microseconds spin{[] {
+    const char* v = std::getenv("FICCO_WAIT_SPIN_US");
+    return v != nullptr && *v != '\0' ? std::atoll(v) : 300;
+  }()};
+  return spin;
+}
 
 // Waits until `pred` holds, spinning (with yields) for a short while before
 // sleeping on `cv`; returns with `lock` held, whether it was held on entry or
@@ -56,7 +67,7 @@ bool SpinThenWait(std::unique_lock<std::mutex>& lock,
                   std::condition_variable& cv, Clock::time_point deadline,
                   Pred pred) {
   if (lock.owns_lock()) lock.unlock();
-  const auto spin_until = Clock::now() + std::chrono::microseconds(300);
+  const auto spin_until = Clock::now() + WaitSpin();
   while (!pred()) {
     if (Clock::now() >= spin_until) {
       lock.lock();

@@ -58,6 +58,21 @@ def _library() -> ctypes.CDLL:
   lib.FiccoSetIssueMode.argtypes = [ctypes.c_int, ctypes.c_int]
   lib.FiccoIssueMode.restype = ctypes.c_int
   lib.FiccoIssueMode.argtypes = [ctypes.c_int]
+  lib.FiccoTraceEnable.restype = None
+  lib.FiccoTraceEnable.argtypes = [ctypes.c_int64]
+  lib.FiccoTraceDisable.restype = None
+  lib.FiccoTraceRead.restype = ctypes.c_int64
+  lib.FiccoTraceRead.argtypes = [ctypes.POINTER(ctypes.c_int64),
+                                 ctypes.c_int64,
+                                 ctypes.POINTER(ctypes.c_int64)]
+  lib.FiccoTraceGpuEnable.restype = ctypes.c_int
+  lib.FiccoTraceGpuEnable.argtypes = [ctypes.c_int64]
+  lib.FiccoTraceGpuTimes.restype = ctypes.c_int64
+  lib.FiccoTraceGpuTimes.argtypes = [ctypes.c_int,
+                                     ctypes.POINTER(ctypes.c_int64),
+                                     ctypes.c_int64]
+  lib.FiccoTraceMark.restype = None
+  lib.FiccoTraceMark.argtypes = [ctypes.c_int, ctypes.c_int64]
   lib.FiccoTestSetNeverArrive.argtypes = [ctypes.c_int]
   lib.FiccoTestSetNeverArrive.restype = None
   lib.FiccoTestClearNeverArrive.restype = None
@@ -170,6 +185,86 @@ def host_stats(platform: str = "cpu") -> dict[str, tuple[int, float]]:
 
 def reset_host_stats(platform: str = "cpu") -> None:
   _library().FiccoHostStatsReset(platform_id(platform))
+
+
+# Points of the host timeline, in the order of TracePoint (host_trace.h).
+TRACE_POINTS = ("start_enter", "start_exit", "issue_begin", "peers_arrived",
+                "issue_end", "sync_enter", "sync_issued", "sync_exit",
+                "mark", "gpu_start", "gpu_sync_in", "gpu_sync_out",
+                "gpu_copy_begin", "gpu_copy_end")
+
+
+def trace_enable(capacity: int) -> None:
+  """Starts a host timeline of the peer-copy handlers (both platforms),
+  dropping the previous one; call it only while no op is in flight.
+
+  Args:
+    capacity: events kept; later ones are counted and dropped.
+  """
+  if capacity < 0:
+    raise ValueError(f"capacity={capacity} must be >= 0.")
+  _library().FiccoTraceEnable(capacity)
+
+
+def trace_disable() -> None:
+  """Stops recording, GPU stamps included (the events stay readable)."""
+  _library().FiccoTraceDisable()
+
+
+def trace_gpu_enable(per_device: int) -> None:
+  """Adds GPU stamps to the timeline (CUDA): events ``gpu_*`` whose tag
+  indexes `trace_gpu_times`. Call after `trace_enable`, while no op is in
+  flight; each stamp costs the host a ``cudaEventRecord``.
+
+  Args:
+    per_device: stamps kept per device (timing events made once).
+  """
+  if per_device < 1:
+    raise ValueError(f"per_device={per_device} must be >= 1.")
+  if _library().FiccoTraceGpuEnable(per_device):
+    raise RuntimeError("GPU stamps need the CUDA handlers and a working"
+                       " CUDA runtime.")
+
+
+def trace_gpu_times(device: int, max_stamps: int) -> list[int]:
+  """GPU times (ns) of ``device``'s stamps, relative to its first; blocks
+  until they ran. Read after the traced ops finished."""
+  buf = (ctypes.c_int64 * max(max_stamps, 1))()
+  n = _library().FiccoTraceGpuTimes(device, buf, max_stamps)
+  if n < 0:
+    raise RuntimeError("reading the GPU stamps failed (no CUDA handlers, or"
+                       " a CUDA error).")
+  return list(buf[:n])
+
+
+def trace_mark(device: int, tag: int) -> None:
+  """Records a ``"mark"`` event from the calling thread (e.g. a dispatch)."""
+  _library().FiccoTraceMark(device, tag)
+
+
+def trace_read(max_events: int) -> tuple[list[dict], int]:
+  """The timeline's events; read it after the traced ops finished.
+
+  Args:
+    max_events: at most this many events are returned.
+
+  Returns:
+    ``(events, recorded)``: events in the order they claimed their slot, as
+    dicts with ``t_ns`` (steady clock), ``device``, ``point`` (a name of
+    `TRACE_POINTS`), ``cpu`` (the CPU the recording thread ran on) and
+    ``tag`` (the start's call site, else -1 or the mark's tag); and how many
+    were recorded, which exceeds the capacity if the trace overflowed.
+  """
+  buf = (ctypes.c_int64 * (4 * max(max_events, 1)))()
+  recorded = ctypes.c_int64()
+  copied = _library().FiccoTraceRead(buf, max_events, ctypes.byref(recorded))
+  events = []
+  for i in range(copied):
+    t, device, packed, tag = buf[4 * i:4 * i + 4]
+    events.append(dict(t_ns=t, device=device,
+                       point=TRACE_POINTS[packed & 0xFFFF], cpu=packed >> 16,
+                       tag=tag))
+  return events, recorded.value
 
 
 # Values of FiccoSetIssueMode (xla_ffi/issuer.h), by name.
