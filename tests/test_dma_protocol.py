@@ -509,10 +509,15 @@ def test_issuer_threads_are_named_and_pinned_on_request(cpus):
   first = min(os.sched_getaffinity(0))  # CPU 0 may be outside a cpuset.
   if cpus == "first allowed":
     cpus = str(first)
+  # The child imports the ficco_jax this process runs (the installed one,
+  # with its native library), not a source tree in its working directory.
+  import ficco_jax  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(ficco_jax.__file__)))
   env = dict(os.environ, FICCO_CPU_ISSUE="async", FICCO_ISSUER_CPUS=cpus,
-             JAX_PLATFORMS="cpu",
+             JAX_PLATFORMS="cpu", PYTHONPATH=root,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   run = subprocess.run([sys.executable, "-c", _PIN_SCRIPT], env=env,
+                       cwd=library.library_path().parent,
                        capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
   line = [l for l in run.stdout.splitlines() if l.startswith("PINS")][0]
