@@ -397,7 +397,7 @@ def main(argv):
     if trace:
       library.trace_enable(_CAPACITY.value)
       if _GPU.value:
-        library.trace_gpu_enable(_CAPACITY.value // 16)
+        library.trace_gpu_enable(max(1, _CAPACITY.value // 16))
     t0 = time.perf_counter()
     for i in range(calls):
       if trace and _MARK.value:
@@ -411,7 +411,7 @@ def main(argv):
     after = _threads()
     events, recorded = library.trace_read(_CAPACITY.value)
     if _GPU.value:
-      gpu_ns = {o: library.trace_gpu_times(o, _CAPACITY.value // 16)
+      gpu_ns = {o: library.trace_gpu_times(o, max(1, _CAPACITY.value // 16))
                 for o in ordinals}
       for e in events:
         if e["point"].startswith("gpu_") and e["tag"] < len(
@@ -431,9 +431,10 @@ def main(argv):
     rounds.append({"round": r, "xla_ms": got[0][0], "ficco_ms": got[1][0],
                    "trivial_ms": got[2][0], "timeline": timeline,
                    "threads": threads})
+    us = lambda v: "-" if v is None else f"{v:.1f}"
     print(f"round {r}: ficco {got[1][0]:.3f} ms, XLA {got[0][0]:.3f} ms,"
-          f" period {timeline['period_us']:.1f} us, skew"
-          f" {timeline['arrival_skew_us']:.1f} us", flush=True)
+          f" period {us(timeline['period_us'])} us, skew"
+          f" {us(timeline['arrival_skew_us'])} us", flush=True)
   res = {"env": common.env_info("host_timeline"), "label": label,
          "variant": _TAG.value,
          "env_vars": {k: v for k, v in os.environ.items()

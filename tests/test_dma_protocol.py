@@ -392,6 +392,44 @@ def test_host_trace_records_every_handler_in_order(platform):
   assert library.trace_read(10)[1] == 0
 
 
+def test_gpu_stamps_follow_every_start_sync_and_copy(platform):
+  if platform != "cuda":
+    pytest.skip("GPU stamps are CUDA only")
+  mesh = _mesh(platform, "4")
+  plan = _plan("direct", 3)
+  f = _shard_map(mesh, lambda x: (_gather(x, plan),), 1)
+  x = _input(mesh, (5,))
+  f(x)[0].block_until_ready()
+  _assert_idle(platform)
+  calls = 3
+  library.trace_enable(10_000)
+  library.trace_gpu_enable(1_000)
+  try:
+    for _ in range(calls):
+      out = f(x)[0]
+    _assert_gathered(out, x)
+    _assert_idle(platform)
+  finally:
+    library.trace_disable()
+  events, _ = library.trace_read(10_000)
+  syncs = len(plan.landing_rows) + 1
+  for d in mesh.devices.flat:
+    o = d.local_hardware_id
+    mine = [e for e in events if e["device"] == o and
+            e["point"].startswith("gpu_")]
+    times = library.trace_gpu_times(o, 1_000)
+    assert sorted(e["tag"] for e in mine) == list(range(len(times)))
+    count = lambda p: sum(e["point"] == p for e in mine)
+    assert count("gpu_start") == calls
+    assert count("gpu_sync_in") == count("gpu_sync_out") == calls * syncs
+    copies = len(plan.transfers)  # Every rank runs the plan's transfers.
+    assert count("gpu_copy_begin") == count("gpu_copy_end") == calls * copies
+    # The compute stream runs its stamps in the order they were enqueued.
+    compute = [times[e["tag"]] for e in sorted(mine, key=lambda e: e["t_ns"])
+               if e["point"] in ("gpu_start", "gpu_sync_in", "gpu_sync_out")]
+    assert compute == sorted(compute) and times[0] == 0
+
+
 def test_host_trace_overflow_keeps_the_first_events(platform):
   mesh = _mesh(platform, "4")
   f = _shard_map(mesh, lambda x: (_gather(x, _plan("ring", 3)),), 1)
@@ -513,8 +551,10 @@ def test_issuer_threads_are_named_and_pinned_on_request(cpus):
   # with its native library), not a source tree in its working directory.
   import ficco_jax  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(ficco_jax.__file__)))
+  # A bad spin is logged too, and the default used.
+  spin = "25" if cpus == str(first) else "soon"
   env = dict(os.environ, FICCO_CPU_ISSUE="async", FICCO_ISSUER_CPUS=cpus,
-             JAX_PLATFORMS="cpu", PYTHONPATH=root,
+             FICCO_ISSUER_SPIN_US=spin, JAX_PLATFORMS="cpu", PYTHONPATH=root,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   run = subprocess.run([sys.executable, "-c", _PIN_SCRIPT], env=env,
                        cwd=library.library_path().parent,
@@ -528,4 +568,5 @@ def test_issuer_threads_are_named_and_pinned_on_request(cpus):
   else:
     # A bad list is logged, and the issuers run unpinned.
     assert "FICCO_ISSUER_CPUS=not-a-cpu is not a list" in run.stderr
+    assert "FICCO_ISSUER_SPIN_US=soon is not a number" in run.stderr
     assert all(len(v) == len(os.sched_getaffinity(0)) for v in pins.values())

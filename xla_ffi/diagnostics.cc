@@ -93,8 +93,8 @@ int FiccoIssueMode(int platform) {
   return -1;
 }
 
-void FiccoTraceEnable(int64_t capacity) {
-  ficco::HostTrace::Get().Enable(capacity);
+int FiccoTraceEnable(int64_t capacity) {
+  return ficco::HostTrace::Get().Enable(capacity) ? 0 : -1;
 }
 void FiccoTraceDisable(void) {
   ficco::HostTrace::Get().Disable();

@@ -62,14 +62,15 @@ int FiccoSetIssueMode(int platform, int mode);
 int FiccoIssueMode(int platform);
 
 // Host timeline of the handlers (host_trace.h), for diagnosis: Enable
-// starts a trace of at most `capacity` events (dropping the previous one);
+// starts a trace of at most `capacity` events (dropping the previous one)
+// and returns 0, or -1 if it cannot allocate them;
 // Read copies up to `max_events` kept events, 4 int64 each (steady-clock ns,
-// device, point | cpu << 16, tag: the call site, or -1), returns how many it
+// device, point + cpu * 65536, tag: the call site, or -1), returns how many it
 // copied, and sets `*recorded` to how many were recorded (more than the
 // capacity if the trace overflowed); Mark records
 // point 8 with `device` and `tag` from the caller's thread. Enable and
 // Disable only while no op is in flight, and Read after the ops finished.
-void FiccoTraceEnable(int64_t capacity);
+int FiccoTraceEnable(int64_t capacity);
 void FiccoTraceDisable(void);
 int64_t FiccoTraceRead(int64_t* out, int64_t max_events, int64_t* recorded);
 void FiccoTraceMark(int device, int64_t tag);

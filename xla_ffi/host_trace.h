@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 
 namespace ficco {
 
@@ -50,47 +51,58 @@ class HostTrace {
     return *trace;                              // at interpreter exit.
   }
 
-  // Starts a trace of at most `capacity` events, dropping the previous one.
-  // Call only while no op is in flight: a handler racing with this may write
-  // into the array being replaced (it is kept alive, not freed, until the
-  // next Enable, so such a write is lost, never a use after free).
-  void Enable(int64_t capacity) {
+  // Starts a trace of at most `capacity` events, dropping the previous one;
+  // false if the array cannot be allocated (tracing stays off). Call only
+  // while no op is in flight. Each trace owns its array, capacity and
+  // counter, so a handler that still holds the previous one writes inside
+  // it; that one stays allocated until the next Enable.
+  bool Enable(int64_t capacity) {
     std::lock_guard<std::mutex> lock(mu_);
     active_.store(nullptr, std::memory_order_release);
-    retired_ = std::move(events_);
-    events_.reset(new Event[capacity > 0 ? capacity : 0]);
-    capacity_ = capacity > 0 ? capacity : 0;
-    next_.store(0, std::memory_order_relaxed);
-    if (capacity_ > 0) active_.store(events_.get(), std::memory_order_release);
+    retired_ = std::move(current_);
+    if (capacity <= 0) return true;
+    std::unique_ptr<Buffer> b(new (std::nothrow) Buffer);
+    if (b == nullptr) return false;
+    // Value-initialised: a slot claimed but not yet written reads as zeros.
+    b->events.reset(new (std::nothrow) Event[capacity]());
+    if (b->events == nullptr) return false;
+    b->capacity = capacity;
+    current_ = std::move(b);
+    active_.store(current_.get(), std::memory_order_release);
+    return true;
   }
 
   void Disable() { active_.store(nullptr, std::memory_order_release); }
 
   void Record(int32_t device, TracePoint point, int64_t tag) {
-    Event* events = active_.load(std::memory_order_acquire);
-    if (events == nullptr) return;
-    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= capacity_) return;  // Full: later events are counted, not kept.
-    events[i] = {std::chrono::duration_cast<std::chrono::nanoseconds>(
-                     std::chrono::steady_clock::now().time_since_epoch())
-                     .count(),
-                 device, static_cast<int32_t>(point), sched_getcpu(), tag};
+    Buffer* b = active_.load(std::memory_order_acquire);
+    if (b == nullptr) return;
+    const int64_t i = b->next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= b->capacity) return;  // Full: later events are counted only.
+    b->events[i] = {std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count(),
+                    device, static_cast<int32_t>(point), sched_getcpu(), tag};
   }
 
   // Copies up to `max_events` of the kept events as 4 int64 each (time in
-  // ns, device, point | cpu << 16, tag) into `out` and returns how many it
+  // ns, device, point + cpu * 65536, tag) into `out` and returns how many it
   // copied; `*recorded` becomes how many were recorded, kept or not (more
   // than the capacity if the trace overflowed).
   int64_t Read(int64_t* out, int64_t max_events, int64_t* recorded) {
     std::lock_guard<std::mutex> lock(mu_);
-    const int64_t n = next_.load(std::memory_order_acquire);
-    int64_t copied = n < capacity_ ? n : capacity_;
+    *recorded = 0;
+    if (current_ == nullptr) return 0;
+    const Buffer& b = *current_;
+    const int64_t n = b.next.load(std::memory_order_acquire);
+    int64_t copied = n < b.capacity ? n : b.capacity;
     if (copied > max_events) copied = max_events;
     for (int64_t i = 0; i < copied; ++i) {
-      const Event& e = events_[i];
+      const Event& e = b.events[i];
       out[4 * i] = e.t_ns;
       out[4 * i + 1] = e.device;
-      out[4 * i + 2] = e.point | (static_cast<int64_t>(e.cpu) << 16);
+      // A multiplication, not a shift: cpu is -1 if sched_getcpu fails.
+      out[4 * i + 2] = e.point + static_cast<int64_t>(e.cpu) * 65536;
       out[4 * i + 3] = e.tag;
     }
     *recorded = n;
@@ -103,12 +115,15 @@ class HostTrace {
     int32_t device, point, cpu;
     int64_t tag;
   };
+  struct Buffer {
+    std::unique_ptr<Event[]> events;
+    int64_t capacity = 0;
+    std::atomic<int64_t> next{0};
+  };
 
   std::mutex mu_;
-  std::unique_ptr<Event[]> events_, retired_;
-  int64_t capacity_ = 0;
-  std::atomic<Event*> active_{nullptr};
-  std::atomic<int64_t> next_{0};
+  std::unique_ptr<Buffer> current_, retired_;
+  std::atomic<Buffer*> active_{nullptr};
 };
 
 inline void Trace(int32_t device, TracePoint point, int64_t tag) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "env.h"
 #include "task_thread.h"
 
 namespace ficco {
@@ -61,10 +62,8 @@ inline int IssueModeFromEnv(const char* var, int fallback) {
 // sleeps: back-to-back ops hand it a task every few tens of microseconds.
 // 500 us, or FICCO_ISSUER_SPIN_US (read once; for measurements).
 inline std::chrono::microseconds IssuerSpin() {
-  static const std::chrono::microseconds spin{[] {
-    const char* v = std::getenv("FICCO_ISSUER_SPIN_US");
-    return v != nullptr && *v != '\0' ? std::atoll(v) : 500;
-  }()};
+  static const std::chrono::microseconds spin =
+      MicrosFromEnv("FICCO_ISSUER_SPIN_US", 500);
   return spin;
 }
 

@@ -287,6 +287,9 @@ ffi::Error StartParallel(Backend& backend,
     inv->Fail(message);
     return Abandon(inv, rank, device, message);
   }
+  // Before the invocation can read "issued": after that the op may finish,
+  // and a trace read once it did must see no more writes.
+  Trace(device, kTraceIssueEnd, inv->plan->site);
   std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(inv->mu);
@@ -297,7 +300,6 @@ ffi::Error StartParallel(Backend& backend,
   }
   inv->cv.notify_all();
   for (auto& callback : callbacks) callback();
-  Trace(device, kTraceIssueEnd, inv->plan->site);
   return ffi::Error::Success();
 }
 

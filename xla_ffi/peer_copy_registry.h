@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "env.h"
 #include "peer_copy_plan.h"
 #include "spin_mutex.h"
 
@@ -39,10 +40,8 @@ using Clock = std::chrono::steady_clock;
 // How long SpinThenWait spins: 300 us, or FICCO_WAIT_SPIN_US (read once;
 // for measurements of what spinning threads cost a host-bound op).
 inline std::chrono::microseconds WaitSpin() {
-  static const std::chrono::microseconds spin{[] {
-    const char* v = std::getenv("FICCO_WAIT_SPIN_US");
-    return v != nullptr && *v != '\0' ? std::atoll(v) : 300;
-  }()};
+  static const std::chrono::microseconds spin =
+      MicrosFromEnv("FICCO_WAIT_SPIN_US", 300);
   return spin;
 }
 

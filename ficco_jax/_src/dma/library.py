@@ -58,7 +58,7 @@ def _library() -> ctypes.CDLL:
   lib.FiccoSetIssueMode.argtypes = [ctypes.c_int, ctypes.c_int]
   lib.FiccoIssueMode.restype = ctypes.c_int
   lib.FiccoIssueMode.argtypes = [ctypes.c_int]
-  lib.FiccoTraceEnable.restype = None
+  lib.FiccoTraceEnable.restype = ctypes.c_int
   lib.FiccoTraceEnable.argtypes = [ctypes.c_int64]
   lib.FiccoTraceDisable.restype = None
   lib.FiccoTraceRead.restype = ctypes.c_int64
@@ -203,7 +203,8 @@ def trace_enable(capacity: int) -> None:
   """
   if capacity < 0:
     raise ValueError(f"capacity={capacity} must be >= 0.")
-  _library().FiccoTraceEnable(capacity)
+  if _library().FiccoTraceEnable(capacity):
+    raise MemoryError(f"cannot allocate a trace of {capacity} events.")
 
 
 def trace_disable() -> None:
@@ -229,6 +230,8 @@ def trace_gpu_enable(per_device: int) -> None:
 def trace_gpu_times(device: int, max_stamps: int) -> list[int]:
   """GPU times (ns) of ``device``'s stamps, relative to its first; blocks
   until they ran. Read after the traced ops finished."""
+  if max_stamps < 0:
+    raise ValueError(f"max_stamps={max_stamps} must be >= 0.")
   buf = (ctypes.c_int64 * max(max_stamps, 1))()
   n = _library().FiccoTraceGpuTimes(device, buf, max_stamps)
   if n < 0:
@@ -261,9 +264,11 @@ def trace_read(max_events: int) -> tuple[list[dict], int]:
   events = []
   for i in range(copied):
     t, device, packed, tag = buf[4 * i:4 * i + 4]
+    cpu, point = divmod(packed, 65536)  # point + cpu * 65536; cpu may be -1
     events.append(dict(t_ns=t, device=device,
-                       point=TRACE_POINTS[packed & 0xFFFF], cpu=packed >> 16,
-                       tag=tag))
+                       point=(TRACE_POINTS[point] if point < len(TRACE_POINTS)
+                              else "?"),
+                       cpu=cpu, tag=tag))
   return events, recorded.value
 
 
