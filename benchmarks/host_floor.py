@@ -66,6 +66,13 @@ def _case(op: str, mesh, w: int):
           (P("x", None), P(None, "x")), P(None, "x"), args)
 
 
+def trivial_program(mesh, in_specs):
+  """The floor of any program on the mesh, and so the host's own speed:
+  dispatch and one element-wise kernel per device, no collective."""
+  return common.jit_shard_map(lambda a, b: a * 2, mesh, in_specs,
+                              in_specs[0])
+
+
 def _stats_per_call(fn, args, calls: int, devices: int) -> dict:
   import jax
   from ficco_jax._src.dma import library
@@ -98,10 +105,7 @@ def main(argv):
       body, op_fn, in_specs, out_spec, args = _case(op, mesh, w)
       tk = dict(warmup=FLAGS.warmup, rounds=FLAGS.rounds, iters=FLAGS.iters)
       xla = common.jit_shard_map(body, mesh, in_specs, out_spec)
-      # The floor of any 4-device program: dispatch and one element-wise
-      # kernel per device, no collective.
-      trivial = common.jit_shard_map(lambda a, b: a * 2, mesh, in_specs,
-                                     in_specs[0])
+      trivial = trivial_program(mesh, in_specs)
       rec = {"op": op, "xla": timing.time_jax(xla, [args], **tk),
              "trivial": timing.time_jax(trivial, [args], **tk), "ficco": {}}
       for label in FLAGS.schedules:

@@ -192,7 +192,7 @@ def analyze(events: list[dict], calls: int) -> dict:
         arrivals[(s, k)][dev] = t
   skews = [(max(d.values()) - min(d.values())) / 1e3
            for d in arrivals.values() if len(d) == len(by_dev)]
-  gpu = _analyze_gpu(by_dev, name) if any(
+  gpu = _analyze_gpu(by_dev, site_ix) if any(
       "gpu_ns" in e for e in events) else {}
   marks = sorted(e["t_ns"] for e in events if e["point"] == "mark")
   dispatch = [(b - a) / 1e3 for a, b in zip(marks, marks[1:])]
@@ -214,7 +214,7 @@ def analyze(events: list[dict], calls: int) -> dict:
   }
 
 
-def _analyze_gpu(by_dev: dict, name) -> dict:
+def _analyze_gpu(by_dev: dict, site_ix: dict) -> dict:
   """Medians (us) of the GPU stamps' intervals, and the GPU's lag.
 
   Compute-stream stamps (``gpu_start`` per site, ``gpu_sync_in``,
@@ -225,6 +225,7 @@ def _analyze_gpu(by_dev: dict, name) -> dict:
   waited for the host). Copies: duration, and begin relative to the
   receiver's own stamp of the same start (the wait for the source's data).
   """
+  site_of = lambda e: str(site_ix.get(e["tag"], "?"))
   intervals = collections.defaultdict(list)
   lags, lags_end, copy_us = [], [], collections.defaultdict(list)
   copy_delay = collections.defaultdict(list)
@@ -236,7 +237,7 @@ def _analyze_gpu(by_dev: dict, name) -> dict:
       if e["point"] == "gpu_start":
         pending_site.append(e)
       elif e["point"] == "start_enter" and pending_site:
-        pending_site.pop(0)["site"] = name(e)[len("start_enter"):]
+        pending_site.pop(0)["site"] = site_of(e)
     for e in evs:
       if e["point"] in ("gpu_start", "gpu_sync_in", "gpu_sync_out"):
         compute.append(e)
@@ -264,7 +265,7 @@ def _analyze_gpu(by_dev: dict, name) -> dict:
     seen = collections.Counter()
     for e in issuer:
       if e["point"] == "issue_begin":
-        site = name(e)[len("issue_begin"):]
+        site = site_of(e)
       elif e["point"] == "gpu_copy_begin":
         begin = e
       elif e["point"] == "gpu_copy_end" and begin is not None:
@@ -377,16 +378,15 @@ def main(argv):
   ficco = common.jit_shard_map(
       functools.partial(op_fn, axis_name="x", schedule=sched), mesh,
       in_specs, out_spec)
-  # The host's own speed, for comparing machines: a 4-device program with
-  # dispatch and one element-wise kernel per device, no collective.
-  trivial = common.jit_shard_map(lambda a, b: a * 2, mesh, in_specs,
-                                 in_specs[0])
+  # The host's own speed, for comparing machines.
+  trivial = host_floor.trivial_program(mesh, in_specs)
   ordinals = [d.local_hardware_id for d in mesh.devices.flat]
   for fn in (xla, ficco, trivial):
     for _ in range(max(3, FLAGS.warmup)):
       out = fn(*args)
     jax.block_until_ready(out)
   calls = FLAGS.iters
+  gpu_stamps = max(1, _CAPACITY.value // 16)  # Per device.
   rounds = []
 
   def timed(fn, trace):
@@ -397,7 +397,7 @@ def main(argv):
     if trace:
       library.trace_enable(_CAPACITY.value)
       if _GPU.value:
-        library.trace_gpu_enable(max(1, _CAPACITY.value // 16))
+        library.trace_gpu_enable(gpu_stamps)
     t0 = time.perf_counter()
     for i in range(calls):
       if trace and _MARK.value:
@@ -411,7 +411,7 @@ def main(argv):
     after = _threads()
     events, recorded = library.trace_read(_CAPACITY.value)
     if _GPU.value:
-      gpu_ns = {o: library.trace_gpu_times(o, max(1, _CAPACITY.value // 16))
+      gpu_ns = {o: library.trace_gpu_times(o, gpu_stamps)
                 for o in ordinals}
       for e in events:
         if e["point"].startswith("gpu_") and e["tag"] < len(

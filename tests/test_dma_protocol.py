@@ -17,6 +17,7 @@ if "jax" not in sys.modules:  # Standalone runs; conftest.py does the same.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
                                _flag).strip()
 
+import json  # pylint: disable=g-import-not-at-top
 import time  # pylint: disable=g-import-not-at-top
 
 import jax
@@ -341,25 +342,37 @@ def test_host_stats_count_handlers_and_stream_waits(platform, dataflow):
   assert all(v == (0, 0.0) for v in library.host_stats(platform).values())
 
 
-def test_host_trace_records_every_handler_in_order(platform):
+def _traced_calls(platform, plan, calls, *, capacity, gpu_stamps=0,
+                  marks=False):
+  """Runs a gather `calls` times under the host timeline (and `gpu_stamps`
+  GPU stamps per device), after a warm-up; returns the mesh, the compiled
+  gather and `trace_read`'s ``(events, recorded)``."""
   mesh = _mesh(platform, "4")
-  plan = _plan("direct", 3)
   f = _shard_map(mesh, lambda x: (_gather(x, plan),), 1)
   x = _input(mesh, (5,))
   f(x)[0].block_until_ready()
   _assert_idle(platform)
-  calls, devices = 4, 4
-  syncs = len(plan.landing_rows) + 1  # one wait per landing, one done
-  library.trace_enable(10_000)
+  library.trace_enable(capacity)
+  if gpu_stamps:
+    library.trace_gpu_enable(gpu_stamps)
   try:
     for i in range(calls):
-      library.trace_mark(-1, i)
+      if marks:
+        library.trace_mark(-1, i)
       out = f(x)[0]
     _assert_gathered(out, x)
     _assert_idle(platform)
   finally:
     library.trace_disable()
-  events, recorded = library.trace_read(10_000)
+  return mesh, lambda: f(x)[0], library.trace_read(max(capacity, 100))
+
+
+def test_host_trace_records_every_handler_in_order(platform):
+  plan = _plan("direct", 3)
+  calls = 4
+  syncs = len(plan.landing_rows) + 1  # one wait per landing, one done
+  mesh, run, (events, recorded) = _traced_calls(
+      platform, plan, calls, capacity=10_000, marks=True)
   assert recorded == len(events)
   count = lambda point, device=None: sum(
       e["point"] == point and device in (None, e["device"]) for e in events)
@@ -385,7 +398,7 @@ def test_host_trace_records_every_handler_in_order(platform):
   starts = {e["tag"] for e in events if e["point"] == "start_enter"}
   assert len(starts) == 1 and starts.pop() >= 0  # One call site.
   # Disabled: nothing more is recorded; a new trace starts empty.
-  f(x)[0].block_until_ready()
+  run().block_until_ready()
   assert library.trace_read(10_000)[1] == recorded
   library.trace_enable(3)
   library.trace_disable()
@@ -395,23 +408,10 @@ def test_host_trace_records_every_handler_in_order(platform):
 def test_gpu_stamps_follow_every_start_sync_and_copy(platform):
   if platform != "cuda":
     pytest.skip("GPU stamps are CUDA only")
-  mesh = _mesh(platform, "4")
   plan = _plan("direct", 3)
-  f = _shard_map(mesh, lambda x: (_gather(x, plan),), 1)
-  x = _input(mesh, (5,))
-  f(x)[0].block_until_ready()
-  _assert_idle(platform)
   calls = 3
-  library.trace_enable(10_000)
-  library.trace_gpu_enable(1_000)
-  try:
-    for _ in range(calls):
-      out = f(x)[0]
-    _assert_gathered(out, x)
-    _assert_idle(platform)
-  finally:
-    library.trace_disable()
-  events, _ = library.trace_read(10_000)
+  mesh, _, (events, _) = _traced_calls(platform, plan, calls,
+                                       capacity=10_000, gpu_stamps=1_000)
   syncs = len(plan.landing_rows) + 1
   for d in mesh.devices.flat:
     o = d.local_hardware_id
@@ -431,18 +431,8 @@ def test_gpu_stamps_follow_every_start_sync_and_copy(platform):
 
 
 def test_host_trace_overflow_keeps_the_first_events(platform):
-  mesh = _mesh(platform, "4")
-  f = _shard_map(mesh, lambda x: (_gather(x, _plan("ring", 3)),), 1)
-  x = _input(mesh, (5,))
-  f(x)[0].block_until_ready()
-  library.trace_enable(5)
-  try:
-    for _ in range(3):
-      out = f(x)[0]
-    _assert_gathered(out, x)
-  finally:
-    library.trace_disable()
-  events, recorded = library.trace_read(100)
+  _, _, (events, recorded) = _traced_calls(platform, _plan("ring", 3), 3,
+                                           capacity=5)
   assert len(events) == 5 and recorded > 5
   with pytest.raises(ValueError, match="capacity=-1"):
     library.trace_enable(-1)
@@ -518,7 +508,7 @@ def test_start_validates_its_operands():
 
 
 _PIN_SCRIPT = """
-import os, sys
+import json, os
 import jax, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import ficco_jax
@@ -537,7 +527,7 @@ for tid in os.listdir("/proc/self/task"):
     name = fh.read().strip()
   if name.startswith("ficco-issue-"):
     pins[name] = sorted(os.sched_getaffinity(int(tid)))
-print("PINS", sorted(pins.items()))
+print("PINS", json.dumps(pins))
 """
 
 
@@ -561,7 +551,7 @@ def test_issuer_threads_are_named_and_pinned_on_request(cpus):
                        capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
   line = [l for l in run.stdout.splitlines() if l.startswith("PINS")][0]
-  pins = dict(eval(line[5:]))  # pylint: disable=eval-used
+  pins = json.loads(line[5:])
   assert sorted(pins) == [f"ficco-issue-{d}" for d in range(4)], pins
   if cpus == str(first):
     assert all(v == [first] for v in pins.values()), pins
