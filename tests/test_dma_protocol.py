@@ -560,3 +560,81 @@ def test_issuer_threads_are_named_and_pinned_on_request(cpus):
     assert "FICCO_ISSUER_CPUS=not-a-cpu is not a list" in run.stderr
     assert "FICCO_ISSUER_SPIN_US=soon is not a number" in run.stderr
     assert all(len(v) == len(os.sched_getaffinity(0)) for v in pins.values())
+
+
+def _flagged_roll(x, *, bump, timeout_s):
+  """Rank r's rows from rank r + 1 through a flagged start: the copy waits
+  for the source's flag 1 to reach 5 (``bump`` sets it; without, it never
+  does)."""
+  plan = plan_lib.GatherPlan(
+      axis_size=4, shard_rows=x.shape[0], landing_rows=(x.shape[0],),
+      transfers=(plan_lib.Transfer(dst=0, dst_row=0, src_offset=1, src=0,
+                                   src_row=0, rows=x.shape[0], stream=0),),
+      blocks=(), num_streams=1)
+  site = peer_copy.new_site()
+  kw = dict(axis_name="x", site=site, op_name="test_flagged")
+  flags, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
+                                  row_shape=x.shape[1:], **kw)
+  if bump:  # What the kernel does as it writes the rows.
+    flags = flags + jnp.asarray([0, 5], jnp.int32)
+  landing = peer_copy.start([x], plan, flags=flags, landings=landings,
+                            flag_target=5, src_flags=(1,),
+                            timeout_s=timeout_s, **kw)[0]
+  del kw["site"]
+  return peer_copy.sync([(landing, site)], [([x, flags], site)],
+                        timeout_s=timeout_s, **kw)[0]
+
+
+def test_flagged_start_copies_once_the_flag_is_set(platform):
+  """The CPU twin copies once the flag is set. Here the flags are bumped by
+  an XLA add, into a new buffer: CUDA's start refuses that (its flag stream
+  would wait on a buffer nobody bumps), as it must; test_ops's flagged
+  schedules run the kernel that bumps them in place."""
+  mesh = _mesh(platform, "4")
+  f = _shard_map(mesh, lambda x: (_flagged_roll(x, bump=True,
+                                                timeout_s=TIMEOUT_S),), 1)
+  x = _input(mesh, (5,))
+  if platform == "cuda":
+    with pytest.raises(Exception, match="differ from those ficco_flags_arm"):
+      jax.block_until_ready(f(x))
+    _assert_idle(platform)
+    return
+  for _ in range(3):  # Arm and start pair up again on every execution.
+    (out,) = f(x)
+  np.testing.assert_array_equal(
+      np.asarray(out), np.roll(np.asarray(x), -SHARD_ROWS, axis=0))
+  _assert_idle(platform)
+
+
+def test_flagged_start_times_out_on_a_flag_never_set():
+  mesh = _mesh("cpu", "4")
+  f = _shard_map(mesh, lambda x: (_flagged_roll(x, bump=False,
+                                                timeout_s=0.5),), 1)
+  with pytest.raises(Exception, match="waited more than 500 ms"):
+    jax.block_until_ready(f(_input(mesh, (5,))))
+  _assert_idle("cpu")
+
+
+def test_flagged_start_needs_the_arms_landing_buffers():
+  mesh = _mesh("cpu", "4")
+
+  def body(x):
+    plan = plan_lib.GatherPlan(
+        axis_size=4, shard_rows=x.shape[0], landing_rows=(x.shape[0],),
+        transfers=(plan_lib.Transfer(dst=0, dst_row=0, src_offset=1, src=0,
+                                     src_row=0, rows=x.shape[0], stream=0),),
+        blocks=(), num_streams=1)
+    site = peer_copy.new_site()
+    kw = dict(axis_name="x", site=site, op_name="test_flagged")
+    flags, _ = peer_copy.arm(x, 1, plan, dtype=x.dtype,
+                             row_shape=x.shape[1:], **kw)
+    landing = peer_copy.start([x], plan, flags=flags + 1, landings=[x * 2],
+                              flag_target=1, src_flags=(0,),
+                              timeout_s=TIMEOUT_S, **kw)[0]
+    del kw["site"]
+    return (peer_copy.sync([(landing, site)], [([x, flags], site)],
+                           timeout_s=TIMEOUT_S, **kw)[0],)
+
+  with pytest.raises(Exception, match="differ from those ficco_flags_arm"):
+    jax.block_until_ready(_shard_map(mesh, body, 1)(_input(mesh, (5,))))
+  _assert_idle("cpu")

@@ -39,6 +39,7 @@ RS = ficco_jax.matmul_reduce_scatter
     (dict(a_shape=(24, 10), w_shape=(10, 8), axis_name="y"), ValueError, r"axis 'y' is not bound"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(dataflow="ring", num_chunks=4)), ValueError, r"x.shape\[0\].*\(6\) must be divisible by schedule.num_chunks \(4\)"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(compute_granularity="halving")), ValueError, r"compute_granularity='halving' is the reduce-scatter's"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", compute="pallas", compute_granularity="flagged")), ValueError, r"compute_granularity='flagged' is the reduce-scatter's"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), dtype=np.int32), TypeError, r"x has dtype int32"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule="direct"), TypeError, r"schedule must be a ficco_jax.Schedule"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=0), ValueError, r"timeout_s=0 must be positive"),
@@ -99,6 +100,8 @@ def test_schedule_validation(kwargs, exc, match):
              compute_granularity="step", reduce_in_epilogue=True),
     Schedule(dataflow="direct", num_chunks=1, comm="dma", compute="pallas",
              compute_granularity="halving"),
+    Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
+             compute_granularity="flagged"),
 ])
 def test_schedule_label_round_trips(schedule):
   assert Schedule.from_short(schedule.short()) == schedule
@@ -143,3 +146,13 @@ def test_sharded_rejects_unknown_axis():
   with pytest.raises(ValueError, match=r"axis_name 'tp' is not an axis of the mesh"):
     ficco_jax.sharded.all_gather_matmul(jnp.ones((8, 3)), jnp.ones((3, 4)),
                                         mesh=mesh, axis_name="tp")
+
+
+@pytest.mark.parametrize("kw", [dict(dataflow="ring"), dict(comm="xla"),
+                                dict(compute="xla"),
+                                dict(reduce_in_epilogue=True)])
+def test_flagged_granularity_needs_direct_dma_pallas(kw):
+  base = dict(dataflow="direct", comm="dma", compute="pallas",
+              compute_granularity="flagged")
+  with pytest.raises(ValueError, match="compute_granularity='flagged' needs"):
+    Schedule(**{**base, **kw})

@@ -304,6 +304,12 @@ PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm=comm,
 PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm="dma",
                     compute="pallas", compute_granularity="halving")
            for c in (1, 3)]
+# The reduce-scatter's flagged granularity: one kernel for every piece of
+# the op, bumping a flag per piece that the copies wait for on the device,
+# and one start (the all-gather refuses it).
+PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm="dma",
+                    compute="pallas", compute_granularity="flagged")
+           for c in (1, 3)]
 
 
 @pytest.mark.parametrize("schedule", PALLAS, ids=_ids(PALLAS))
@@ -323,7 +329,7 @@ def test_pallas_compute(schedule):
   else:
     dtype, (m, k, n) = np.float32, (6, 10, 7)
   x, w = util.rand(rng, (4 * m, k), dtype), util.rand(rng, (k, 4 * n), dtype)
-  if schedule.compute_granularity != "halving":
+  if schedule.compute_granularity not in ("halving", "flagged"):
     out = run_ag(mesh, x, w, schedule=schedule, check_vma=util.on_gpu())
     assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(dtype)
   h, w2 = util.rand(rng, (4 * m, 4 * n), dtype), util.rand(rng, (4 * n, k), dtype)

@@ -48,6 +48,7 @@ EventPools<CpuEvent>& Pools() {
 struct CpuBackend {
   using Event = CpuEvent;
   using Inv = Invocation<CpuBackend>;
+  static constexpr bool kFlagsMustAlias = false;
   // XLA:CPU runs handlers on a small shared pool: a start that blocked for
   // its peers could starve them, so the last rank to arrive issues for all,
   // or (FICCO_CPU_ISSUE=async, or the C API, for tests of that mode) each
@@ -120,6 +121,33 @@ struct CpuBackend {
     });
     return ffi::Error::Success();
   }
+
+  ffi::Error ZeroOnCompute(void* data, size_t bytes) {
+    std::memset(data, 0, bytes);
+    return ffi::Error::Success();
+  }
+
+  // CUDA's flag stream, on a queue of its own: `out` is set once `*flag >=
+  // target` (after `after`), or failed past the plan's timeout, which the
+  // copies waiting on it then report. XLA:CPU runs the start only after the
+  // kernel's results are complete, so here the wait is a check.
+  ffi::Error FlagReady(int32_t device, const int32_t* flag, int64_t target,
+                       Event* after, Event* out, int64_t timeout_ms) {
+    Queue(device, kFlagQueue).Push([flag, target, after, out, timeout_ms] {
+      const auto deadline = DeadlineAfter(timeout_ms);
+      bool ok = after->WaitUntil(deadline) == CpuEvent::kOk;
+      const auto* atomic_flag = reinterpret_cast<const std::atomic<int32_t>*>(flag);
+      while (ok && atomic_flag->load(std::memory_order_acquire) < target) {
+        if (Clock::now() >= deadline) ok = false;
+        std::this_thread::yield();
+      }
+      out->Set(ok ? CpuEvent::kOk : CpuEvent::kFailed);
+    });
+    return ffi::Error::Success();
+  }
+
+  // Copy queues are indices [0, num_streams), the completer -1.
+  static constexpr int64_t kFlagQueue = int64_t{1} << 40;
 };
 
 // One asynchronous wait or done: completes its future exactly once, with
@@ -326,6 +354,13 @@ ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
   return future;
 }
 
+ffi::Error ArmImpl(ffi::RunId run_id, int32_t device,
+                   ffi::RemainingArgs /*like*/, ffi::RemainingRets rets,
+                   ArmAttrs attrs) {
+  CpuBackend backend;
+  return Arm(backend, run_id.run_id, device, rets, attrs);
+}
+
 }  // namespace
 
 int64_t CpuLiveInvocations() { return Invocation<CpuBackend>::live.load(); }
@@ -359,3 +394,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopySyncCpu, ficco::SyncImpl,
                                   .RemainingArgs()  // outs, keepalive
                                   .RemainingRets()  // outs, aliased
                                   .Attrs<ficco::SyncAttrs>());  // layout
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoFlagsArmCpu, ficco::ArmImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .RemainingArgs()  // types only
+                                  .RemainingRets()  // flags, landings
+                                  .Attrs<ficco::ArmAttrs>());  // site

@@ -37,6 +37,7 @@ EventPools<CUevent_st>& Pools() {
 struct CudaBackend {
   using Event = CUevent_st;  // cudaEvent_t == Event*
   using Inv = Invocation<CudaBackend>;
+  static constexpr bool kFlagsMustAlias = true;
   // XLA:GPU gives every device its own host thread, and each rank issues
   // the copies it receives on its own device (one thread issuing for all,
   // with the device switches, cost ~15-20 us per copy on 4xH200 and made
@@ -150,6 +151,41 @@ struct CudaBackend {
     return ffi::Error::Success();
   }
 
+  ffi::Error ZeroOnCompute(void* data, size_t bytes) {
+    FICCO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, bytes, compute));
+    return ffi::Error::Success();
+  }
+
+  // `out` fires once `*flag >= target`, counted after `after` (the arm's
+  // zeroing). On the device's flag stream, enqueued after the kernel that
+  // bumps the flag was launched, so the wait never stands before its
+  // producer in any hardware queue (PROTOCOL.md, "Flagged starts"). Pieces
+  // complete in order, so one stream's waits in flag order lose nothing.
+  // No host bound here: the kernel is enqueued and always completes.
+  ffi::Error FlagReady(int32_t device, const int32_t* flag, int64_t target,
+                       Event* after, Event* out, int64_t /*timeout_ms*/) {
+    if (Ops().wait == nullptr) return ffi::Error::Internal(Ops().error);
+    ScopedDevice scoped;
+    if (auto err = scoped.Set(device); err.failure()) return err;
+    auto stream = SideStream(device, kFlagStream);
+    if (!stream.has_value()) return stream.error();
+    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(*stream, after, 0));
+    if (auto err = CheckCu(
+            Ops().wait(reinterpret_cast<CUstream>(*stream),
+                       reinterpret_cast<CUdeviceptr>(flag),
+                       static_cast<cuuint32_t>(target),
+                       CU_STREAM_WAIT_VALUE_GEQ),
+            "cuStreamWaitValue32");
+        err.failure()) {
+      return err;
+    }
+    FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(out, *stream));
+    return ffi::Error::Success();
+  }
+
+  // Copy queues are indices [0, num_streams); this one is far past them.
+  static constexpr int64_t kFlagStream = int64_t{1} << 40;
+
   cudaStream_t compute;
 };
 
@@ -175,6 +211,15 @@ ffi::Error SyncImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   ffi::Error err = BlockingSync(backend, run_id.run_id, device, *call, attrs);
   GpuTrace::Get().Stamp(device, stream, kTraceGpuSyncOut);
   return err;
+}
+
+ffi::Error ArmImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
+                   ffi::RemainingArgs /*like*/, ffi::RemainingRets rets,
+                   ArmAttrs attrs) {
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaBackend backend(stream);
+  return Arm(backend, run_id.run_id, device, rets, attrs);
 }
 
 }  // namespace
@@ -220,3 +265,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .RemainingArgs()                                // outs, keepalive
         .RemainingRets()                                // outs, aliased
         .Attrs<ficco::SyncAttrs>());                    // layout, messages
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoFlagsArmCuda, ficco::ArmImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .RemainingArgs()                                // types only
+        .RemainingRets()                                // flags, landings
+        .Attrs<ficco::ArmAttrs>());                     // site, messages

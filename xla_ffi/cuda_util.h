@@ -5,6 +5,7 @@
 #ifndef FICCO_XLA_FFI_CUDA_UTIL_H_
 #define FICCO_XLA_FFI_CUDA_UTIL_H_
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -34,6 +35,44 @@ inline ffi::Error Check(cudaError_t status, const char* call) {
       return _err;                                            \
     }                                                         \
   } while (0)
+
+// Stream memory operations (cuStreamWriteValue32 / cuStreamWaitValue32)
+// come from the driver API; cudart (linked statically) hands out the
+// driver's entry points, so no -lcuda is needed.
+using StreamValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t,
+                                   unsigned int);
+
+struct StreamOps {
+  StreamValueFn write = nullptr;
+  StreamValueFn wait = nullptr;
+  std::string error;
+};
+
+inline const StreamOps& Ops() {
+  static StreamOps* ops = [] {
+    auto* o = new StreamOps();
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(
+            "cuStreamWriteValue32", reinterpret_cast<void**>(&o->write),
+            12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion(
+            "cuStreamWaitValue32", reinterpret_cast<void**>(&o->wait), 12000,
+            cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      o->write = o->wait = nullptr;
+      o->error = "the driver has no cuStreamWriteValue32/cuStreamWaitValue32";
+    }
+    return o;
+  }();
+  return *ops;
+}
+
+inline ffi::Error CheckCu(CUresult r, const char* call) {
+  if (r == CUDA_SUCCESS) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(call) + " failed: CUresult " +
+                              std::to_string(static_cast<int>(r)));
+}
 
 // Makes `device` current for the handler's lifetime: events and streams are
 // created on the current device, and XLA's thread may have another one set.

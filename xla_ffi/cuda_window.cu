@@ -38,43 +38,6 @@ namespace {
 
 constexpr int64_t kQueueBase = int64_t{1} << 32;
 
-using StreamValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t,
-                                   unsigned int);
-
-// The stream memory operations come from the driver API; cudart (linked
-// statically) hands out the driver's entry points, so no -lcuda is needed.
-struct StreamOps {
-  StreamValueFn write = nullptr;
-  StreamValueFn wait = nullptr;
-  std::string error;
-};
-
-const StreamOps& Ops() {
-  static StreamOps* ops = [] {
-    auto* o = new StreamOps();
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion(
-            "cuStreamWriteValue32", reinterpret_cast<void**>(&o->write),
-            12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess ||
-        cudaGetDriverEntryPointByVersion(
-            "cuStreamWaitValue32", reinterpret_cast<void**>(&o->wait), 12000,
-            cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      o->write = o->wait = nullptr;
-      o->error = "the driver has no cuStreamWriteValue32/cuStreamWaitValue32";
-    }
-    return o;
-  }();
-  return *ops;
-}
-
-ffi::Error CheckCu(CUresult r, const char* call) {
-  if (r == CUDA_SUCCESS) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string(call) + " failed: CUresult " +
-                              std::to_string(static_cast<int>(r)));
-}
-
 EventPools<CUevent_st>& Pools() {
   static auto* pools = new EventPools<CUevent_st>();
   return *pools;

@@ -12,6 +12,7 @@
 // CPU twin (cpu_peer_copy.cc): worker threads and memcpy.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyStartCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopySyncCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoFlagsArmCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowStartCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCpu);
@@ -20,6 +21,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCpu);
 // CUDA (cuda_peer_copy.cu): cudaMemcpyPeerAsync on side streams.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopySyncCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoFlagsArmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCuda);

@@ -41,6 +41,13 @@ ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
   }
   if (attrs.num_streams < 1) return Invalid(attrs, "num_streams < 1");
   if (attrs.timeout_ms < 1) return Invalid(attrs, "timeout_ms < 1");
+  // An empty src_flag means no flags (the window transport's plans).
+  if (!(attrs.src_flag.size() == 0) && attrs.src_flag.size() != num_transfers) {
+    return Invalid(attrs, "src_flag length differs from the transfers'");
+  }
+  if (attrs.num_flags < 0 || (attrs.num_flags > 0 && attrs.flag_target < 1)) {
+    return Invalid(attrs, "num_flags < 0, or flags with flag_target < 1");
+  }
   if (sources.empty()) return Invalid(attrs, "no source operand");
   // Every buffer must share the row size: offsets are in rows, and a copy
   // between buffers of different rows would silently reshape the data.
@@ -66,8 +73,14 @@ ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
   const int64_t num_sources = static_cast<int64_t>(sources.size());
   for (size_t i = 0; i < num_transfers; ++i) {
     Transfer t{attrs.dst[i], attrs.dst_row[i], attrs.src_offset[i],
-               attrs.src[i], attrs.src_row[i], attrs.rows[i], attrs.stream[i]};
+               attrs.src[i], attrs.src_row[i], attrs.rows[i], attrs.stream[i],
+               (attrs.src_flag.size() == 0) ? -1 : attrs.src_flag[i]};
     const std::string at = "transfer " + std::to_string(i) + ": ";
+    if (t.src_flag < -1 || t.src_flag >= attrs.num_flags ||
+        (t.src_flag >= 0 && t.src < 0)) {
+      return Invalid(attrs, at + "src_flag outside -1..num_flags-1, or a"
+                                 " flag on a forwarded landing buffer");
+    }
     if (t.dst < 0 || t.dst >= num_landings) {
       return Invalid(attrs, at + "dst out of range");
     }
@@ -105,6 +118,15 @@ ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
   }
   for (int64_t s = 0; s < attrs.num_streams; ++s) {
     if (stream_used[s]) plan.streams_used.push_back(s);
+  }
+  plan.num_flags = attrs.num_flags;
+  plan.flag_target = attrs.flag_target;
+  std::vector<bool> flag_used(attrs.num_flags, false);
+  for (const Transfer& t : plan.transfers) {
+    if (t.src_flag >= 0) flag_used[t.src_flag] = true;
+  }
+  for (int64_t f = 0; f < attrs.num_flags; ++f) {
+    if (flag_used[f]) plan.flags_used.push_back(f);
   }
   return plan;
 }

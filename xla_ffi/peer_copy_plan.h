@@ -29,7 +29,10 @@ struct StartAttrs {
   ffi::Span<const int64_t> src_row;     // first row read
   ffi::Span<const int64_t> rows;        // rows copied
   ffi::Span<const int64_t> stream;      // copy queue on the receiver
+  ffi::Span<const int64_t> src_flag;    // source's completion flag, or -1
   int64_t num_streams;                  // queues per receiving device
+  int64_t num_flags;                    // flags operand length (0: none)
+  int64_t flag_target;                  // a flag's value once complete
   int64_t site;                         // call-site id (trace time)
   std::string_view op_name;             // for messages
   int64_t timeout_ms;                   // bound of every host wait
@@ -47,8 +50,19 @@ struct SyncAttrs {
   int64_t timeout_ms;                    // bound of every host wait
 };
 
+// ficco_flags_arm: zeroes the completion flags and marks the landing
+// buffers free on the compute stream, before the kernel that signals them.
+struct ArmAttrs {
+  int64_t site;               // the start's call site
+  std::string_view op_name;   // for messages
+};
+
 struct Transfer {
   int64_t dst, dst_row, src_offset, src, src_row, rows, stream;
+  // >= 0: the source rows are complete once the source rank's flag
+  // `src_flag` reaches the plan's flag_target (a kernel bumps it as it
+  // writes them); -1: once the source's start ran on its compute stream.
+  int64_t src_flag = -1;
 };
 
 // An owned, checked copy of StartAttrs: an invocation outlives the call frame
@@ -66,6 +80,10 @@ struct Plan {
   std::vector<int64_t> last_into;
   // streams_used: the copy queues that carry at least one transfer.
   std::vector<int64_t> streams_used;
+  // Flagged plans (num_flags > 0): the flags some transfer waits for.
+  int64_t num_flags = 0;
+  int64_t flag_target = 0;
+  std::vector<int64_t> flags_used;
 };
 
 // Shape of one buffer in rows of `row_bytes` bytes.
@@ -106,10 +124,17 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_row"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("rows"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("stream"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_flag"),
     ::xla::ffi::StructMember<int64_t>("num_streams"),
+    ::xla::ffi::StructMember<int64_t>("num_flags"),
+    ::xla::ffi::StructMember<int64_t>("flag_target"),
     ::xla::ffi::StructMember<int64_t>("site"),
     ::xla::ffi::StructMember<std::string_view>("op_name"),
     ::xla::ffi::StructMember<int64_t>("timeout_ms"));
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::ArmAttrs, ::xla::ffi::StructMember<int64_t>("site"),
+    ::xla::ffi::StructMember<std::string_view>("op_name"));
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::ficco::SyncAttrs,

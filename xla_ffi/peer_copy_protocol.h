@@ -26,6 +26,7 @@
 #ifndef FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
 #define FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -33,6 +34,7 @@
 #include <mutex>
 #include <sstream>
 #include <set>
+#include <tuple>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -108,6 +110,14 @@ ffi::Error CopyTransfer(Backend& backend,
   return err;
 }
 
+// The event after which transfer `t` may read its rows of rank `peer`: the
+// peer's start on its compute stream, or (flagged) the peer's flag of those
+// rows reaching the target, which its kernel may do long before the start.
+template <class Rank>
+auto* SourceReady(const Rank& peer, const Transfer& t) {
+  return t.src_flag >= 0 ? peer.piece_ready[t.src_flag] : peer.ready;
+}
+
 // Before rank `r`'s first copy: peer access from r's device to each of its
 // sources, and every side stream of r waits for r's `ready`: XLA may have
 // handed out the landing buffers' memory right after work still queued on
@@ -155,8 +165,8 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
     const Transfer& t = plan.transfers[i];
     for (int64_t r = 0; r < p; ++r) {
       const auto& peer = ranks[(r + t.src_offset) % p];
-      ffi::Error err =
-          backend.SideWait(inv, ranks[r].device, t.stream, peer.ready);
+      ffi::Error err = backend.SideWait(inv, ranks[r].device, t.stream,
+                                        SourceReady(peer, t));
       if (err.success()) err = CopyTransfer(backend, inv, r, i);
       if (err.failure()) return err;
     }
@@ -180,15 +190,16 @@ ffi::Error IssueRank(Backend& backend,
   bool forwards = false;
   for (const Transfer& t : plan.transfers) forwards |= t.src < 0;
   if (auto err = PrepareRank(backend, inv, r); err.failure()) return err;
-  std::set<std::pair<int64_t, int64_t>> ready_waited;  // (stream, peer rank)
+  // (stream, peer rank, flag): each queue waits once per source event.
+  std::set<std::tuple<int64_t, int64_t, int64_t>> ready_waited;
   const auto deadline = DeadlineAfter(timeout_ms);
   for (size_t i = 0; i < plan.transfers.size(); ++i) {
     const Transfer& t = plan.transfers[i];
     const int64_t peer_rank = (r + t.src_offset) % p;
     const auto& peer = ranks[peer_rank];
     ffi::Error err = ffi::Error::Success();
-    if (ready_waited.insert({t.stream, peer_rank}).second) {
-      err = backend.SideWait(inv, me.device, t.stream, peer.ready);
+    if (ready_waited.insert({t.stream, peer_rank, t.src_flag}).second) {
+      err = backend.SideWait(inv, me.device, t.stream, SourceReady(peer, t));
     }
     if (t.src < 0) {
       const int64_t forwarded = -1 - t.src;
@@ -311,6 +322,78 @@ int SetIssueMode(int mode) {
   return Registry<Backend>::Get().mode().exchange(mode);
 }
 
+// A flagged start's rank events from its arm: the ready event the arm
+// recorded before the kernel (landings free, flags zeroed), after checking
+// that the flags and landing buffers are the very ones the arm handed out.
+template <class Backend>
+ffi::Error TakeArmed(Backend&, int64_t run_id, int32_t device,
+                     const Plan& plan, const char* flags,
+                     typename Invocation<Backend>::Rank* mine) {
+  typename Registry<Backend>::Armed armed;
+  if (!Registry<Backend>::Get().PopArmed(device, run_id, plan.site, &armed)) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+        "no ficco_flags_arm of this site ran before this flagged start on"
+        " this device and execution (arm, kernel, start must run in that"
+        " order)");
+  }
+  mine->ready = armed.ready;  // Released with the rank from now on.
+  // The CPU twin runs the start after the kernel's results are complete,
+  // so a copied flags buffer holds the final counts there; on CUDA the copy
+  // engines would wait on a buffer the kernel never bumps.
+  if ((Backend::kFlagsMustAlias && armed.flags != flags) ||
+      armed.landings != mine->landings) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+        "the flags or landing buffers differ from those ficco_flags_arm"
+        " handed out: XLA copied one between them, so the copy engines"
+        " could read flags or write landings the kernel does not use");
+  }
+  return ffi::Error::Success();
+}
+
+// ficco_flags_arm on `device`: zero the flags on the compute stream, record
+// an event after that (and after everything XLA ran before, so the landing
+// buffers are free), and hand it to this site's next start.
+template <class Backend>
+ffi::Error Arm(Backend& backend, int64_t run_id, int32_t device,
+               ffi::RemainingRets rets, const ArmAttrs& attrs) {
+  const std::string where = "ficco_flags_arm of '" +
+                            std::string(attrs.op_name) + "' (site " +
+                            std::to_string(attrs.site) + ") on device " +
+                            std::to_string(device);
+  typename Registry<Backend>::Armed armed;
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto b = rets.get<ffi::AnyBuffer>(i);
+    if (!b.has_value()) return b.error();
+    char* data = static_cast<char*>((*b)->untyped_data());
+    if (i > 0) {
+      armed.landings.push_back(data);
+      continue;
+    }
+    if ((*b)->element_type() != ffi::DataType::S32) {
+      return ffi::Error::InvalidArgument(where +
+                                         ": result 0 (flags) must be int32");
+    }
+    armed.flags = data;
+    if (auto err = backend.ZeroOnCompute(data, (*b)->size_bytes());
+        err.failure()) {
+      return err;
+    }
+  }
+  if (armed.flags == nullptr) {
+    return ffi::Error::InvalidArgument(where + ": no flags result");
+  }
+  auto ev = Backend::AcquireEvent(device);
+  if (!ev.has_value()) return ev.error();
+  if (auto err = backend.RecordOnCompute(device, *ev); err.failure()) {
+    Backend::ReleaseEvent(device, *ev);
+    return err;
+  }
+  armed.ready = *ev;
+  Registry<Backend>::Get().PushArmed(device, run_id, attrs.site,
+                                     std::move(armed));
+  return ffi::Error::Success();
+}
+
 // Start: publish this rank, then, by the issue mode (issuer.h): wait,
 // bounded, for every rank to publish and enqueue the copies this rank
 // receives (parallel); hand that to the device's issuer thread and return
@@ -334,13 +417,35 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
   Rank mine;
   mine.device = device;
   std::vector<BufferShape> source_shapes, landing_shapes;
-  for (size_t i = 0; i < args.size(); ++i) {
+  // Flagged plans: sources, the flags, then the landing buffers the arm
+  // handed out (aliased to the results). Otherwise: sources only.
+  const bool flagged = attrs.num_flags > 0;
+  const size_t num_sources =
+      flagged ? args.size() - std::min(args.size(), 1 + rets.size())
+              : args.size();
+  for (size_t i = 0; i < num_sources; ++i) {
     auto b = args.get<ffi::AnyBuffer>(i);
     if (!b.has_value()) return b.error();
     auto shape = ShapeOf(*b);
     if (!shape.has_value()) return shape.error();
     source_shapes.push_back(*shape);
     mine.sources.push_back(static_cast<const char*>(b->untyped_data()));
+  }
+  const char* flags = nullptr;
+  if (flagged) {
+    auto f = args.get<ffi::AnyBuffer>(num_sources);
+    if (num_sources == 0 || args.size() != num_sources + 1 + rets.size() ||
+        !f.has_value() || f->element_type() != ffi::DataType::S32 ||
+        static_cast<int64_t>(f->element_count()) != attrs.num_flags) {
+      return ffi::Error::InvalidArgument(
+          "ficco peer copy start of '" + std::string(attrs.op_name) +
+          "': a flagged start takes sources, one int32[" +
+          std::to_string(attrs.num_flags) +
+          "] flags buffer and its landing buffers, got " +
+          std::to_string(args.size()) + " operands for " +
+          std::to_string(rets.size()) + " results");
+    }
+    flags = static_cast<const char*>(f->untyped_data());
   }
   for (size_t i = 0; i < rets.size(); ++i) {
     auto b = rets.get<ffi::AnyBuffer>(i);
@@ -367,14 +472,32 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
       *e = *ev;
       return ffi::Error::Success();
     };
-    ffi::Error err = acquire(&mine.ready);
+    ffi::Error err = flagged ? TakeArmed(backend, run_id, device, *plan,
+                                         flags, &mine)
+                             : acquire(&mine.ready);
     for (size_t i = 0; err.success() && i < plan->transfers.size(); ++i) {
       err = acquire(&mine.arrival.emplace_back(nullptr));
     }
     mine.stamps.assign(plan->transfers.size(), 0);
-    // The sources are complete on the compute stream here, and the landing
-    // buffers free.
-    if (err.success()) err = backend.RecordOnCompute(device, mine.ready);
+    if (flagged) {
+      // Each flag some peer reads from: once it reaches the target (the
+      // kernel, launched before this start, bumps it as it stores those
+      // rows), its event fires; the peers' copies wait for that event.
+      mine.piece_ready.assign(plan->num_flags, nullptr);
+      for (int64_t f : plan->flags_used) {
+        if (err.success()) err = acquire(&mine.piece_ready[f]);
+        if (err.success()) {
+          err = backend.FlagReady(
+              device, reinterpret_cast<const int32_t*>(flags) + f,
+              plan->flag_target, mine.ready, mine.piece_ready[f],
+              plan->timeout_ms);
+        }
+      }
+    } else if (err.success()) {
+      // The sources are complete on the compute stream here, and the
+      // landing buffers free.
+      err = backend.RecordOnCompute(device, mine.ready);
+    }
     if (err.failure()) {
       Inv::ReleaseEvents(mine);
       return ffi::Error(err.errc().value_or(ffi::ErrorCode::kInternal),

@@ -153,6 +153,8 @@ struct Invocation {
     std::vector<const char*> sources;
     std::vector<char*> landings;
     Event* ready = nullptr;         // sources complete on the compute stream
+                                    // (flagged: landings free, flags zeroed)
+    std::vector<Event*> piece_ready;  // flagged: per flag, its rows complete
     std::vector<Event*> arrival;    // per transfer: its copy has landed
     // Per transfer: IssueStamp() when its arrival was recorded. A queue runs
     // in issue order, so of several events on one queue the newest implies
@@ -182,8 +184,10 @@ struct Invocation {
     if (r.device < 0) return;
     if (r.ready) Backend::ReleaseEvent(r.device, r.ready);
     for (Event* e : r.arrival) if (e) Backend::ReleaseEvent(r.device, e);
+    for (Event* e : r.piece_ready) if (e) Backend::ReleaseEvent(r.device, e);
     r.ready = nullptr;
     r.arrival.clear();
+    r.piece_ready.clear();
   }
 
   // Records the first failure and wakes every host wait on this invocation,
@@ -251,6 +255,31 @@ class Registry {
   }
 
   HostStats& stats() { return stats_; }
+
+  // What ficco_flags_arm hands to the start of its site (flagged plans):
+  // the event that marks the flags zeroed and the landing buffers free, and
+  // the addresses the start must find again (a copy XLA inserted between
+  // them would break both promises).
+  struct Armed {
+    typename Backend::Event* ready = nullptr;
+    const char* flags = nullptr;
+    std::vector<char*> landings;
+  };
+  // First in first out per (device, run id, site): a scan arms and starts
+  // one site many times under one run id, always in that order.
+  void PushArmed(int32_t device, int64_t run_id, int64_t site, Armed a) {
+    std::lock_guard<SpinMutex> lock(mu_);
+    armed_[{device, run_id, site}].push_back(std::move(a));
+  }
+  bool PopArmed(int32_t device, int64_t run_id, int64_t site, Armed* out) {
+    std::lock_guard<SpinMutex> lock(mu_);
+    auto it = armed_.find({device, run_id, site});
+    if (it == armed_.end()) return false;
+    *out = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) armed_.erase(it);
+    return true;
+  }
 
   // Who issues copies (issuer.h, IssueMode); set through the C API between
   // ops, never while one is in flight.
@@ -415,6 +444,7 @@ class Registry {
     }
   }
 
+  std::map<std::tuple<int32_t, int64_t, int64_t>, std::deque<Armed>> armed_;
   HostStats stats_;
   std::atomic<int> mode_{Backend::DefaultIssueMode()};
   SpinMutex mu_;  // Short sections, taken by every device's threads.

@@ -141,8 +141,9 @@ struct WindowSyncAttrs {
 
 inline StartAttrs AsStartAttrs(const WindowStartAttrs& a) {
   return StartAttrs{a.devices, a.axis_size, a.dst, a.dst_row, a.src_offset,
-                    a.src, a.src_row, a.rows, a.stream, a.num_streams,
-                    a.site, a.op_name, a.timeout_ms};
+                    a.src, a.src_row, a.rows, a.stream,
+                    /*src_flag=*/{}, a.num_streams, /*num_flags=*/0,
+                    /*flag_target=*/0, a.site, a.op_name, a.timeout_ms};
 }
 
 // "ficco window copy of 'op' (site 3, epoch 7) on device 2 (rank 2 of 4)".

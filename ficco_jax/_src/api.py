@@ -132,12 +132,14 @@ def _static(op, axis_name, axis_size, schedule, precision,
   if not timeout_s > 0:
     raise ValueError(f"{timeout_s=} must be positive.")
   if (op == "all_gather_matmul"
-      and schedule.compute_granularity == "halving"):
+      and schedule.compute_granularity in ("halving", "flagged")):
     # The all-gather waits for a step's pieces in one landing buffer, so
-    # smaller groups would only mean more dots.
+    # smaller groups would only mean more dots; and its copies read the
+    # inputs, which no kernel of the op writes (nothing to flag).
     raise ValueError(
-        "schedule.compute_granularity='halving' is the reduce-scatter's;"
-        " all_gather_matmul takes 'piece', 'step' or None.")
+        f"schedule.compute_granularity={schedule.compute_granularity!r} is"
+        " the reduce-scatter's; all_gather_matmul takes 'piece', 'step' or"
+        " None.")
   pet = (None if preferred_element_type is None
          else np.dtype(preferred_element_type))
   return Static(axis_name=axis_name, axis_size=axis_size, schedule=schedule,
@@ -150,7 +152,12 @@ def _backward_static(st: Static, op: str) -> Static:
   # Gradients may arrive in float32 (preferred_element_type), which the
   # Hopper kernels do not take, so the backward matmuls are XLA dots; they
   # keep the forward schedule's dataflow, chunks and comm engine.
-  schedule = dataclasses.replace(st.schedule, compute="xla", num_sms=None)
+  schedule = st.schedule
+  if schedule.compute_granularity == "flagged":
+    # Flagged needs ficco's kernel, which the backward's XLA dots are not:
+    # its gradients run "piece" (the same overlap, one start per piece).
+    schedule = dataclasses.replace(schedule, compute_granularity="piece")
+  schedule = dataclasses.replace(schedule, compute="xla", num_sms=None)
   if op == "all_gather_matmul" and schedule.compute_granularity == "halving":
     # A reduce-scatter's "halving" has no all-gather form (see _static):
     # its gradient's gather runs at the all-gather's default granularity.

@@ -257,6 +257,8 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
   ``P m`` rows of the full partial that XLA's matmul + reduce_scatter holds
   (the same with either granularity).
   """
+  if st.schedule.compute_granularity == "flagged":
+    return _flagged_dma(h0, w, st, m, mc, out_dtype)
   peer_copy, kw = _dma(st)
   p = st.axis_size
   num_chunks = st.schedule.num_chunks
@@ -305,6 +307,75 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
         acc = acc + buf[slot * mc:(slot + 1) * mc].astype(acc_dtype)
     chunks.append(acc.astype(out_dtype))
   return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
+
+
+def _flagged_dma(h0, w, st, m, mc, out_dtype):
+  """The direct dataflow with ``compute_granularity="flagged"``.
+
+  One kernel computes, in order, chunk j's partial for each peer ``r + s``
+  (``s = 1 .. P - 1``), for every chunk, then this rank's own rows; it
+  bumps piece i's flag as it stores piece i. One start hands every pull to
+  the copy engines: rank r pulls slot i of rank ``r - s_i``, once that
+  rank's flag i reaches the target, so a partial leaves as soon as it is
+  written, as with ``"piece"``, for one kernel launch and one start per op.
+  ``arm`` runs first: it zeroes the flags and returns the landing buffers,
+  free from that point on, so pulls may land while the kernel still runs.
+
+  Live buffers: the ``P m`` rows of every partial and own row (one kernel
+  result) and the ``(P - 1) m`` landing rows, as ``"piece"``'s ``2 (P - 1)
+  m`` plus the own rows.
+  """
+  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+  peer_copy, kw = _dma(st)
+  p = st.axis_size
+  num_chunks = st.schedule.num_chunks
+  shifts = range(1, p)
+  # Piece order: chunk-major peers' partials, then the own rows (chunked
+  # alike, so every piece has mc rows and no tile straddles two).
+  slots = [(j, s) for j in range(num_chunks) for s in shifts]
+  table = tuple(
+      tuple((r + s) % p * m + j * mc for j, s in slots)
+      + tuple(r * m + j * mc for j in range(num_chunks))
+      for r in range(p))
+  plan = plan_lib.GatherPlan(
+      axis_size=p, shard_rows=len(table[0]) * mc,
+      landing_rows=(len(slots) * mc,),
+      transfers=tuple(
+          plan_lib.Transfer(dst=0, dst_row=i * mc, src_offset=(-s) % p,
+                            src=0, src_row=i * mc, rows=mc,
+                            stream=i % (p - 1))
+          for i, (_, s) in enumerate(slots)),
+      blocks=(), num_streams=p - 1)
+  site = peer_copy.new_site()
+  flags, landings = peer_copy.arm(
+      h0, len(table[0]), plan, site=site,
+      dtype=out_dtype, row_shape=(w.shape[1],), **_arm_kw(kw))
+  rank = lax.axis_index(st.axis_name)
+  parts, flags, target = chunk_matmul.chunk_matmul_flagged(
+      h0, chunk_matmul.ByRank(rank, table), mc, w, flags,
+      num_sms=st.schedule.num_sms, preferred_element_type=out_dtype,
+      x_zero_padded_k=h0.shape[1] != w.shape[0])
+  parts = vma.vary_like(parts, h0, w)
+  landing = peer_copy.start(
+      [parts], plan, site=site, flags=flags, landings=landings,
+      flag_target=target, src_flags=tuple(range(len(slots))), **kw)[0]
+  (pulled,) = peer_copy.sync([(landing, site)], [([parts, flags], site)],
+                             **kw)
+  own0 = len(slots) * mc
+  acc_dtype = _acc_dtype(parts.dtype)
+  chunks = []
+  for j in range(num_chunks):
+    acc = parts[own0 + j * mc:own0 + (j + 1) * mc].astype(acc_dtype)
+    for i, (jj, _) in enumerate(slots):
+      if jj == j:
+        acc = acc + pulled[i * mc:(i + 1) * mc].astype(acc_dtype)
+    chunks.append(acc.astype(out_dtype))
+  return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
+
+
+def _arm_kw(kw):
+  return {k: v for k, v in kw.items() if k != "timeout_s"}
 
 
 def _own_rows_with_pulls(h0, w, st, m, mc, in_flight):

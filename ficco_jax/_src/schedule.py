@@ -8,12 +8,12 @@ from typing import Literal
 Dataflow = Literal["none", "ring", "bidirectional", "direct"]
 Comm = Literal["xla", "dma"]
 Compute = Literal["xla", "pallas"]
-Granularity = Literal["piece", "step", "halving"]
+Granularity = Literal["piece", "step", "halving", "flagged"]
 
 DATAFLOWS: tuple[str, ...] = ("none", "ring", "bidirectional", "direct")
 COMMS: tuple[str, ...] = ("xla", "dma")
 COMPUTES: tuple[str, ...] = ("xla", "pallas")
-GRANULARITIES: tuple[str, ...] = ("piece", "step", "halving")
+GRANULARITIES: tuple[str, ...] = ("piece", "step", "halving", "flagged")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,6 +75,17 @@ class Schedule:
         dots and the own rows'. On 4 devices that is one host round trip
         and one kernel launch fewer per chunk than ``"piece"``, at the price
         of the first group's pulls starting one piece's dot later.
+      * ``"flagged"`` (reduce-scatter, ``dataflow="direct"``,
+        ``comm="dma"``, ``compute="pallas"`` only): the overlap of
+        ``"piece"`` at the host cost of ``"step"``. One kernel launch
+        computes every piece of the op, peers' pieces first, and bumps a
+        per-piece completion flag in device memory as it stores each tile;
+        one copy-engine start per op enqueues every pull behind a stream
+        wait for its piece's flag (``cuStreamWaitValue32``), so each pull
+        begins as soon as its piece is written, as with ``"piece"``, while
+        the host runs one kernel launch and one start instead of one of
+        each per piece. Rendezvous transport only (every device of the axis
+        in one process).
       * None: each op's own default: the all-gather ``"step"`` with
         ``compute="xla"`` and ``"piece"`` with ``compute="pallas"``; the
         reduce-scatter ``"piece"``.
@@ -129,6 +140,16 @@ class Schedule:
         and self.compute_granularity not in GRANULARITIES):
       raise ValueError(f"{self.compute_granularity=} must be None or one of"
                        f" {GRANULARITIES}.")
+    if self.compute_granularity == "flagged" and (
+        self.dataflow != "direct" or self.comm != "dma"
+        or self.compute != "pallas" or self.reduce_in_epilogue):
+      raise ValueError(
+          "compute_granularity='flagged' needs dataflow='direct',"
+          " comm='dma', compute='pallas' and no reduce_in_epilogue (its"
+          " kernel signals the copy engines), got"
+          f" dataflow={self.dataflow!r}, comm={self.comm!r},"
+          f" compute={self.compute!r},"
+          f" reduce_in_epilogue={self.reduce_in_epilogue}.")
     if not isinstance(self.reduce_in_epilogue, bool):
       raise TypeError(f"{self.reduce_in_epilogue=} must be a bool.")
     if self.reduce_in_epilogue and (self.dataflow != "direct"
@@ -158,7 +179,7 @@ class Schedule:
     """
     peers = axis_size - 1
     g = self.granularity(op)
-    if g == "step":
+    if g in ("step", "flagged"):
       return (peers,) if peers else ()
     if g == "halving":
       return halving_groups(peers)
@@ -207,7 +228,7 @@ class Schedule:
     except ValueError as e:
       raise ValueError(
           f"label={label!r} is not a schedule label"
-          " (dataflow/cN[/comm[/compute[/smK][/piece|step|halving][/epi]]]):"
+          " (dataflow/cN[/comm[/compute[/smK][/piece|step|halving|flagged][/epi]]]):"
           f" {e}") from e
     return cls(**kw)
 

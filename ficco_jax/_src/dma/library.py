@@ -21,6 +21,7 @@ _CPU, _CUDA = 0, 1  # FiccoPlatform in xla_ffi/ficco_ffi.h
 TARGETS: dict[str, str] = {
     "ficco_peer_copy_start": "FiccoPeerCopyStart",
     "ficco_peer_copy_sync": "FiccoPeerCopySync",
+    "ficco_flags_arm": "FiccoFlagsArm",
     "ficco_window_start": "FiccoWindowStart",
     "ficco_window_wait": "FiccoWindowWait",
     "ficco_window_done": "FiccoWindowDone",

@@ -78,8 +78,47 @@ def new_site() -> int:
   return next(_sites)
 
 
+def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
+        axis_name: str, site: int, op_name: str, dtype,
+        row_shape: tuple[int, ...]) -> tuple[jax.Array, list[jax.Array]]:
+  """Before a flagged start's kernel: zeroed flags and the landing buffers.
+
+  A flagged start (``start(..., flags=...)``) lets each copy begin when the
+  kernel that writes its source rows bumps their completion flag to the
+  target, not when the kernel ends. ``arm`` runs before that kernel, on the
+  compute stream: it zeroes ``num_flags`` int32 flags and marks the point
+  after which the landing buffers, which it returns, are free to be written
+  (PROTOCOL.md, "Flagged starts"). Pass both, untouched, to the start of
+  ``site``; the start checks that they are the same buffers.
+
+  Args:
+    like: any value varying over ``axis_name`` (it types the landing
+      buffers; not read). The flags are typed invariant, as jax >= 0.11
+      requires of a buffer a Pallas kernel writes in place.
+    num_flags: flags the kernel bumps (one per piece it hands over).
+    plan: the start's plan (its landing buffers).
+    axis_name, site, op_name: as for `start`.
+    dtype, row_shape: the landing buffers' dtype and trailing dims.
+
+  Returns:
+    (flags ``int32[num_flags]``, landing buffers as `start` returns them).
+  """
+  if isinstance(num_flags, bool) or not isinstance(num_flags, int) or (
+      num_flags < 1):
+    raise ValueError(f"num_flags={num_flags!r} must be a positive int.")
+  out = _arm_p.bind(np.int32(0), like, num_flags=num_flags,
+                    landing_rows=tuple(plan.landing_rows),
+                    dtype=np.dtype(dtype), row_shape=tuple(row_shape),
+                    axis_name=axis_name, site=site, op_name=op_name)
+  return out[0], list(out[1:])
+
+
 def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
-          site: int, op_name: str, timeout_s: float) -> list[jax.Array]:
+          site: int, op_name: str, timeout_s: float,
+          flags: jax.Array | None = None,
+          landings: Sequence[jax.Array] | None = None,
+          flag_target: int = 0,
+          src_flags: Sequence[int] | None = None) -> list[jax.Array]:
   """Issues every transfer of ``plan``; returns the landing buffers at once.
 
   Args:
@@ -91,11 +130,41 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
     site: this call site's id (`new_site`); its waits and done take it too.
     op_name: named in error messages.
     timeout_s: bound of every host wait for peers.
+    flags: flagged starts only: ``arm``'s flags, as the kernel that writes
+      the sources returned them (bumped in place). Transfer ``i`` then reads
+      its source rows once the source rank's ``flags[src_flags[i]]`` reaches
+      ``flag_target``, which may be long before this start runs.
+    landings: with ``flags``: ``arm``'s landing buffers (returned aliased).
+    flag_target: with ``flags``: a flag's value once its rows are complete.
+    src_flags: with ``flags``: per transfer of ``plan``, the flag of its
+      source rows.
 
   Returns:
     Landing buffer ``b`` of shape ``[plan.landing_rows[b], *row]``, being
     filled by the copy engines until its ``wait``.
   """
+  extra = []
+  if flags is not None:
+    src_flags = tuple(int(f) for f in (src_flags or ()))
+    if len(src_flags) != len(plan.transfers):
+      raise ValueError(f"src_flags has {len(src_flags)} entries for"
+                       f" {len(plan.transfers)} transfers: one per transfer.")
+    if flags.ndim != 1 or flags.dtype != np.int32:
+      raise ValueError(f"flags must be int32[num_flags], got {flags.dtype}"
+                       f"{list(flags.shape)}.")
+    if not all(0 <= f < flags.shape[0] for f in src_flags):
+      raise ValueError(f"src_flags={src_flags} must index flags"
+                       f" ({flags.shape[0]} of them).")
+    if isinstance(flag_target, bool) or not isinstance(flag_target, int) or (
+        flag_target < 1):
+      raise ValueError(f"flag_target={flag_target!r} must be a positive int.")
+    landings = list(landings or ())
+    if len(landings) != len(plan.landing_rows):
+      raise ValueError(f"landings has {len(landings)} buffers; the plan has"
+                       f" {len(plan.landing_rows)}.")
+    extra = [flags, *landings]
+  elif landings is not None or src_flags is not None or flag_target:
+    raise ValueError("landings, src_flags and flag_target need flags.")
   sources = list(sources)
   if not sources:
     raise ValueError("start needs at least one source operand.")
@@ -122,9 +191,11 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
     raise ValueError(
         f"{plan.axis_size=} differs from the size {axis_size} of axis"
         f" {axis_name!r}.")
-  out = _start_p.bind(*sources, plan=plan, axis_name=axis_name,
+  out = _start_p.bind(*sources, *extra, plan=plan, axis_name=axis_name,
                       op_name=op_name, timeout_ms=_timeout_ms(timeout_s),
-                      site=site)
+                      site=site, num_sources=len(sources),
+                      flag_target=int(flag_target) if extra else 0,
+                      src_flags=src_flags if extra else None)
   return list(out)
 
 
@@ -204,6 +275,17 @@ def _start_abstract_eval(*sources, plan, axis_name, **_):
           for rows in plan.landing_rows]
 
 
+def _arm_abstract_eval(flags_like, like, *, num_flags, landing_rows, dtype,
+                       row_shape, **_):
+  return [flags_like.update(shape=(num_flags,), dtype=np.dtype(np.int32))] + [
+      like.update(shape=(rows,) + tuple(row_shape), dtype=dtype)
+      for rows in landing_rows]
+
+
+_arm_p = Primitive("ficco_flags_arm")
+_arm_p.multiple_results = True
+_arm_p.def_abstract_eval(_arm_abstract_eval)
+
 _start_p = Primitive("ficco_peer_copy_start")
 _start_p.multiple_results = True
 _start_p.def_abstract_eval(_start_abstract_eval)
@@ -270,12 +352,38 @@ def _platform_of(ctx) -> int:
   return library.platform_id(platforms[0])
 
 
+def _arm_lowering(ctx, *likes, site: int, op_name: str, axis_name: str,
+                  **_):
+  library.ensure_registered()
+  mesh = _concrete_mesh(ctx, axis_name)
+  if transport(mesh, axis_name) != "rendezvous":
+    raise ValueError(
+        "Flagged starts (compute_granularity='flagged') need the rendezvous"
+        " transport (every device of the axis in this process); use another"
+        " compute_granularity across processes.")
+  return jax.ffi.ffi_lowering("ficco_flags_arm", has_side_effect=True)(
+      ctx, *likes, site=np.int64(site), op_name=op_name)
+
+
 def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
-                    op_name: str, timeout_ms: int, site: int):
+                    op_name: str, timeout_ms: int, site: int,
+                    num_sources: int, flag_target: int, src_flags):
   library.ensure_registered()
   mesh = _concrete_mesh(ctx, axis_name)
   kind = transport(mesh, axis_name)
   extra = {}
+  aliases = {}
+  if src_flags is not None:
+    if kind != "rendezvous":
+      raise ValueError("Flagged starts need the rendezvous transport.")
+    # Operands: sources, flags, then arm's landing buffers, returned aliased.
+    extra.update(src_flag=np.asarray(src_flags, np.int64),
+                 num_flags=np.int64(ctx.avals_in[num_sources].shape[0]),
+                 flag_target=np.int64(flag_target))
+    aliases = {num_sources + 1 + b: b for b in range(len(plan.landing_rows))}
+  elif kind == "rendezvous":
+    extra.update(src_flag=np.full(len(plan.transfers), -1, np.int64),
+                 num_flags=np.int64(0), flag_target=np.int64(0))
   if kind == "window":
     # Every piece comes from its owner's window (no forwarding), and the
     # window must hold this rank's sources.
@@ -290,7 +398,8 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
   def column(field):
     return np.asarray([getattr(t, field) for t in plan.transfers], np.int64)
 
-  return jax.ffi.ffi_lowering(_TARGETS[kind][0], has_side_effect=True)(
+  return jax.ffi.ffi_lowering(_TARGETS[kind][0], has_side_effect=True,
+                              operand_output_aliases=aliases or None)(
       ctx, *sources,
       devices=_devices_table(mesh, axis_name, local=kind == "rendezvous"),
       axis_size=np.int64(plan.axis_size),
@@ -346,5 +455,6 @@ def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
 
 
 for _platform in ("cpu", "cuda"):
+  mlir.register_lowering(_arm_p, _arm_lowering, platform=_platform)
   mlir.register_lowering(_start_p, _start_lowering, platform=_platform)
   mlir.register_lowering(_sync_p, _sync_lowering, platform=_platform)

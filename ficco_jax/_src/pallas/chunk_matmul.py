@@ -438,7 +438,8 @@ def _device_num_sms() -> int:
 
 
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
-                 pieces, rank_table=None, addend_rows=(), interpreted=False):
+                 pieces, rank_table=None, addend_rows=(), interpreted=False,
+                 flagged=False):
   # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
   #           out, then the first row of each piece inside x. The mc rows of
   #           the product are `pieces` equal pieces, each a whole number of
@@ -458,9 +459,17 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   # out_gmem: (M, n) GMEM, all of out (aliased, or a fresh (mc, n) output);
   #           (epi_tile_m, epi_tile_n) sub-tiles are TMA-stored at row
   #           offset + tile row.
+  # flagged:  rest holds flags_gmem (pieces,) int32 (aliased) before
+  #           out_gmem: each compute warpgroup bumps its tile's piece flag
+  #           once the tile's stores are complete (flag_signal), so a flag
+  #           reaches flag_target(...) when its piece is written.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
-  *addend_gmems, out_gmem = rest
+  if flagged:
+    from ficco_jax._src.pallas import flag_signal  # pylint: disable=g-import-not-at-top
+    *addend_gmems, flags_gmem, out_gmem = rest
+  else:
+    *addend_gmems, out_gmem = rest
 
   dtype = x_gmem.dtype
   out_dtype = out_gmem.dtype
@@ -608,6 +617,11 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
               plgpu.commit_smem()
               plgpu.copy_smem_to_gmem(out_smem.at[wg_idx, slot],
                                       out_tile.at[epi_m, epi_n])
+          if flagged:
+            # Complete in GMEM, not only read out of shared memory: the
+            # copy engines read these rows once the flag says so.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=False)
+            flag_signal.signal(flags_gmem, m_idx // tiles_per_piece)
 
       def mma_body(_, x_smem, w_smem, acc_ref):
         plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
@@ -624,9 +638,15 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
+def flag_target(config: "ChunkMatmulConfig", piece_rows: int, n: int) -> int:
+  """A piece's flag once the flagged kernel has written it: one bump per
+  compute warpgroup (2) per CTA tile of the piece."""
+  return 2 * (piece_rows // config.cta_tile_m) * (n // config.cta_tile_n)
+
+
 def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                mosaic_interpret=None, rows=None, out_dtype=None,
-               addends=(), addend_rows=(), fresh_rows=None):
+               addends=(), addend_rows=(), fresh_rows=None, flags=None):
   """The Hopper kernel: for each of the ``len(off) // 2`` pieces ``i`` of
   ``rows / pieces`` rows, ``x[off[P + i]:][:rows / P] @ w`` into rows
   ``off[i]:`` of ``out`` (aliased), or of a fresh ``[rows, n]`` array when
@@ -671,6 +691,11 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   elif not isinstance(config, ChunkMatmulConfig):
     raise TypeError(f"config must be a ChunkMatmulConfig, got {type(config)}.")
   config.check_shapes(piece_rows, n, k)
+  if flags is not None:
+    # Tiles in piece order (row-major bands of one tile row), so the pieces
+    # complete one after another instead of all at the end.
+    config = dataclasses.replace(config, grid_minor_dim="m",
+                                 grid_tile_width=1)
   if isinstance(off_static, int) and off_static % 8:
     raise ValueError(
         f"row_offset={off_static} must be a multiple of 8 on the Hopper path"
@@ -683,7 +708,8 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                         k_iters=k // config.tile_k, mc=mc, pieces=pieces,
                         rank_table=rank_table,
                         addend_rows=tuple(int(a) for a in addend_rows),
-                        interpreted=bool(mosaic_interpret)),
+                        interpreted=bool(mosaic_interpret),
+                        flagged=flags is not None),
       out_type=(() if out is not None
                 # A fresh_rows result is written into by later calls (a
                 # Ref), which jax >= 0.11 allows only typed invariant; the
@@ -698,6 +724,12 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
       name="ficco_chunk_matmul_into",
       interpret=mosaic_interpret or False,
   )
+  if flags is not None:
+    if out is not None:
+      raise ValueError("flags need a fresh result (out=None).")
+    flags_ref = jax.new_ref(flags)
+    result = kernel(off, x, w, *addends, flags_ref)
+    return result, jax.freeze(flags_ref), flag_target(config, piece_rows, n)
   if out is None:
     return kernel(off, x, w, *addends)
   # A Ref operand is aliased in and out of the kernel (input_output_aliases
@@ -965,6 +997,7 @@ def chunk_matmul_pieces(
     addends: Sequence[jax.Array] = (),
     addend_rows: Sequence[int] | None = None,
     fresh_rows: int | None = None,
+    _flags: jax.Array | None = None,
 ) -> jax.Array:
   """Several row pieces of ``x``, each times ``w``, in one kernel launch.
 
@@ -1115,4 +1148,54 @@ def chunk_matmul_pieces(
   return _mgpu_into(out, x, w, off,
                     num_sms=num_sms, config=config, rows=n_pieces * rows,
                     out_dtype=dtype, addends=addends, addend_rows=addend_rows,
-                    fresh_rows=fresh_rows)
+                    fresh_rows=fresh_rows, flags=_flags)
+
+
+def chunk_matmul_flagged(
+    x: jax.Array,
+    x_rows: ByRank,
+    rows: int,
+    w: jax.Array,
+    flags: jax.Array,
+    *,
+    num_sms: int | None = None,
+    preferred_element_type: Any = None,
+    interpret: bool | None = None,
+    config: ChunkMatmulConfig | None = None,
+    x_zero_padded_k: bool = False,
+) -> tuple[jax.Array, jax.Array, int]:
+  """`chunk_matmul_pieces` (stacked, fresh result) that signals each piece.
+
+  One launch multiplies every piece, in order, and bumps ``flags[i]`` as
+  it writes piece ``i``'s tiles: the reduce-scatter's flagged granularity,
+  whose copy engines start on a piece as soon as its flag reaches the
+  target, with one kernel and one start per op instead of one of each per
+  piece.
+
+  Args:
+    x, x_rows, rows, w, num_sms, preferred_element_type, interpret, config,
+      x_zero_padded_k: as for `chunk_matmul_pieces`.
+    flags: ``int32[len(pieces)]`` of zeros (`peer_copy.arm`'s), typed
+      invariant over shard_map's axes (the kernel writes it in place).
+
+  Returns:
+    (the stacked pieces, the flags as written, the target a flag reaches
+    once its piece is complete). Interpret mode computes everything before
+    it returns, so there every flag is 1 and the target 1.
+  """
+  n_pieces = len(x_rows.table[0]) if isinstance(x_rows, ByRank) else len(
+      x_rows)
+  if (getattr(flags, "shape", None) != (n_pieces,)
+      or getattr(flags, "dtype", None) != jnp.int32):
+    raise ValueError(
+        f"flags must be int32[{n_pieces}] (one per piece), got"
+        f" {getattr(flags, 'dtype', None)}{list(getattr(flags, 'shape', []))}.")
+  out = chunk_matmul_pieces(x, x_rows, rows, w, num_sms=num_sms,
+                            preferred_element_type=preferred_element_type,
+                            interpret=interpret, config=config,
+                            x_zero_padded_k=x_zero_padded_k,
+                            _flags=None if _resolve_interpret(interpret)
+                            else flags)
+  if _resolve_interpret(interpret):
+    return out, flags + 1, 1
+  return out

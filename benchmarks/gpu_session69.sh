@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 16, call B, for the 4-GPU machine (nvidia-h200-x4). ~8 min.
+# As shipped after call A: llama3-8b M4096 on the flagged granularity, qwen2-72b
+# on the Pallas kernel. The flagged GPU tests (the CUDA alias guard, the
+# kernel path in test_ops), then issue 6's ten shapes with schedule=None
+# (the cache) and piece c1, interleaved in one process; one archive.
+set -u
+source "$(dirname "$0")/gpu_env.sh"
+R=/tmp/r69; rm -rf "$R"; mkdir -p "$R"
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+python3 -c "import jax; print('jax', jax.__version__)"
+t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+t tests
+(cd /tmp && timeout 200 python3 -P -m pytest -q "$OLDPWD/tests/test_dma_protocol.py" "$OLDPWD/tests/test_ops.py" -k "flagged or pallas_compute" \
+  > "$R/pytest_flagged.txt" 2>&1); echo "pytest rc=$?"; tail -3 "$R/pytest_flagged.txt"
+t rs
+timeout 300 python3 benchmarks/stall_watch.py --out="$R/stall.txt" --stall_s=40 -- \
+  benchmarks/rs_bench.py --axis_sizes=4 \
+  --models=llama3-8b,llama3-70b,qwen2-72b,gpt3-175b --tokens=4096,8192 --square=true \
+  --schedules=default,direct/c1/dma/pallas \
+  --interleave --rounds=7 --iters=20 --min_round_ms=25 --settle_ms=10 --order=shuffle \
+  --time_budget_s=250 --out_dir="$R" --tag=w4_ten_s16b > "$R/rs.log" 2>&1
+echo "rs rc=$?"; tail -2 "$R/rs.log"
+python3 benchmarks/rs_summary.py "$R/rs_w4_ten_s16b.json"
+tar czf "$OUT/r69.tgz" -C /tmp r69; ls -la "$OUT"
+t end
