@@ -610,7 +610,9 @@ def test_flagged_start_times_out_on_a_flag_never_set():
   mesh = _mesh("cpu", "4")
   f = _shard_map(mesh, lambda x: (_flagged_roll(x, bump=False,
                                                 timeout_s=0.5),), 1)
-  with pytest.raises(Exception, match="waited more than 500 ms"):
+  # The copy queue's wait for the flag or the sync's wait for the copies
+  # times out first, whichever thread gets there.
+  with pytest.raises(Exception, match="500 ms"):
     jax.block_until_ready(f(_input(mesh, (5,))))
   _assert_idle("cpu")
 
