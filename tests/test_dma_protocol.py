@@ -562,15 +562,20 @@ def test_issuer_threads_are_named_and_pinned_on_request(cpus):
     assert all(len(v) == len(os.sched_getaffinity(0)) for v in pins.values())
 
 
+def _roll_plan(rows):
+  """Rank r pulls all ``rows`` of rank r + 1, on one copy queue."""
+  return plan_lib.GatherPlan(
+      axis_size=4, shard_rows=rows, landing_rows=(rows,),
+      transfers=(plan_lib.Transfer(dst=0, dst_row=0, src_offset=1, src=0,
+                                   src_row=0, rows=rows, stream=0),),
+      blocks=(), num_streams=1)
+
+
 def _flagged_roll(x, *, bump, timeout_s):
   """Rank r's rows from rank r + 1 through a flagged start: the copy waits
   for the source's flag 1 to reach 5 (``bump`` sets it; without, it never
   does)."""
-  plan = plan_lib.GatherPlan(
-      axis_size=4, shard_rows=x.shape[0], landing_rows=(x.shape[0],),
-      transfers=(plan_lib.Transfer(dst=0, dst_row=0, src_offset=1, src=0,
-                                   src_row=0, rows=x.shape[0], stream=0),),
-      blocks=(), num_streams=1)
+  plan = _roll_plan(x.shape[0])
   site = peer_copy.new_site()
   kw = dict(axis_name="x", site=site, op_name="test_flagged")
   flags, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
@@ -621,11 +626,7 @@ def test_flagged_start_needs_the_arms_landing_buffers():
   mesh = _mesh("cpu", "4")
 
   def body(x):
-    plan = plan_lib.GatherPlan(
-        axis_size=4, shard_rows=x.shape[0], landing_rows=(x.shape[0],),
-        transfers=(plan_lib.Transfer(dst=0, dst_row=0, src_offset=1, src=0,
-                                     src_row=0, rows=x.shape[0], stream=0),),
-        blocks=(), num_streams=1)
+    plan = _roll_plan(x.shape[0])
     site = peer_copy.new_site()
     kw = dict(axis_name="x", site=site, op_name="test_flagged")
     flags, _ = peer_copy.arm(x, 1, plan, dtype=x.dtype,

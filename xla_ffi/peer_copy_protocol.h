@@ -326,7 +326,7 @@ int SetIssueMode(int mode) {
 // recorded before the kernel (landings free, flags zeroed), after checking
 // that the flags and landing buffers are the very ones the arm handed out.
 template <class Backend>
-ffi::Error TakeArmed(Backend&, int64_t run_id, int32_t device,
+ffi::Error TakeArmed(int64_t run_id, int32_t device,
                      const Plan& plan, const char* flags,
                      typename Invocation<Backend>::Rank* mine) {
   typename Registry<Backend>::Armed armed;
@@ -472,8 +472,8 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
       *e = *ev;
       return ffi::Error::Success();
     };
-    ffi::Error err = flagged ? TakeArmed(backend, run_id, device, *plan,
-                                         flags, &mine)
+    ffi::Error err = flagged ? TakeArmed<Backend>(run_id, device, *plan,
+                                                  flags, &mine)
                              : acquire(&mine.ready);
     for (size_t i = 0; err.success() && i < plan->transfers.size(); ++i) {
       err = acquire(&mine.arrival.emplace_back(nullptr));

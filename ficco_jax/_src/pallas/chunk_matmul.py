@@ -1183,19 +1183,17 @@ def chunk_matmul_flagged(
     once its piece is complete). Interpret mode computes everything before
     it returns, so there every flag is 1 and the target 1.
   """
-  n_pieces = len(x_rows.table[0]) if isinstance(x_rows, ByRank) else len(
-      x_rows)
+  n_pieces = len(x_rows)
   if (getattr(flags, "shape", None) != (n_pieces,)
       or getattr(flags, "dtype", None) != jnp.int32):
     raise ValueError(
         f"flags must be int32[{n_pieces}] (one per piece), got"
         f" {getattr(flags, 'dtype', None)}{list(getattr(flags, 'shape', []))}.")
+  interpret = _resolve_interpret(interpret)
   out = chunk_matmul_pieces(x, x_rows, rows, w, num_sms=num_sms,
                             preferred_element_type=preferred_element_type,
                             interpret=interpret, config=config,
                             x_zero_padded_k=x_zero_padded_k,
-                            _flags=None if _resolve_interpret(interpret)
-                            else flags)
-  if _resolve_interpret(interpret):
-    return out, flags + 1, 1
-  return out
+                            _flags=None if interpret else flags)
+  # The Hopper path returns (pieces, flags, target) itself.
+  return (out, flags + 1, 1) if interpret else out
