@@ -534,6 +534,38 @@ def test_hopper_kernel_by_rank_offsets_in_mosaic_gpu_interpreter(monkeypatch,
       assert rel < 1e-2, (r, dst, rel)
 
 
+@pytest.mark.parametrize("variant", [("piece", "boundary"),
+                                     ("rows", "boundary"),
+                                     ("piece", "complete")])
+def test_hopper_kernel_flags_count_each_piece_in_mosaic_gpu_interpreter(
+    monkeypatch, variant):
+  # The flagged kernel's bump logic: every piece's flag must reach
+  # flag_target exactly, whichever CTA runs which tile. Five CTAs over three
+  # pieces of four tiles each, so CTAs cross piece boundaries at different
+  # tiles and the "boundary" bump (deferred to the next tile of the same
+  # piece, or made at once before a piece change) takes every path. The
+  # interpreter counts per (CTA, warpgroup) (no atomics there).
+  params = _mosaic_gpu_interpret_params(monkeypatch)
+  cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=64, max_concurrent_steps=2)
+  rows, k, n = 2 * cfg.cta_tile_m, 128, 2 * cfg.cta_tile_n
+  rng = np.random.default_rng(35)
+  x = jnp.asarray(rng.standard_normal((3 * rows, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+  x_rows = [2 * rows, 0, rows]
+  off = cm._offsets([0, rows, 2 * rows], x_rows)
+  flags = jnp.full((3,), 5, jnp.int32)  # Counts add to what is there.
+  result, got_flags, target = cm._mgpu_into(
+      None, x, w, off, num_sms=5, config=cfg, rows=3 * rows,
+      out_dtype=jnp.bfloat16, flags=flags, flag_variant=variant,
+      mosaic_interpret=params)
+  assert target == 2 * 2 * 2  # 2 warpgroups x 4 CTA tiles per piece
+  np.testing.assert_array_equal(np.asarray(got_flags), [5 + target] * 3)
+  got = np.asarray(result, np.float64)
+  for i, ref in enumerate(_pieces_ref(x, x_rows, rows, w)):
+    rel = np.linalg.norm(got[i * rows:(i + 1) * rows] - ref) / np.linalg.norm(ref)
+    assert rel < 1e-2, (i, rel)
+
+
 # ------------------------------------------ addends and fresh placed output
 
 

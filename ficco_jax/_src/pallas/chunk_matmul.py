@@ -439,7 +439,8 @@ def _device_num_sms() -> int:
 
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
                  pieces, rank_table=None, addend_rows=(), interpreted=False,
-                 flagged=False):
+                 flagged=False, num_ctas=1, flag_walk="piece",
+                 flag_bump="boundary"):
   # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
   #           out, then the first row of each piece inside x. The mc rows of
   #           the product are `pieces` equal pieces, each a whole number of
@@ -463,11 +464,38 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   #           out_gmem: each compute warpgroup bumps its tile's piece flag
   #           once the tile's stores are complete (flag_signal), so a flag
   #           reaches flag_target(...) when its piece is written.
+  # num_ctas: the grid (CTAs of the persistent loop): a CTA's tiles are
+  #           lin, lin + num_ctas, ...
+  # flag_walk: "piece": the tiles of piece 0 first, then piece 1, ..., and
+  #           inside a piece the config's own walk (grid_minor_dim, width);
+  #           "rows": one tile row after another over all pieces (session
+  #           16's walk; kept for the kernel benchmark).
+  # flag_bump: "boundary": a tile's bump waits for its stores only where
+  #           the CTA's next tile is in another piece (or there is none);
+  #           otherwise it is made at the next tile's epilogue, once that
+  #           tile's mainloop has given the stores time to land, so the
+  #           tensor cores never wait on a store mid-piece. No flag is late:
+  #           a CTA's last tile of a piece bumps itself and the one before.
+  #           "complete": every tile waits for its stores (session 16).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
   if flagged:
     from ficco_jax._src.pallas import flag_signal  # pylint: disable=g-import-not-at-top
     *addend_gmems, flags_gmem, out_gmem = rest
+
+    def bump(piece, now):
+      # now: the piece of the tile whose epilogue makes the bump.
+      if interpreted:
+        # jax's Mosaic GPU interpreter has no atomics and no rule for
+        # flag_signal: each (CTA, compute warpgroup) counts into its own
+        # slot of a (pieces, CTAs, 2) buffer, which _mgpu_into sums, so the
+        # tests check the bump logic on CPU. A late bump (made while the CTA
+        # works on a later piece, which would hold that piece's copies back
+        # by a tile) is not counted, so it shows as a flag short of target.
+        at = (piece, lax.axis_index("sm"), lax.axis_index("wg"))
+        flags_gmem[at] = flags_gmem[at] + (piece == now).astype(jnp.int32)
+      else:
+        flag_signal.signal(flags_gmem, piece)
   else:
     *addend_gmems, out_gmem = rest
 
@@ -557,12 +585,29 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
       return (pl.multiple_of(piece_out + within * cta_tile_m, 8),
               pl.multiple_of(piece_x + within * cta_tile_m, 8))
 
-    @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+    num_tiles = m_iters * n_iters
+    piece_tiles = tiles_per_piece * n_iters
+    piece_of = lambda lin: lin // piece_tiles  # Pieces are runs of lin.
+    deferred = flagged and flag_bump == "boundary"
+
+    def ends_piece(lin):
+      # The CTA's next tile is in another piece, or there is none.
+      nxt = lin + num_ctas
+      return (nxt >= num_tiles) | (piece_of(nxt) != piece_of(lin))
+
+    @plgpu.nd_loop((num_tiles,), collective_axes="sm")
     def _mn_loop(info):
       # jax 0.10+ passes an NDLoopInfo; older versions a tuple of indices.
       (lin_idx,) = getattr(info, "index", info)
-      m_idx, n_idx = plgpu.planar_snake(
-          lin_idx, (m_iters, n_iters), minor, c.grid_tile_width)
+      if flagged and flag_walk == "piece":
+        piece = piece_of(lin_idx)
+        m_in, n_idx = plgpu.planar_snake(
+            lin_idx - piece * piece_tiles, (tiles_per_piece, n_iters), minor,
+            c.grid_tile_width)
+        m_idx = piece * tiles_per_piece + m_in
+      else:
+        m_idx, n_idx = plgpu.planar_snake(
+            lin_idx, (m_iters, n_iters), minor, c.grid_tile_width)
       out_row, x_row = tile_rows(m_idx)
       cta_m_slice = pl.ds(x_row, cta_tile_m)
       cta_n_slice = pl.ds(n_idx * cta_tile_n, cta_tile_n)
@@ -583,8 +628,17 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
           # descriptor spans all of out and takes the offset as a coordinate.
           out_rows = pl.ds(out_row, cta_tile_m)
           out_tile = out_gmem.at[out_rows, cta_n_slice].at[wg_m_slice, wg_n_slice]
-          # Let the previous tile's stores finish reading out_smem first.
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          # Let the previous tile's stores finish reading out_smem first
+          # (and, for a deferred bump, land: a mainloop after they were
+          # issued, this wait rarely waits).
+          plgpu.wait_smem_to_gmem(0, wait_read_only=not deferred)
+          if deferred:
+            prev = lin_idx - num_ctas
+
+            @pl.when((prev >= 0) & jnp.logical_not(
+                ends_piece(jnp.maximum(prev, 0))))
+            def _bump_previous():
+              bump(piece_of(prev), piece_of(lin_idx))
           for epi_mi in range(tile_m // epi_tile_m):
             for epi_ni in range(tile_n // epi_tile_n):
               epi_m = slice(epi_mi * epi_tile_m, (epi_mi + 1) * epi_tile_m)
@@ -617,11 +671,16 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
               plgpu.commit_smem()
               plgpu.copy_smem_to_gmem(out_smem.at[wg_idx, slot],
                                       out_tile.at[epi_m, epi_n])
-          if flagged:
+          if flagged and not deferred:
             # Complete in GMEM, not only read out of shared memory: the
             # copy engines read these rows once the flag says so.
             plgpu.wait_smem_to_gmem(0, wait_read_only=False)
-            flag_signal.signal(flags_gmem, m_idx // tiles_per_piece)
+            bump(m_idx // tiles_per_piece, m_idx // tiles_per_piece)
+          elif deferred:
+            @pl.when(ends_piece(lin_idx))
+            def _bump_now():
+              plgpu.wait_smem_to_gmem(0, wait_read_only=False)
+              bump(piece_of(lin_idx), piece_of(lin_idx))
 
       def mma_body(_, x_smem, w_smem, acc_ref):
         plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
@@ -646,7 +705,8 @@ def flag_target(config: "ChunkMatmulConfig", piece_rows: int, n: int) -> int:
 
 def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                mosaic_interpret=None, rows=None, out_dtype=None,
-               addends=(), addend_rows=(), fresh_rows=None, flags=None):
+               addends=(), addend_rows=(), fresh_rows=None, flags=None,
+               flag_variant=("piece", "boundary")):
   """The Hopper kernel: for each of the ``len(off) // 2`` pieces ``i`` of
   ``rows / pieces`` rows, ``x[off[P + i]:][:rows / P] @ w`` into rows
   ``off[i]:`` of ``out`` (aliased), or of a fresh ``[rows, n]`` array when
@@ -691,9 +751,9 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   elif not isinstance(config, ChunkMatmulConfig):
     raise TypeError(f"config must be a ChunkMatmulConfig, got {type(config)}.")
   config.check_shapes(piece_rows, n, k)
-  if flags is not None:
-    # Tiles in piece order (row-major bands of one tile row), so the pieces
-    # complete one after another instead of all at the end.
+  flag_walk, flag_bump = flag_variant
+  if flags is not None and flag_walk == "rows":
+    # Session 16's walk: row-major bands of one tile row over all pieces.
     config = dataclasses.replace(config, grid_minor_dim="m",
                                  grid_tile_width=1)
   if isinstance(off_static, int) and off_static % 8:
@@ -709,7 +769,8 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                         rank_table=rank_table,
                         addend_rows=tuple(int(a) for a in addend_rows),
                         interpreted=bool(mosaic_interpret),
-                        flagged=flags is not None),
+                        flagged=flags is not None, num_ctas=grid,
+                        flag_walk=flag_walk, flag_bump=flag_bump),
       out_type=(() if out is not None
                 # A fresh_rows result is written into by later calls (a
                 # Ref), which jax >= 0.11 allows only typed invariant; the
@@ -727,6 +788,12 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   if flags is not None:
     if out is not None:
       raise ValueError("flags need a fresh result (out=None).")
+    if mosaic_interpret:
+      # Per-(CTA, warpgroup) counts (see bump in _mgpu_kernel).
+      counts_ref = jax.new_ref(jnp.zeros((pieces, grid, 2), jnp.int32))
+      result = kernel(off, x, w, *addends, counts_ref)
+      flags = flags + jax.freeze(counts_ref).sum((1, 2))
+      return result, flags, flag_target(config, piece_rows, n)
     flags_ref = jax.new_ref(flags)
     result = kernel(off, x, w, *addends, flags_ref)
     return result, jax.freeze(flags_ref), flag_target(config, piece_rows, n)
@@ -998,6 +1065,7 @@ def chunk_matmul_pieces(
     addend_rows: Sequence[int] | None = None,
     fresh_rows: int | None = None,
     _flags: jax.Array | None = None,
+    _flag_variant: tuple[str, str] = ("piece", "boundary"),
 ) -> jax.Array:
   """Several row pieces of ``x``, each times ``w``, in one kernel launch.
 
@@ -1148,7 +1216,8 @@ def chunk_matmul_pieces(
   return _mgpu_into(out, x, w, off,
                     num_sms=num_sms, config=config, rows=n_pieces * rows,
                     out_dtype=dtype, addends=addends, addend_rows=addend_rows,
-                    fresh_rows=fresh_rows, flags=_flags)
+                    fresh_rows=fresh_rows, flags=_flags,
+                    flag_variant=_flag_variant)
 
 
 def chunk_matmul_flagged(

@@ -1,0 +1,194 @@
+"""One-GPU benchmark of the flagged reduce-scatter kernel's variants.
+
+Session 16's flagged kernel (one launch for all of a device's pieces, a
+piece flag bumped per tile) read 1-17% slower than four per-piece launches
+on the GPU-bound shapes. This script times the kernel alone, per device of
+an axis of --w devices, for issue 6's ten reduce-scatter shapes
+(h [M, F/W] @ w [F/W, H], pieces of M/W rows), so the loss can be pinned to
+its cause:
+
+  xla          XLA dot of all rows (cuBLAS)
+  pieces4      W launches of one piece each (piece c1's compute)
+  one          one launch of all pieces, no flags, the config's own walk
+  flag/<walk>/<bump>
+               one flagged launch; walk "rows" (session 16: tile rows over
+               all pieces) or "piece" (piece after piece, the config's walk
+               inside); bump "complete" (every tile waits for its stores,
+               session 16) or "boundary" (only a CTA's last tile of a
+               piece waits; chunk_matmul._mgpu_kernel)
+
+The flags are zeroed by the jitted call itself (no copy protocol here), and
+each flagged variant's flags are checked against flag_target once. Timing:
+benchmarks/timing.py, interleaved per shape. Writes
+--out_dir/flag_kernel_<tag>.{json,md}.
+
+  PYTHONPATH=. python3 benchmarks/flag_kernel_bench.py --out_dir=/tmp/r
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+
+from absl import app
+from absl import flags
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import timing  # noqa: E402  pylint: disable=g-import-not-at-top
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("w", 4, "Axis size the per-device shapes are cut for.")
+flags.DEFINE_string("variants",
+                    "xla,pieces4,one,flag/rows/complete,flag/piece/complete,"
+                    "flag/rows/boundary,flag/piece/boundary",
+                    "Comma-separated variants (module docstring).")
+flags.DEFINE_string("shapes", "", "Comma-separated case names (default: all).")
+flags.DEFINE_integer("rounds", 7, "Timed rounds.")
+flags.DEFINE_integer("iters", 20, "Calls per round (raised by min_round_ms).")
+flags.DEFINE_float("min_round_ms", 25.0, "Shortest round.")
+flags.DEFINE_string("out_dir", "/tmp", "Where results go.")
+flags.DEFINE_string("tag", "h200", "Result file suffix.")
+
+# name: (M, K = F or the square's K, N = H); issue 6's ten shapes.
+CASES = {
+    "llama3-8b/M4096": (4096, 14336, 4096),
+    "llama3-8b/M8192": (8192, 14336, 4096),
+    "llama3-70b/M4096": (4096, 28672, 8192),
+    "llama3-70b/M8192": (8192, 28672, 8192),
+    "qwen2-72b/M4096": (4096, 29568, 8192),
+    "qwen2-72b/M8192": (8192, 29568, 8192),
+    "gpt3-175b/M4096": (4096, 49152, 12288),
+    "gpt3-175b/M8192": (8192, 49152, 12288),
+    "square/4096x8192x8192": (4096, 8192, 8192),
+    "square/16384x8192x8192": (16384, 8192, 8192),
+}
+
+
+def _build(variant, h, w, rows, pieces, padded):
+  import jax
+  import jax.numpy as jnp
+  from ficco_jax._src.pallas import chunk_matmul as cm
+
+  x_rows = [i * rows for i in range(pieces)]
+  kw = dict(x_zero_padded_k=padded)
+  if variant == "xla":
+    k = w.shape[0]
+    return jax.jit(lambda h, w: jnp.dot(h[:, :k], w)), None
+  if variant == "pieces4":
+    return jax.jit(lambda h, w: [
+        cm.chunk_matmul_pieces(h, [r], rows, w, **kw) for r in x_rows]), None
+  if variant == "one":
+    return jax.jit(lambda h, w: cm.chunk_matmul_pieces(
+        h, x_rows, rows, w, **kw)), None
+  _, walk, bump = variant.split("/")
+
+  def f(h, w):
+    out, fl, target = cm.chunk_matmul_pieces(
+        h, x_rows, rows, w, _flags=jnp.zeros((pieces,), jnp.int32),
+        _flag_variant=(walk, bump), **kw)
+    f.target = target
+    return out, fl
+  return jax.jit(f), f
+
+
+def bench_case(name, variants):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from ficco_jax._src.pallas import chunk_matmul as cm
+
+  m, k_full, n = CASES[name]
+  k = k_full // FLAGS.w
+  rows = m // FLAGS.w
+  keys = jax.random.split(jax.random.key(0), 4)
+  hs = [jax.random.normal(keys[i], (m, k), jnp.bfloat16) for i in range(2)]
+  ws = [jax.random.normal(keys[2 + i], (k, n), jnp.bfloat16) / k ** 0.5
+        for i in range(2)]
+  padded = k != cm.padded_k(k)
+  if padded:  # As the reduce-scatter does (qwen2-72b's 7392 columns).
+    hs = [cm.pad_k(h) for h in hs]
+  ref = np.asarray(jnp.dot(hs[0][:, :k], ws[0],
+                           preferred_element_type=jnp.float32))
+  rec = {"name": name, "local": {"h": [m, k], "w": [k, n], "rows": rows},
+         "methods": {}}
+  arg_sets = [(hs[i], ws[i]) for i in range(2)]
+  with timing.interleaved():
+    for v in variants:
+      try:
+        fn, holder = _build(v, hs[0], ws[0], rows, FLAGS.w, padded)
+        out = fn(*arg_sets[0])
+        got = out[0] if holder is not None else out
+        got = (jnp.concatenate(got, 0) if isinstance(got, list) else got)
+        got = np.asarray(got, np.float32)
+        err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        m_rec = {"rel_err": err}
+        if holder is not None:
+          m_rec["flags"] = [int(t) for t in np.asarray(out[1])]
+          m_rec["flag_target"] = int(holder.target)
+          m_rec["flags_ok"] = all(t == holder.target
+                                  for t in m_rec["flags"])
+        m_rec.update(timing.time_jax(fn, arg_sets, rounds=FLAGS.rounds,
+                                     iters=FLAGS.iters))
+        rec["methods"][v] = m_rec
+      except Exception as e:  # pylint: disable=broad-except
+        rec["methods"][v] = {"error": f"{type(e).__name__}: {e}"[:1500]}
+        print(f"  {v}: {rec['methods'][v]['error'][:300]}", flush=True)
+  base = rec["methods"].get("pieces4", {}).get("median_ms")
+  for v, m_rec in rec["methods"].items():
+    if base and m_rec.get("median_ms"):
+      m_rec["vs_pieces4"] = base / m_rec["median_ms"]
+  print(name, " ".join(
+      f"{v}={r.get('median_ms', float('nan')):.4f}"
+      + ("" if r.get("flags_ok", True) else "(FLAGS WRONG)")
+      for v, r in rec["methods"].items()), flush=True)
+  return rec
+
+
+def main(argv):
+  del argv
+  import jax
+  timing.set_min_round_ms(FLAGS.min_round_ms)
+  variants = [v for v in FLAGS.variants.split(",") if v]
+  names = [s for s in FLAGS.shapes.split(",") if s] or list(CASES)
+  out = {"meta": {
+      "date": datetime.datetime.now().isoformat(timespec="seconds"),
+      "jax": jax.__version__, "device": jax.devices()[0].device_kind,
+      "host": platform.node(), "argv": sys.argv, "w": FLAGS.w,
+      "timing": timing.settings()}, "cases": []}
+  for name in names:
+    out["cases"].append(bench_case(name, variants))
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  stem = os.path.join(FLAGS.out_dir, f"flag_kernel_{FLAGS.tag}")
+  with open(stem + ".json", "w") as f:
+    json.dump(out, f, indent=1)
+  lines = ["| case | " + " | ".join(variants) + " |",
+           "|---" * (len(variants) + 1) + "|"]
+  for c in out["cases"]:
+    cells = []
+    for v in variants:
+      r = c["methods"].get(v, {})
+      if "median_ms" not in r:
+        cells.append("error")
+        continue
+      cell = f"{r['median_ms']:.4f}"
+      if "vs_pieces4" in r:
+        cell += f" ({r['vs_pieces4']:.3f}x)"
+      if not r.get("flags_ok", True):
+        cell += " FLAGS WRONG"
+      cells.append(cell)
+    lines.append(f"| {c['name']} | " + " | ".join(cells) + " |")
+  with open(stem + ".md", "w") as f:
+    f.write("Median ms per call (speed vs pieces4), "
+            f"{out['meta']['device']}, jax {out['meta']['jax']}\n\n"
+            + "\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  app.run(main)
