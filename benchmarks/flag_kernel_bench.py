@@ -133,9 +133,12 @@ def bench_case(name, variants):
           m_rec["flag_target"] = int(holder.target)
           m_rec["flags_ok"] = all(t == holder.target
                                   for t in m_rec["flags"])
-        m_rec.update(timing.time_jax(fn, arg_sets, rounds=FLAGS.rounds,
-                                     iters=FLAGS.iters))
-        rec["methods"][v] = m_rec
+        # Interleaved: time_jax's dict is filled when the block exits, so
+        # it is the record (not a copy of it).
+        t_rec = timing.time_jax(fn, arg_sets, rounds=FLAGS.rounds,
+                                iters=FLAGS.iters)
+        t_rec.update(m_rec)
+        rec["methods"][v] = t_rec
       except Exception as e:  # pylint: disable=broad-except
         rec["methods"][v] = {"error": f"{type(e).__name__}: {e}"[:1500]}
         print(f"  {v}: {rec['methods'][v]['error'][:300]}", flush=True)
