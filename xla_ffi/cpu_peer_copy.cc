@@ -131,8 +131,9 @@ struct CpuBackend {
   // target` (after `after`), or failed past the plan's timeout, which the
   // copies waiting on it then report. XLA:CPU runs the start only after the
   // kernel's results are complete, so here the wait is a check.
-  ffi::Error FlagReady(int32_t device, const int32_t* flag, int64_t target,
-                       Event* after, Event* out, int64_t timeout_ms) {
+  ffi::Error FlagReady(int32_t device, int64_t /*flag_index*/,
+                       const int32_t* flag, int64_t target, Event* after,
+                       Event* out, int64_t timeout_ms) {
     Queue(device, kFlagQueue).Push([flag, target, after, out, timeout_ms] {
       const auto deadline = DeadlineAfter(timeout_ms);
       bool ok = after->WaitUntil(deadline) == CpuEvent::kOk;

@@ -162,12 +162,14 @@ struct CudaBackend {
   // producer in any hardware queue (PROTOCOL.md, "Flagged starts"). Pieces
   // complete in order, so one stream's waits in flag order lose nothing.
   // No host bound here: the kernel is enqueued and always completes.
-  ffi::Error FlagReady(int32_t device, const int32_t* flag, int64_t target,
-                       Event* after, Event* out, int64_t /*timeout_ms*/) {
+  ffi::Error FlagReady(int32_t device, int64_t flag_index, const int32_t* flag,
+                       int64_t target, Event* after, Event* out,
+                       int64_t /*timeout_ms*/) {
     if (Ops().wait == nullptr) return ffi::Error::Internal(Ops().error);
     ScopedDevice scoped;
     if (auto err = scoped.Set(device); err.failure()) return err;
-    auto stream = SideStream(device, kFlagStream);
+    auto stream = SideStream(
+        device, kFlagStream + (FlagStreamPerPiece() ? flag_index : 0));
     if (!stream.has_value()) return stream.error();
     FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(*stream, after, 0));
     if (auto err = CheckCu(
@@ -183,8 +185,20 @@ struct CudaBackend {
     return ffi::Error::Success();
   }
 
-  // Copy queues are indices [0, num_streams); this one is far past them.
+  // Copy queues are indices [0, num_streams); these are far past them.
   static constexpr int64_t kFlagStream = int64_t{1} << 40;
+
+  // Where the flag waits queue: one stream for all of a start's flags (in
+  // piece order, which is the order the kernel completes them), or, with
+  // FICCO_FLAG_STREAMS=piece (for measurements), one stream per flag, so
+  // no wait sits in a hardware queue ahead of another piece's wait.
+  static bool FlagStreamPerPiece() {
+    static const bool per_piece = [] {
+      const char* v = std::getenv("FICCO_FLAG_STREAMS");
+      return v != nullptr && std::string(v) == "piece";
+    }();
+    return per_piece;
+  }
 
   cudaStream_t compute;
 };

@@ -488,7 +488,7 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
         if (err.success()) err = acquire(&mine.piece_ready[f]);
         if (err.success()) {
           err = backend.FlagReady(
-              device, reinterpret_cast<const int32_t*>(flags) + f,
+              device, f, reinterpret_cast<const int32_t*>(flags) + f,
               plan->flag_target, mine.ready, mine.piece_ready[f],
               plan->timeout_ms);
         }
