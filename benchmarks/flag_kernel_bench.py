@@ -13,9 +13,11 @@ its cause:
   flag/<walk>/<bump>
                one flagged launch; walk "rows" (session 16: tile rows over
                all pieces) or "piece" (piece after piece, the config's walk
-               inside); bump "complete" (every tile waits for its stores,
-               session 16) or "boundary" (only a CTA's last tile of a
-               piece waits; chunk_matmul._mgpu_kernel)
+               inside); bump "tile" (every tile waits for its stores and
+               bumps, session 16) or "piece_end" (a CTA's last tile of a
+               piece waits and bumps once; chunk_matmul._mgpu_kernel).
+               Session 17's call B ran an earlier "complete" (= "tile") and
+               "boundary" (per-tile bumps, deferred a tile).
 
 The flags are zeroed by the jitted call itself (no copy protocol here), and
 each flagged variant's flags are checked against flag_target once. Timing:
@@ -45,8 +47,8 @@ import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("w", 4, "Axis size the per-device shapes are cut for.")
 flags.DEFINE_string("variants",
-                    "xla,pieces4,one,flag/rows/complete,flag/piece/complete,"
-                    "flag/rows/boundary,flag/piece/boundary",
+                    "xla,pieces4,one,flag/rows/tile,flag/piece/tile,"
+                    "flag/piece/piece_end",
                     "Comma-separated variants (module docstring).")
 flags.DEFINE_string("shapes", "", "Comma-separated case names (default: all).")
 flags.DEFINE_integer("rounds", 7, "Timed rounds.")

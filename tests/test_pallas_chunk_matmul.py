@@ -534,17 +534,19 @@ def test_hopper_kernel_by_rank_offsets_in_mosaic_gpu_interpreter(monkeypatch,
       assert rel < 1e-2, (r, dst, rel)
 
 
-@pytest.mark.parametrize("variant", [("piece", "boundary"),
-                                     ("rows", "boundary"),
-                                     ("piece", "complete")])
+@pytest.mark.parametrize("variant,target", [(("piece", "piece_end"), 2 * 3),
+                                            (("rows", "piece_end"), 2 * 3),
+                                            (("piece", "tile"), 2 * 4)])
 def test_hopper_kernel_flags_count_each_piece_in_mosaic_gpu_interpreter(
-    monkeypatch, variant):
+    monkeypatch, variant, target):
   # The flagged kernel's bump logic: every piece's flag must reach
-  # flag_target exactly, whichever CTA runs which tile. Five CTAs over three
-  # pieces of four tiles each, so CTAs cross piece boundaries at different
-  # tiles and the "boundary" bump (deferred to the next tile of the same
-  # piece, or made at once before a piece change) takes every path. The
-  # interpreter counts per (CTA, warpgroup) (no atomics there).
+  # flag_target exactly, whichever CTA runs which tile. Three CTAs over
+  # three pieces of four tiles each (CTA 0 runs tiles 0, 3, 6, 9: pieces
+  # 0, 0, 1, 2; CTA 1 pieces 0, 1, 1, 2; CTA 2 pieces 0, 1, 2, 2), so each
+  # CTA leaves pieces at different tiles. "piece_end" bumps once per CTA and
+  # piece (2 warpgroups x 3 CTAs), "tile" once per tile (2 x 4). The
+  # interpreter counts per (CTA, warpgroup) (no atomics there), and not a
+  # bump made while the CTA is on a later piece.
   params = _mosaic_gpu_interpret_params(monkeypatch)
   cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=64, max_concurrent_steps=2)
   rows, k, n = 2 * cfg.cta_tile_m, 128, 2 * cfg.cta_tile_n
@@ -554,11 +556,11 @@ def test_hopper_kernel_flags_count_each_piece_in_mosaic_gpu_interpreter(
   x_rows = [2 * rows, 0, rows]
   off = cm._offsets([0, rows, 2 * rows], x_rows)
   flags = jnp.full((3,), 5, jnp.int32)  # Counts add to what is there.
-  result, got_flags, target = cm._mgpu_into(
-      None, x, w, off, num_sms=5, config=cfg, rows=3 * rows,
+  result, got_flags, got_target = cm._mgpu_into(
+      None, x, w, off, num_sms=3, config=cfg, rows=3 * rows,
       out_dtype=jnp.bfloat16, flags=flags, flag_variant=variant,
       mosaic_interpret=params)
-  assert target == 2 * 2 * 2  # 2 warpgroups x 4 CTA tiles per piece
+  assert got_target == target
   np.testing.assert_array_equal(np.asarray(got_flags), [5 + target] * 3)
   got = np.asarray(result, np.float64)
   for i, ref in enumerate(_pieces_ref(x, x_rows, rows, w)):

@@ -440,7 +440,7 @@ def _device_num_sms() -> int:
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
                  pieces, rank_table=None, addend_rows=(), interpreted=False,
                  flagged=False, num_ctas=1, flag_walk="piece",
-                 flag_bump="boundary"):
+                 flag_bump="piece_end"):
   # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
   #           out, then the first row of each piece inside x. The mc rows of
   #           the product are `pieces` equal pieces, each a whole number of
@@ -470,13 +470,15 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   #           inside a piece the config's own walk (grid_minor_dim, width);
   #           "rows": one tile row after another over all pieces (session
   #           16's walk; kept for the kernel benchmark).
-  # flag_bump: "boundary": a tile's bump waits for its stores only where
-  #           the CTA's next tile is in another piece (or there is none);
-  #           otherwise it is made at the next tile's epilogue, once that
-  #           tile's mainloop has given the stores time to land, so the
-  #           tensor cores never wait on a store mid-piece. No flag is late:
-  #           a CTA's last tile of a piece bumps itself and the one before.
-  #           "complete": every tile waits for its stores (session 16).
+  # flag_bump: "piece_end": a CTA bumps a piece's flag once, at its last
+  #           tile of that piece, after waiting for all of its stores (the
+  #           wait covers every earlier tile's stores too), so a flag
+  #           reaches 2 * min(tiles per piece, CTAs) (flag_target). Each bump
+  #           is a system-scope release, which costs far more beside peer
+  #           traffic than alone (session 17: one per tile made the kernel
+  #           15-18% slower in the 4-GPU op, not on one GPU); this makes a
+  #           few per CTA. "tile": every tile waits for its stores and bumps
+  #           (session 16; kept for the kernel benchmark).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
   if flagged:
@@ -588,7 +590,6 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
     num_tiles = m_iters * n_iters
     piece_tiles = tiles_per_piece * n_iters
     piece_of = lambda lin: lin // piece_tiles  # Pieces are runs of lin.
-    deferred = flagged and flag_bump == "boundary"
 
     def ends_piece(lin):
       # The CTA's next tile is in another piece, or there is none.
@@ -628,17 +629,8 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
           # descriptor spans all of out and takes the offset as a coordinate.
           out_rows = pl.ds(out_row, cta_tile_m)
           out_tile = out_gmem.at[out_rows, cta_n_slice].at[wg_m_slice, wg_n_slice]
-          # Let the previous tile's stores finish reading out_smem first
-          # (and, for a deferred bump, land: a mainloop after they were
-          # issued, this wait rarely waits).
-          plgpu.wait_smem_to_gmem(0, wait_read_only=not deferred)
-          if deferred:
-            prev = lin_idx - num_ctas
-
-            @pl.when((prev >= 0) & jnp.logical_not(
-                ends_piece(jnp.maximum(prev, 0))))
-            def _bump_previous():
-              bump(piece_of(prev), piece_of(lin_idx))
+          # Let the previous tile's stores finish reading out_smem first.
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
           for epi_mi in range(tile_m // epi_tile_m):
             for epi_ni in range(tile_n // epi_tile_n):
               epi_m = slice(epi_mi * epi_tile_m, (epi_mi + 1) * epi_tile_m)
@@ -671,16 +663,17 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
               plgpu.commit_smem()
               plgpu.copy_smem_to_gmem(out_smem.at[wg_idx, slot],
                                       out_tile.at[epi_m, epi_n])
-          if flagged and not deferred:
+          if flagged:
             # Complete in GMEM, not only read out of shared memory: the
             # copy engines read these rows once the flag says so.
-            plgpu.wait_smem_to_gmem(0, wait_read_only=False)
-            bump(m_idx // tiles_per_piece, m_idx // tiles_per_piece)
-          elif deferred:
-            @pl.when(ends_piece(lin_idx))
-            def _bump_now():
+            def publish():
               plgpu.wait_smem_to_gmem(0, wait_read_only=False)
-              bump(piece_of(lin_idx), piece_of(lin_idx))
+              bump(piece_of(lin_idx), m_idx // tiles_per_piece)
+
+            if flag_bump == "tile":
+              publish()
+            else:
+              pl.when(ends_piece(lin_idx))(publish)
 
       def mma_body(_, x_smem, w_smem, acc_ref):
         plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
@@ -697,16 +690,20 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def flag_target(config: "ChunkMatmulConfig", piece_rows: int, n: int) -> int:
+def flag_target(config: "ChunkMatmulConfig", piece_rows: int, n: int,
+                num_ctas: int, bump: str = "piece_end") -> int:
   """A piece's flag once the flagged kernel has written it: one bump per
-  compute warpgroup (2) per CTA tile of the piece."""
-  return 2 * (piece_rows // config.cta_tile_m) * (n // config.cta_tile_n)
+  compute warpgroup (2) per CTA that has tiles in the piece (``piece_end``:
+  a piece's tiles are a run of consecutive tile indices, dealt round-robin
+  to ``num_ctas`` CTAs), or per CTA tile of the piece (``tile``)."""
+  tiles = (piece_rows // config.cta_tile_m) * (n // config.cta_tile_n)
+  return 2 * (tiles if bump == "tile" else min(tiles, num_ctas))
 
 
 def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                mosaic_interpret=None, rows=None, out_dtype=None,
                addends=(), addend_rows=(), fresh_rows=None, flags=None,
-               flag_variant=("piece", "boundary")):
+               flag_variant=("piece", "piece_end")):
   """The Hopper kernel: for each of the ``len(off) // 2`` pieces ``i`` of
   ``rows / pieces`` rows, ``x[off[P + i]:][:rows / P] @ w`` into rows
   ``off[i]:`` of ``out`` (aliased), or of a fresh ``[rows, n]`` array when
@@ -736,6 +733,10 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
         " operands (wgmma from shared memory); use compute='xla' for float32.")
   device_sms = _device_num_sms()
   sms = min(num_sms, device_sms) if num_sms is not None else device_sms
+  if mosaic_interpret and num_sms is not None:
+    # The interpreter simulates as many SMs as asked for; the CPU device
+    # reports none (so `device_sms` is 1 there, which would run one CTA).
+    sms = num_sms
   rank_table = None
   if isinstance(off, ByRank):
     rank_table = off.table
@@ -793,10 +794,12 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
       counts_ref = jax.new_ref(jnp.zeros((pieces, grid, 2), jnp.int32))
       result = kernel(off, x, w, *addends, counts_ref)
       flags = flags + jax.freeze(counts_ref).sum((1, 2))
-      return result, flags, flag_target(config, piece_rows, n)
+      return result, flags, flag_target(config, piece_rows, n, grid,
+                                        flag_bump)
     flags_ref = jax.new_ref(flags)
     result = kernel(off, x, w, *addends, flags_ref)
-    return result, jax.freeze(flags_ref), flag_target(config, piece_rows, n)
+    return result, jax.freeze(flags_ref), flag_target(config, piece_rows, n,
+                                                       grid, flag_bump)
   if out is None:
     return kernel(off, x, w, *addends)
   # A Ref operand is aliased in and out of the kernel (input_output_aliases
@@ -1065,7 +1068,7 @@ def chunk_matmul_pieces(
     addend_rows: Sequence[int] | None = None,
     fresh_rows: int | None = None,
     _flags: jax.Array | None = None,
-    _flag_variant: tuple[str, str] = ("piece", "boundary"),
+    _flag_variant: tuple[str, str] = ("piece", "piece_end"),
 ) -> jax.Array:
   """Several row pieces of ``x``, each times ``w``, in one kernel launch.
 
