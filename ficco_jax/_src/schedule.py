@@ -79,7 +79,8 @@ class Schedule:
         ``comm="dma"``, ``compute="pallas"`` only): the overlap of
         ``"piece"`` at the host cost of ``"step"``. One kernel launch
         computes every piece of the op, peers' pieces first, and bumps a
-        per-piece completion flag in device memory as it stores each tile;
+        per-piece completion flag in device memory once each CTA has
+        stored its tiles of that piece;
         one copy-engine start per op enqueues every pull behind a stream
         wait for its piece's flag (``cuStreamWaitValue32``), so each pull
         begins as soon as its piece is written, as with ``"piece"``, while

@@ -461,9 +461,10 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   #           (epi_tile_m, epi_tile_n) sub-tiles are TMA-stored at row
   #           offset + tile row.
   # flagged:  rest holds flags_gmem (pieces,) int32 (aliased) before
-  #           out_gmem: each compute warpgroup bumps its tile's piece flag
-  #           once the tile's stores are complete (flag_signal), so a flag
-  #           reaches flag_target(...) when its piece is written.
+  #           out_gmem: each compute warpgroup bumps a piece's flag once
+  #           its stores of that piece are complete (flag_signal; see
+  #           flag_bump), so a flag reaches flag_target(...) when its piece
+  #           is written.
   # num_ctas: the grid (CTAs of the persistent loop): a CTA's tiles are
   #           lin, lin + num_ctas, ...
   # flag_walk: "piece": the tiles of piece 0 first, then piece 1, ..., and

@@ -1,10 +1,10 @@
 """A release-ordered counter bump in GMEM from a Mosaic GPU kernel.
 
 The flagged reduce-scatter's kernel tells the copy engines that a piece is
-complete by bumping that piece's int32 counter in device memory once per
-finished tile; a side stream waits for the count (`cuStreamWaitValue32`)
-before the piece's copies start. The bump must come after the tile's
-stores and be visible to another agent (the stream front end, the copy
+complete by bumping that piece's int32 counter in device memory (each
+CTA once, after its last tile of the piece); a side stream waits for the
+count (`cuStreamWaitValue32`) before the piece's copies start. The bump
+must come after the CTA's stores and be visible to another agent (the stream front end, the copy
 engine): one lane issues ``red.release.sys.global.add.u32``, the release
 at system scope that jax's own ``semaphore_signal`` uses. jax exposes that
 instruction only on semaphore-typed refs, which live in memory jax owns;
