@@ -754,6 +754,10 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
     raise TypeError(f"config must be a ChunkMatmulConfig, got {type(config)}.")
   config.check_shapes(piece_rows, n, k)
   flag_walk, flag_bump = flag_variant
+  if flag_walk not in ("piece", "rows") or flag_bump not in ("piece_end",
+                                                             "tile"):
+    raise ValueError(f"flag_variant={flag_variant!r}: the walk is 'piece' or"
+                     " 'rows', the bump 'piece_end' or 'tile'.")
   if flags is not None and flag_walk == "rows":
     # Session 16's walk: row-major bands of one tile row over all pieces.
     config = dataclasses.replace(config, grid_minor_dim="m",
