@@ -280,3 +280,38 @@ def test_entries_are_keyed_by_the_process_layout(monkeypatch, caplog):
   direct = Schedule(dataflow="direct", num_chunks=2)
   autotune_cache.store(key2, direct)
   assert resolve() == (direct, "autotune cache")
+
+
+class _FakeDevice:
+  """Stands in for a jax device in the candidate choice (no GPU here)."""
+
+  def __init__(self, platform="gpu", compute_capability="9.0"):
+    self.platform = platform
+    self.compute_capability = compute_capability
+
+
+@pytest.mark.parametrize("op", ["matmul_reduce_scatter", "all_gather_matmul"])
+def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
+                                                                op):
+  # The shipped H200 cache holds Pallas and flagged schedules, so a user's
+  # autotune must time them too where ficco's kernel runs (sm_90+, 2-byte
+  # operands, copy engines available), and never elsewhere.
+  from ficco_jax._src import autotune as autotune_lib
+  from ficco_jax._src import heuristics
+  monkeypatch.setattr(heuristics, "dma_available", lambda platform: True)
+  args = (op, (4096, 3584), (3584, 4096), jax.numpy.bfloat16, 4, 0, "gpu")
+  hopper = autotune_lib._default_candidates(*args, _FakeDevice())
+  labels = {s.short() for s in hopper}
+  assert "direct/c1/dma/pallas" in labels and "ring/c2/dma/pallas" in labels
+  assert ("direct/c1/dma/pallas/flagged" in labels) == (
+      op == "matmul_reduce_scatter")
+  assert not any("pallas" in l and "/c4/" in l for l in labels)
+  assert not any(s.compute == "pallas" and s.comm == "xla" for s in hopper)
+  base = autotune_lib._default_candidates(*args)  # No device: none added.
+  assert not any(s.compute == "pallas" for s in base)
+  assert set(base) < set(hopper)
+  for device, dtype in ((_FakeDevice(compute_capability="8.0"), args[3]),
+                        (_FakeDevice(), np.float32),
+                        (_FakeDevice(platform="cpu"), args[3])):
+    got = autotune_lib._default_candidates(*args[:3], dtype, *args[4:], device)
+    assert not any(s.compute == "pallas" for s in got), (device.__dict__, dtype)

@@ -9,6 +9,7 @@ import time
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from ficco_jax._src import autotune_cache
 from ficco_jax._src import cost_model
@@ -66,11 +67,43 @@ def _local_shapes(op, x, w, p, axis):
   return tuple(x_local), (w.shape[0] // p, w.shape[1])
 
 
-def _default_candidates(op, x_local, w_local, dtype, p, axis, platform):
+def _hopper_kernel_runs(device, dtype) -> bool:
+  """ficco's Pallas kernel (Mosaic GPU, wgmma) runs here: an sm_90+ GPU and
+  2-byte operands."""
+  if device.platform != "gpu":
+    return False
+  cc = str(getattr(device, "compute_capability", "") or "")
+  try:
+    major = int(cc.split(".")[0])
+  except ValueError:
+    return False
+  return major >= 9 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+
+
+# Pallas variants timed by default: the one- and two-chunk copy-engine
+# schedules (what the shipped H200 cache holds; more chunks were never
+# faster there), and the reduce-scatter's flagged granularity, which the
+# cost model does not predict.
+_PALLAS_CHUNKS = (1, 2)
+
+
+def _default_candidates(op, x_local, w_local, dtype, p, axis, platform,
+                        device=None):
   comms = ("xla",) + (("dma",) if heuristics.dma_available(platform) else ())
   prob = cost_model.problem(op, x_shape=x_local, w_shape=w_local, dtype=dtype,
                             axis_size=p, axis=axis)
-  return cost_model.candidates(prob, comms)
+  out = list(cost_model.candidates(prob, comms))
+  if device is None or "dma" not in comms or not _hopper_kernel_runs(device,
+                                                                     dtype):
+    return tuple(out)
+  for s in tuple(out):
+    if (s.comm == "dma" and s.num_chunks in _PALLAS_CHUNKS
+        and s.compute_granularity is None):
+      out.append(dataclasses.replace(s, compute="pallas"))
+      if op == "matmul_reduce_scatter" and s.dataflow == "direct":
+        out.append(dataclasses.replace(s, compute="pallas",
+                                       compute_granularity="flagged"))
+  return tuple(out)
 
 
 def autotune(
@@ -102,7 +135,10 @@ def autotune(
     axis_name: the tensor-parallel axis.
     axis: ``gather_axis`` / ``scatter_axis``.
     candidates: schedules to time; default: ``"none"`` and every valid
-      dataflow x chunk count x engine (``"dma"`` only where it runs).
+      dataflow x chunk count x engine (``"dma"`` only where it runs), and,
+      where ficco's Pallas kernel runs (sm_90+, bf16/f16), the one- and
+      two-chunk copy-engine schedules with ``compute="pallas"`` and the
+      reduce-scatter's ``"flagged"`` granularity.
     store: write the result into the user cache file.
     warmup: untimed calls per candidate (the first compiles).
     rounds: timed rounds; the median round counts.
@@ -129,7 +165,7 @@ def autotune(
                               processes=jax.process_count())
   if candidates is None:
     candidates = _default_candidates(op, x_local, w_local, x.dtype, p, axis,
-                                     device.platform)
+                                     device.platform, device)
   fn_of = getattr(sharded, op)
   axis_kw = "gather_axis" if op == "all_gather_matmul" else "scatter_axis"
   timings, errors = {}, {}
