@@ -294,7 +294,7 @@ class _FakeDevice:
 def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
                                                                 op):
   # The shipped H200 cache holds Pallas and flagged schedules, so a user's
-  # autotune must time them too where ficco's kernel runs (sm_90+, 2-byte
+  # autotune must time them too where ficco's kernel runs (sm_90, 2-byte
   # operands, copy engines available), and never elsewhere.
   from ficco_jax._src import autotune as autotune_lib
   from ficco_jax._src import heuristics
@@ -303,6 +303,8 @@ def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
   hopper = autotune_lib._default_candidates(*args, _FakeDevice())
   labels = {s.short() for s in hopper}
   assert "direct/c1/dma/pallas" in labels and "ring/c2/dma/pallas" in labels
+  assert ("direct/c2/dma/pallas/step" in labels) == (
+      op == "matmul_reduce_scatter")  # The shipped llama3-70b pick.
   assert ("direct/c1/dma/pallas/flagged" in labels) == (
       op == "matmul_reduce_scatter")
   assert not any("pallas" in l and "/c4/" in l for l in labels)
@@ -311,6 +313,7 @@ def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
   assert not any(s.compute == "pallas" for s in base)
   assert set(base) < set(hopper)
   for device, dtype in ((_FakeDevice(compute_capability="8.0"), args[3]),
+                        (_FakeDevice(compute_capability="10.0"), args[3]),
                         (_FakeDevice(), np.float32),
                         (_FakeDevice(platform="cpu"), args[3])):
     got = autotune_lib._default_candidates(*args[:3], dtype, *args[4:], device)

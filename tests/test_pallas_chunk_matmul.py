@@ -534,22 +534,30 @@ def test_hopper_kernel_by_rank_offsets_in_mosaic_gpu_interpreter(monkeypatch,
       assert rel < 1e-2, (r, dst, rel)
 
 
-@pytest.mark.parametrize("variant,target", [(("piece", "piece_end"), 2 * 3),
-                                            (("rows", "piece_end"), 2 * 3),
-                                            (("piece", "tile"), 2 * 4)])
+@pytest.mark.parametrize(
+    "variant,num_sms,n_tiles,walk,target",
+    [(("piece", "piece_end"), 3, 2, ("n", 1), 2 * 3),
+     (("rows", "piece_end"), 3, 2, ("n", 1), 2 * 3),
+     (("piece", "tile"), 3, 2, ("n", 1), 2 * 4),
+     # Fewer tiles per piece (2) than CTAs (5): some CTAs skip pieces.
+     (("piece", "piece_end"), 5, 1, ("n", 1), 2 * 2),
+     # The config's walk inside a piece: m-minor bands two tiles wide.
+     (("piece", "piece_end"), 3, 2, ("m", 2), 2 * 3)])
 def test_hopper_kernel_flags_count_each_piece_in_mosaic_gpu_interpreter(
-    monkeypatch, variant, target):
+    monkeypatch, variant, num_sms, n_tiles, walk, target):
   # The flagged kernel's bump logic: every piece's flag must reach
-  # flag_target exactly, whichever CTA runs which tile. Three CTAs over
-  # three pieces of four tiles each (CTA 0 runs tiles 0, 3, 6, 9: pieces
-  # 0, 0, 1, 2; CTA 1 pieces 0, 1, 1, 2; CTA 2 pieces 0, 1, 2, 2), so each
-  # CTA leaves pieces at different tiles. "piece_end" bumps once per CTA and
-  # piece (2 warpgroups x 3 CTAs), "tile" once per tile (2 x 4). The
-  # interpreter counts per (CTA, warpgroup) (no atomics there), and not a
-  # bump made while the CTA is on a later piece.
+  # flag_target exactly, whichever CTA runs which tile. Three pieces of two
+  # tile rows x n_tiles tile columns; with 4 tiles a piece and 3 CTAs, CTA
+  # 0 runs tiles 0, 3, 6, 9 (pieces 0, 0, 1, 2), CTA 1 pieces 0, 1, 1, 2,
+  # CTA 2 pieces 0, 1, 2, 2, so each CTA leaves pieces at different tiles.
+  # "piece_end" bumps once per CTA with tiles in the piece and warpgroup
+  # (2 x min(tiles, CTAs)), "tile" once per tile and warpgroup. The
+  # interpreter counts per (CTA, warpgroup) (no atomics there) and poisons
+  # a flag that one of them bumped twice under "piece_end".
   params = _mosaic_gpu_interpret_params(monkeypatch)
-  cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=64, max_concurrent_steps=2)
-  rows, k, n = 2 * cfg.cta_tile_m, 128, 2 * cfg.cta_tile_n
+  cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
+                             grid_minor_dim=walk[0], grid_tile_width=walk[1])
+  rows, k, n = 2 * cfg.cta_tile_m, 128, n_tiles * cfg.cta_tile_n
   rng = np.random.default_rng(35)
   x = jnp.asarray(rng.standard_normal((3 * rows, k)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
@@ -557,7 +565,7 @@ def test_hopper_kernel_flags_count_each_piece_in_mosaic_gpu_interpreter(
   off = cm._offsets([0, rows, 2 * rows], x_rows)
   flags = jnp.full((3,), 5, jnp.int32)  # Counts add to what is there.
   result, got_flags, got_target = cm._mgpu_into(
-      None, x, w, off, num_sms=3, config=cfg, rows=3 * rows,
+      None, x, w, off, num_sms=num_sms, config=cfg, rows=3 * rows,
       out_dtype=jnp.bfloat16, flags=flags, flag_variant=variant,
       mosaic_interpret=params)
   assert got_target == target

@@ -160,7 +160,10 @@ struct CudaBackend {
   // zeroing). On the device's flag stream, enqueued after the kernel that
   // bumps the flag was launched, so the wait never stands before its
   // producer in any hardware queue (PROTOCOL.md, "Flagged starts"). Pieces
-  // complete in order, so one stream's waits in flag order lose nothing.
+  // complete in order where a piece has at least as many tiles as the
+  // kernel has CTAs, so one stream's waits in flag order lose nothing;
+  // where it has fewer, a later piece may finish first and wait for an
+  // earlier one's flag (later, never wrong).
   // No host bound here: the kernel is enqueued and always completes.
   ffi::Error FlagReady(int32_t device, int64_t flag_index, const int32_t* flag,
                        int64_t target, Event* after, Event* out,

@@ -68,8 +68,8 @@ def _local_shapes(op, x, w, p, axis):
 
 
 def _hopper_kernel_runs(device, dtype) -> bool:
-  """ficco's Pallas kernel (Mosaic GPU, wgmma) runs here: an sm_90+ GPU and
-  2-byte operands."""
+  """ficco's Pallas kernel (Mosaic GPU, wgmma) runs here: a Hopper (sm_90)
+  GPU and 2-byte operands."""
   if device.platform != "gpu":
     return False
   cc = str(getattr(device, "compute_capability", "") or "")
@@ -77,13 +77,15 @@ def _hopper_kernel_runs(device, dtype) -> bool:
     major = int(cc.split(".")[0])
   except ValueError:
     return False
-  return major >= 9 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+  # wgmma is sm_90a's: Blackwell (sm_100+) has no such instruction.
+  return major == 9 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
 
 
 # Pallas variants timed by default: the one- and two-chunk copy-engine
-# schedules (what the shipped H200 cache holds; more chunks were never
-# faster there), and the reduce-scatter's flagged granularity, which the
-# cost model does not predict.
+# schedules at every granularity (what the shipped H200 cache holds, e.g.
+# direct/c2/dma/pallas/step; more chunks were never faster there), and the
+# reduce-scatter's flagged granularity, which the cost model does not
+# predict.
 _PALLAS_CHUNKS = (1, 2)
 
 
@@ -97,10 +99,10 @@ def _default_candidates(op, x_local, w_local, dtype, p, axis, platform,
                                                                      dtype):
     return tuple(out)
   for s in tuple(out):
-    if (s.comm == "dma" and s.num_chunks in _PALLAS_CHUNKS
-        and s.compute_granularity is None):
+    if s.comm == "dma" and s.num_chunks in _PALLAS_CHUNKS:
       out.append(dataclasses.replace(s, compute="pallas"))
-      if op == "matmul_reduce_scatter" and s.dataflow == "direct":
+      if (op == "matmul_reduce_scatter" and s.dataflow == "direct"
+          and s.compute_granularity is None):
         out.append(dataclasses.replace(s, compute="pallas",
                                        compute_granularity="flagged"))
   return tuple(out)
@@ -136,9 +138,10 @@ def autotune(
     axis: ``gather_axis`` / ``scatter_axis``.
     candidates: schedules to time; default: ``"none"`` and every valid
       dataflow x chunk count x engine (``"dma"`` only where it runs), and,
-      where ficco's Pallas kernel runs (sm_90+, bf16/f16), the one- and
-      two-chunk copy-engine schedules with ``compute="pallas"`` and the
-      reduce-scatter's ``"flagged"`` granularity.
+      where ficco's Pallas kernel runs (sm_90, bf16/f16), the one- and
+      two-chunk copy-engine schedules (every granularity) with
+      ``compute="pallas"`` and the reduce-scatter's ``"flagged"``
+      granularity.
     store: write the result into the user cache file.
     warmup: untimed calls per candidate (the first compiles).
     rounds: timed rounds; the median round counts.

@@ -486,17 +486,14 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
     from ficco_jax._src.pallas import flag_signal  # pylint: disable=g-import-not-at-top
     *addend_gmems, flags_gmem, out_gmem = rest
 
-    def bump(piece, now):
-      # now: the piece of the tile whose epilogue makes the bump.
+    def bump(piece):
       if interpreted:
         # jax's Mosaic GPU interpreter has no atomics and no rule for
         # flag_signal: each (CTA, compute warpgroup) counts into its own
-        # slot of a (pieces, CTAs, 2) buffer, which _mgpu_into sums, so the
-        # tests check the bump logic on CPU. A late bump (made while the CTA
-        # works on a later piece, which would hold that piece's copies back
-        # by a tile) is not counted, so it shows as a flag short of target.
+        # slot of a (pieces, CTAs, 2) buffer, which _mgpu_into checks and
+        # sums, so the tests check the bump logic on CPU.
         at = (piece, lax.axis_index("sm"), lax.axis_index("wg"))
-        flags_gmem[at] = flags_gmem[at] + (piece == now).astype(jnp.int32)
+        flags_gmem[at] = flags_gmem[at] + 1
       else:
         flag_signal.signal(flags_gmem, piece)
   else:
@@ -669,7 +666,7 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
             # copy engines read these rows once the flag says so.
             def publish():
               plgpu.wait_smem_to_gmem(0, wait_read_only=False)
-              bump(piece_of(lin_idx), m_idx // tiles_per_piece)
+              bump(piece_of(lin_idx))
 
             if flag_bump == "tile":
               publish()
@@ -798,7 +795,13 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
       # Per-(CTA, warpgroup) counts (see bump in _mgpu_kernel).
       counts_ref = jax.new_ref(jnp.zeros((pieces, grid, 2), jnp.int32))
       result = kernel(off, x, w, *addends, counts_ref)
-      flags = flags + jax.freeze(counts_ref).sum((1, 2))
+      counts = jax.freeze(counts_ref)
+      flags = flags + counts.sum((1, 2))
+      if flag_bump == "piece_end":
+        # Its contract is one bump per (CTA, warpgroup, piece): a second
+        # would release the piece's copies before another CTA has stored
+        # its tiles. Poison the flag so that the tests see it.
+        flags = flags + 1000 * (counts > 1).sum((1, 2))
       return result, flags, flag_target(config, piece_rows, n, grid,
                                         flag_bump)
     flags_ref = jax.new_ref(flags)
@@ -1243,8 +1246,9 @@ def chunk_matmul_flagged(
 ) -> tuple[jax.Array, jax.Array, int]:
   """`chunk_matmul_pieces` (stacked, fresh result) that signals each piece.
 
-  One launch multiplies every piece, in order, and bumps ``flags[i]`` as
-  it writes piece ``i``'s tiles: the reduce-scatter's flagged granularity,
+  One launch multiplies every piece, in order, and bumps ``flags[i]``
+  once per compute warpgroup of each CTA, after that CTA's last tile of
+  piece ``i`` is stored: the reduce-scatter's flagged granularity,
   whose copy engines start on a piece as soon as its flag reaches the
   target, with one kernel and one start per op instead of one of each per
   piece.

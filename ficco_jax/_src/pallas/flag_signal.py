@@ -2,9 +2,9 @@
 
 The flagged reduce-scatter's kernel tells the copy engines that a piece is
 complete by bumping that piece's int32 counter in device memory (each
-CTA once, after its last tile of the piece); a side stream waits for the
-count (`cuStreamWaitValue32`) before the piece's copies start. The bump
-must come after the CTA's stores and be visible to another agent (the stream front end, the copy
+compute warpgroup of a CTA once, after the CTA's last tile of the piece);
+a side stream waits for the count (`cuStreamWaitValue32`) before the
+piece's copies start. The bump must come after the warpgroup's stores and be visible to another agent (the stream front end, the copy
 engine): one lane issues ``red.release.sys.global.add.u32``, the release
 at system scope that jax's own ``semaphore_signal`` uses. jax exposes that
 instruction only on semaphore-typed refs, which live in memory jax owns;
