@@ -57,19 +57,16 @@ flags.DEFINE_float("min_round_ms", 25.0, "Shortest round.")
 flags.DEFINE_string("out_dir", "/tmp", "Where results go.")
 flags.DEFINE_string("tag", "h200", "Result file suffix.")
 
-# name: (M, K = F or the square's K, N = H); issue 6's ten shapes.
-CASES = {
-    "llama3-8b/M4096": (4096, 14336, 4096),
-    "llama3-8b/M8192": (8192, 14336, 4096),
-    "llama3-70b/M4096": (4096, 28672, 8192),
-    "llama3-70b/M8192": (8192, 28672, 8192),
-    "qwen2-72b/M4096": (4096, 29568, 8192),
-    "qwen2-72b/M8192": (8192, 29568, 8192),
-    "gpt3-175b/M4096": (4096, 49152, 12288),
-    "gpt3-175b/M8192": (8192, 49152, 12288),
-    "square/4096x8192x8192": (4096, 8192, 8192),
-    "square/16384x8192x8192": (16384, 8192, 8192),
-}
+# Issue 6's ten reduce-scatter shapes, from shapes.json (as rs_bench.py's
+# --models=llama3-8b,llama3-70b,qwen2-72b,gpt3-175b --tokens=4096,8192
+# --square=true builds them): name -> (M, K = F or the square's K, N = H).
+def _cases() -> dict[str, tuple[int, int, int]]:
+  import common  # pylint: disable=g-import-not-at-top
+  cases = common.build_cases(
+      "rs", shapes_path=os.path.join(HERE, "shapes.json"),
+      models=["llama3-8b", "llama3-70b", "qwen2-72b", "gpt3-175b"],
+      tokens=["4096", "8192"], square=True, extra=[], tiny=False)
+  return {c.name: (c.m, c.k, c.n) for c in cases}
 
 
 def _build(variant, h, w, rows, pieces, padded):
@@ -99,13 +96,13 @@ def _build(variant, h, w, rows, pieces, padded):
   return jax.jit(f), f
 
 
-def bench_case(name, variants):
+def bench_case(name, shape, variants):
   import jax
   import jax.numpy as jnp
   import numpy as np
   from ficco_jax._src.pallas import chunk_matmul as cm
 
-  m, k_full, n = CASES[name]
+  m, k_full, n = shape
   k = k_full // FLAGS.w
   rows = m // FLAGS.w
   keys = jax.random.split(jax.random.key(0), 4)
@@ -160,14 +157,15 @@ def main(argv):
   import jax
   timing.set_min_round_ms(FLAGS.min_round_ms)
   variants = [v for v in FLAGS.variants.split(",") if v]
-  names = [s for s in FLAGS.shapes.split(",") if s] or list(CASES)
+  cases = _cases()
+  names = [s for s in FLAGS.shapes.split(",") if s] or list(cases)
   out = {"meta": {
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
       "jax": jax.__version__, "device": jax.devices()[0].device_kind,
       "host": platform.node(), "argv": sys.argv, "w": FLAGS.w,
       "timing": timing.settings()}, "cases": []}
   for name in names:
-    out["cases"].append(bench_case(name, variants))
+    out["cases"].append(bench_case(name, cases[name], variants))
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   stem = os.path.join(FLAGS.out_dir, f"flag_kernel_{FLAGS.tag}")
   with open(stem + ".json", "w") as f:

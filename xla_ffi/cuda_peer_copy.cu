@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "cuda_util.h"
+#include "env.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
 #include "gpu_trace.h"
@@ -68,10 +69,7 @@ struct CudaBackend {
   // (4xH200, benchmarks/results/h200x4_session5_b/host_floor_*: an
   // all-gather start's issue of 3 copies 33 -> 18 us).
   static bool PeerMemcpy() {
-    static const bool peer = [] {
-      const char* v = std::getenv("FICCO_CUDA_MEMCPY");
-      return v != nullptr && std::string(v) == "peer";
-    }();
+    static const bool peer = EnvIs("FICCO_CUDA_MEMCPY", "peer");
     return peer;
   }
 
@@ -196,10 +194,7 @@ struct CudaBackend {
   // FICCO_FLAG_STREAMS=piece (for measurements), one stream per flag, so
   // no wait sits in a hardware queue ahead of another piece's wait.
   static bool FlagStreamPerPiece() {
-    static const bool per_piece = [] {
-      const char* v = std::getenv("FICCO_FLAG_STREAMS");
-      return v != nullptr && std::string(v) == "piece";
-    }();
+    static const bool per_piece = EnvIs("FICCO_FLAG_STREAMS", "piece");
     return per_piece;
   }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace ficco {
 
@@ -23,6 +24,13 @@ inline std::chrono::microseconds MicrosFromEnv(const char* var,
     return std::chrono::microseconds(fallback);
   }
   return std::chrono::microseconds(us);
+}
+
+// Whether environment variable `var` is set to exactly `value` (the
+// measurement switches: FICCO_CUDA_MEMCPY=peer, FICCO_FLAG_STREAMS=piece).
+inline bool EnvIs(const char* var, const char* value) {
+  const char* v = std::getenv(var);
+  return v != nullptr && std::strcmp(v, value) == 0;
 }
 
 }  // namespace ficco

@@ -755,6 +755,8 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                                                              "tile"):
     raise ValueError(f"flag_variant={flag_variant!r}: the walk is 'piece' or"
                      " 'rows', the bump 'piece_end' or 'tile'.")
+  if flags is not None and out is not None:
+    raise ValueError("flags need a fresh result (out=None).")
   if flags is not None and flag_walk == "rows":
     # Session 16's walk: row-major bands of one tile row over all pieces.
     config = dataclasses.replace(config, grid_minor_dim="m",
@@ -789,8 +791,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
       interpret=mosaic_interpret or False,
   )
   if flags is not None:
-    if out is not None:
-      raise ValueError("flags need a fresh result (out=None).")
+    target = flag_target(config, piece_rows, n, grid, flag_bump)
     if mosaic_interpret:
       # Per-(CTA, warpgroup) counts (see bump in _mgpu_kernel).
       counts_ref = jax.new_ref(jnp.zeros((pieces, grid, 2), jnp.int32))
@@ -802,12 +803,10 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
         # would release the piece's copies before another CTA has stored
         # its tiles. Poison the flag so that the tests see it.
         flags = flags + 1000 * (counts > 1).sum((1, 2))
-      return result, flags, flag_target(config, piece_rows, n, grid,
-                                        flag_bump)
+      return result, flags, target
     flags_ref = jax.new_ref(flags)
     result = kernel(off, x, w, *addends, flags_ref)
-    return result, jax.freeze(flags_ref), flag_target(config, piece_rows, n,
-                                                       grid, flag_bump)
+    return result, jax.freeze(flags_ref), target
   if out is None:
     return kernel(off, x, w, *addends)
   # A Ref operand is aliased in and out of the kernel (input_output_aliases
