@@ -318,3 +318,47 @@ def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
                         (_FakeDevice(platform="cpu"), args[3])):
     got = autotune_lib._default_candidates(*args[:3], dtype, *args[4:], device)
     assert not any(s.compute == "pallas" for s in got), (device.__dict__, dtype)
+
+
+def test_autotune_margin_keeps_xla_program():
+  # No schedule is 100x faster than XLA's program: a 0.99 margin keeps it.
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(3)
+  x = util.rand(rng, (24, 10), np.float32)
+  w = util.rand(rng, (10, 28), np.float32)
+  res = ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh,
+                           axis_name="x", candidates=[RING, NONE], warmup=1,
+                           rounds=2, iters=1, store=False, margin=0.99)
+  assert res.best == NONE
+  assert {label for label, _ in res.timings_ms} == {RING.short(),
+                                                    NONE.short()}
+
+
+@pytest.mark.parametrize("margin", [-0.1, 1.0, True, "0.1"])
+def test_autotune_rejects_bad_margin(margin):
+  mesh = util.mesh((4,), ("x",))
+  x = np.ones((24, 10), np.float32)
+  w = np.ones((10, 28), np.float32)
+  with pytest.raises(ValueError, match="margin"):
+    ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh, axis_name="x",
+                       candidates=[NONE], margin=margin)
+
+
+def test_time_interleaved_rotates_candidates_each_round():
+  from ficco_jax._src import autotune as autotune_lib
+  calls = []
+
+  def fake(i):
+    def fn(*args):
+      calls.append(i)
+      return np.zeros(1)
+    return fn
+
+  medians = autotune_lib.time_interleaved(
+      [fake(0), fake(1), fake(2)], (), rounds=3, iters=2)
+  assert len(medians) == 3 and all(m >= 0 for m in medians)
+  # Per round and candidate: one untimed call, then `iters` timed ones.
+  blocks = [calls[k:k + 3] for k in range(0, len(calls), 3)]
+  assert all(len(set(b)) == 1 for b in blocks)
+  order = [b[0] for b in blocks]
+  assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1]

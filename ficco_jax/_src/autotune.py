@@ -24,7 +24,8 @@ class AutotuneResult:
 
   Attributes:
     key: the cache key (device kind, axis size, op, local shapes, dtype).
-    best: the fastest schedule measured.
+    best: the fastest schedule measured (``"none"`` where no candidate beat
+      it by ``margin``).
     timings_ms: ``(schedule.short(), median ms per call)``, fastest first.
     errors: ``(schedule.short(), message)`` of candidates that failed.
     cache_file: where ``best`` was stored (None: not stored).
@@ -44,18 +45,48 @@ def time_call(fn, args: Sequence[Any], *, warmup: int, rounds: int,
   One block at the end of each round: dispatch is asynchronous, so the device
   runs the calls back to back and host launch gaps stay out of the numbers.
   """
+  _warm(fn, args, warmup)
+  return statistics.median(
+      _round_ms(fn, args, iters) for _ in range(max(1, rounds)))
+
+
+def _warm(fn, args: Sequence[Any], warmup: int) -> None:
   out = None
   for _ in range(max(1, warmup)):  # The first call compiles.
     out = fn(*args)
   jax.block_until_ready(out)
-  samples = []
-  for _ in range(max(1, rounds)):
-    t0 = time.perf_counter()
-    for _ in range(max(1, iters)):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    samples.append((time.perf_counter() - t0) * 1e3 / max(1, iters))
-  return statistics.median(samples)
+
+
+def _round_ms(fn, args: Sequence[Any], iters: int) -> float:
+  """Per-call ms of ``iters`` back-to-back calls, one block at the end."""
+  out = None
+  t0 = time.perf_counter()
+  for _ in range(max(1, iters)):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) * 1e3 / max(1, iters)
+
+
+def time_interleaved(fns: Sequence[Any], args: Sequence[Any], *, rounds: int,
+                     iters: int) -> list[float]:
+  """Median per-call ms of each (already warm) function, timed round-robin.
+
+  Why round-robin: on a short, host-bound op the host's speed drifts between
+  rounds by more than the gap between two schedules (benchmarks/RESULTS.md,
+  sessions 15 and 17: one schedule 0.205-0.266 ms from round to round on
+  one machine), so timing candidates one after another ranks the drift.
+  Each round times every candidate once, in an order rotated by one per
+  round, after one untimed call of that candidate (the previous block left
+  the devices in another program's state).
+  """
+  n = len(fns)
+  samples: list[list[float]] = [[] for _ in range(n)]
+  for r in range(max(1, rounds)):
+    for k in range(n):
+      i = (k + r) % n
+      jax.block_until_ready(fns[i](*args))
+      samples[i].append(_round_ms(fns[i], args, iters))
+  return [statistics.median(s) for s in samples]
 
 
 def _local_shapes(op, x, w, p, axis):
@@ -121,6 +152,7 @@ def autotune(
     warmup: int = 3,
     rounds: int = 5,
     iters: int = 10,
+    margin: float = 0.0,
 ) -> AutotuneResult:
   """Times candidate schedules of one op on ``mesh`` and caches the fastest.
 
@@ -144,8 +176,14 @@ def autotune(
       granularity.
     store: write the result into the user cache file.
     warmup: untimed calls per candidate (the first compiles).
-    rounds: timed rounds; the median round counts.
+    rounds: timed rounds; the median round counts. Every candidate is
+      compiled and warmed up first, then each round times every candidate
+      once, round-robin, so a drift of the host or the devices over the
+      search does not pick the winner.
     iters: back-to-back calls per round.
+    margin: keep ``"none"`` (XLA's own program) unless the fastest candidate
+      beats it by this fraction of its time (e.g. 0.03: 3% faster); only
+      when ``"none"`` is among the candidates. 0 picks the fastest.
 
   Returns:
     An `AutotuneResult`. Candidates that fail (e.g. a ``num_chunks`` that
@@ -156,6 +194,9 @@ def autotune(
   """
   if op not in cost_model.OPS:
     raise ValueError(f"Unknown {op=}; expected one of {cost_model.OPS}.")
+  if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (
+      0.0 <= margin < 1.0):
+    raise ValueError(f"margin={margin!r} must be a fraction in [0, 1).")
   if axis_name not in mesh.axis_names:
     raise ValueError(f"{axis_name=} is not an axis of {mesh.axis_names}.")
   p = mesh.shape[axis_name]
@@ -171,20 +212,29 @@ def autotune(
                                      device.platform, device)
   fn_of = getattr(sharded, op)
   axis_kw = "gather_axis" if op == "all_gather_matmul" else "scatter_axis"
-  timings, errors = {}, {}
+  fns, errors = {}, {}
   for s in dict.fromkeys(candidates):  # Unique, in order.
     fn = jax.jit(functools.partial(fn_of, mesh=mesh, axis_name=axis_name,
                                    schedule=s, **{axis_kw: axis}))
     try:
-      timings[s] = time_call(fn, (x, w), warmup=warmup, rounds=rounds,
-                             iters=iters)
+      _warm(fn, (x, w), warmup)
+      fns[s] = fn
     except Exception as e:  # pylint: disable=broad-except
       # One bad candidate must not end the search.
       errors[s.short()] = f"{type(e).__name__}: {e}"[:500]
+  timings = {}
+  if fns:
+    medians = time_interleaved(list(fns.values()), (x, w), rounds=rounds,
+                               iters=iters)
+    timings = dict(zip(fns, medians))
   if not timings:
     raise RuntimeError(f"autotune: no candidate ran for {key}: {errors}")
   ranked = sorted(timings.items(), key=lambda kv: kv[1])
   best = ranked[0][0]
+  # "none" is XLA's own program whatever its comm/compute fields say.
+  nones = [s for s, _ in ranked if s.dataflow == "none"]
+  if nones and timings[best] > timings[nones[0]] * (1.0 - margin):
+    best = nones[0]  # Not faster than XLA's own program by the margin.
   table = tuple((s.short(), float(t)) for s, t in ranked)
   cache_file = None
   if store:
