@@ -43,10 +43,18 @@ import timing  # noqa: E402
 
 FLAGS = flags.FLAGS
 common.define_flags(default_peers="")
+# Labels only here (common's presets such as "quick" are not expanded).
+FLAGS.set_default("schedules", ["default"])
 _CHAIN = flags.DEFINE_integer("chain", 8, "Ops per program in the chained"
                               " variants; 0: none.")
 _CHAIN_SCHEDULES = flags.DEFINE_list(
     "chain_schedules", ["default"], "ficco labels also timed chained.")
+_PIN = flags.DEFINE_enum(
+    "pin", "none", ["none", "cores"],
+    "Before timing, pin the process's busy threads (Python's main thread,"
+    " XLA's execute threads, ficco's issuers, CUDA's event handler) one per"
+    " physical core of the first NUMA node (`cores`), or leave them to the"
+    " scheduler (`none`). A diagnosis of the host, not a library feature.")
 _AUTOTUNE = flags.DEFINE_bool(
     "autotune", False, "Also run ficco_jax.autotune (default candidates,"
     " store=False) on the first case, after the timings.")
@@ -66,9 +74,71 @@ def _steal_ticks() -> int | None:
     return None
 
 
+def _cpu_list(text: str) -> list[int]:
+  """"0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11]."""
+  out = []
+  for part in text.strip().split(","):
+    if part:
+      lo, _, hi = part.partition("-")
+      out.extend(range(int(lo), int(hi or lo) + 1))
+  return out
+
+
+def _one_cpu_per_core() -> list[int]:
+  """The first NUMA node's CPUs, one per physical core (the lowest of each
+  core's SMT siblings), in order."""
+  base = "/sys/devices/system"
+  try:
+    with open(f"{base}/node/node0/cpulist") as f:
+      cpus = _cpu_list(f.read())
+  except OSError:
+    cpus = sorted(os.sched_getaffinity(0))
+  out = []
+  for cpu in cpus:
+    try:
+      with open(f"{base}/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+        if _cpu_list(f.read())[0] != cpu:
+          continue
+    except OSError:
+      pass
+    out.append(cpu)
+  return out
+
+
+def _pin_busy_threads() -> dict[str, int]:
+  """Pins Python's main thread, XLA's execute threads, ficco's issuers and
+  CUDA's event handler one per core (see --pin); returns {name/tid: cpu}."""
+  wanted = ("xla_execute", "ficco-issue", "EvtHandlr")
+  found = []
+  for tid in (int(t) for t in os.listdir("/proc/self/task")):
+    try:
+      with open(f"/proc/self/task/{tid}/comm") as f:
+        name = f.read().strip()
+      with open(f"/proc/self/task/{tid}/schedstat") as f:
+        ran_ns = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+      continue
+    if tid != os.getpid() and any(w in name for w in wanted):
+      found.append((ran_ns, tid, name))
+  # The busiest first: a pool may hold idle threads of the same name.
+  tids = [(os.getpid(), "main")] + [(t, n) for _, t, n in sorted(found,
+                                                                  reverse=True)]
+  cpus = _one_cpu_per_core()
+  placed = {}
+  for (tid, name), cpu in zip(tids, cpus):
+    try:
+      os.sched_setaffinity(tid, {cpu})
+      placed[f"{name}/{tid}"] = cpu
+    except OSError as e:
+      placed[f"{name}/{tid}"] = f"failed: {e}"
+  return placed
+
+
 def _with_transport(fn, transport: str | None):
   """``fn`` whose first call (the one that lowers) runs under
-  FICCO_DMA_TRANSPORT=transport; later calls hit jit's cache."""
+  FICCO_DMA_TRANSPORT=transport; later calls hit jit's cache (every call
+  here passes arrays of the first call's shapes and shardings, so nothing
+  retraces without the variable)."""
   if not transport:
     return fn
   compiled = []
@@ -94,7 +164,10 @@ def _chained(op, n: int):
   """``n`` ops in sequence, each input made from the previous op's output.
 
   One element of the next op's ``h`` is set from the previous op's result
-  (an in-place update after the first copy), so XLA can neither merge the
+  (an in-place update after one copy of the local ``h`` per program, 17-29
+  MB on issue 6's shapes, ~1 us per op in XLA's and ficco's chains alike;
+  on CPU the compiled chain of 8 holds 8 dots and 8 reduce-scatters), so
+  XLA can neither merge the
   ops nor reorder them. An optimization barrier alone was not enough: XLA
   merged its own program's 8 identical dots into one (call A of session 18
   read 0.035 ms per op).
@@ -167,10 +240,16 @@ def _case(case: common.Case, w: int) -> dict:
         m = timing.time_jax(fn, args, **tk)
         if err is not None:
           m["rel_err_vs_xla"] = err
+          # bf16 outputs: --tol, as the other benches (a wrong op still
+          # gets timed, and the tables say so).
+          m["wrong"] = not err <= FLAGS.tol
       except Exception as e:  # pylint: disable=broad-except
         m = {"error": common.short_error(e)}
       m["label"] = label
       rec["methods"].append(m)
+    if _PIN.value == "cores":
+      # Every thread exists now (each program ran); timing starts on exit.
+      rec["pinned"] = _pin_busy_threads()
   for m in rec["methods"]:
     if m["label"].startswith("chain") and "median_ms" in m and n:
       m["per_op_ms"] = m["median_ms"] / n
@@ -216,6 +295,9 @@ def _markdown(data: dict) -> str:
               f" = {rec['default_schedule']}", "",
               "| program | ms per call (min) | per op | vs XLA | rel err vs XLA"
               " | rounds |", "|---|---|---|---|---|---|"]
+    if rec.get("pinned"):
+      lines += ["Pinned before timing: " + ", ".join(
+          f"{k} -> {v}" for k, v in rec["pinned"].items()), ""]
     base = {m["label"]: m.get("median_ms") for m in rec["methods"]}
     for m in rec["methods"]:
       if "error" in m:
@@ -229,6 +311,8 @@ def _markdown(data: dict) -> str:
       rounds = ", ".join(f"{t:.3f}" for t in m.get("rounds_ms", []))
       per_op = f"{m['per_op_ms']:.3f}" if "per_op_ms" in m else ""
       err = (f"{m['rel_err_vs_xla']:.4f}" if "rel_err_vs_xla" in m else "")
+      if m.get("wrong"):
+        err += " WRONG"
       lines.append(f"| {m['label']} | {m['median_ms']:.3f}"
                    f" ({m['min_ms']:.3f}) | {per_op} | {ratio} | {err} |"
                    f" {rounds} |")
@@ -263,7 +347,11 @@ def main(argv):
   cases = []
   for item in FLAGS.cases:  # "MxKxN" or "name:MxKxN".
     name, _, dims = item.rpartition(":")
-    m, k, n = (int(d) for d in dims.split("x"))
+    try:
+      m, k, n = (int(d) for d in dims.split("x"))
+    except ValueError:
+      raise app.UsageError(f"--cases item {item!r}: expected [name:]MxKxN,"
+                           " e.g. llama3-8b/M4096:4096x14336x4096.") from None
     cases.append(common.Case(name=name or dims, m=m, k=k, n=n))
   if not cases:
     raise app.UsageError("--cases [name:]MxKxN[,...] is required.")

@@ -16,7 +16,11 @@ def _geomean(xs):
 
 
 def summarize(data: dict) -> str:
-  """A markdown table: XLA / ficco per call and per chained op."""
+  """A markdown table: XLA / ficco per call and per chained op.
+
+  Per case, ficco is its first label besides xla, trivial and the chains (a
+  run with several labels: see its markdown for the rest).
+  """
   lines = ["| case | XLA ms | trivial ms | ficco ms (x) | chained XLA ms/op"
            " | chained ficco ms/op (x) | rel err |",
            "|---|---|---|---|---|---|---|"]
@@ -38,13 +42,17 @@ def summarize(data: dict) -> str:
     chained.append(r2)
     fmt = lambda v: f"{v:.3f}" if v else "-"
     err = max((m.get("rel_err_vs_xla") or 0) for m in rec["methods"])
+    wrong = " WRONG" if any(m.get("wrong") for m in rec["methods"]) else ""
     lines.append(
         f"| {rec['name']} | {fmt(x)} | {fmt(by.get('trivial', {}).get('median_ms'))}"
         f" | {fmt(f)} ({fmt(r1)}x) | {fmt(cx)} | {fmt(cf)} ({fmt(r2)}x)"
-        f" | {err:.4f} |")
-  g1, g2 = _geomean(per_call), _geomean(chained)
-  lines.append(f"| **geomean** | | | **{g1:.3f}x** | | **{g2:.3f}x** | |"
-               if g1 and g2 else "| geomean | | | - | | - | |")
+        f" | {err:.4f}{wrong} |")
+  cells = []
+  for ratios in (per_call, chained):
+    g = _geomean(ratios)
+    n = sum(1 for r in ratios if r)
+    cells.append(f"**{g:.3f}x** ({n} of {len(ratios)})" if g else "-")
+  lines.append(f"| **geomean** | | | {cells[0]} | | {cells[1]} | |")
   return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import statistics
 import time
 from typing import Any, Sequence
@@ -51,8 +52,9 @@ def time_call(fn, args: Sequence[Any], *, warmup: int, rounds: int,
 
 
 def _warm(fn, args: Sequence[Any], warmup: int) -> None:
+  """``warmup`` untimed calls (the first compiles), one block at the end."""
   out = None
-  for _ in range(max(1, warmup)):  # The first call compiles.
+  for _ in range(max(1, warmup)):
     out = fn(*args)
   jax.block_until_ready(out)
 
@@ -68,25 +70,46 @@ def _round_ms(fn, args: Sequence[Any], iters: int) -> float:
 
 
 def time_interleaved(fns: Sequence[Any], args: Sequence[Any], *, rounds: int,
-                     iters: int) -> list[float]:
-  """Median per-call ms of each (already warm) function, timed round-robin.
+                     iters: int) -> tuple[list[float | None], dict[int, str]]:
+  """Times already-warm functions round-robin.
 
-  Why round-robin: on a short, host-bound op the host's speed drifts between
-  rounds by more than the gap between two schedules (benchmarks/RESULTS.md,
-  sessions 15 and 17: one schedule 0.205-0.266 ms from round to round on
-  one machine), so timing candidates one after another ranks the drift.
+  Why round-robin: on a short, host-bound op the host's speed drifts from
+  round to round by more than the gap between two schedules (one schedule
+  read 0.205-0.266 ms over the rounds of one run on one machine:
+  benchmarks/results/h200x4_session17_c/rs_w4_ten_s17c.json, llama3-8b
+  M4096), so timing candidates one after another would rank the drift.
   Each round times every candidate once, in an order rotated by one per
-  round, after one untimed call of that candidate (the previous block left
-  the devices in another program's state).
+  round (deterministic, unlike the benchmarks' shuffle), after one untimed
+  call of that candidate: the previous batch left the devices in another
+  program's state.
+
+  Args:
+    fns: the functions, each already compiled and warm.
+    args: the positional arguments every function takes.
+    rounds: timed rounds; each candidate's median round counts.
+    iters: back-to-back calls per round (one block at the end).
+
+  Returns:
+    (medians, errors): per function its median per-call ms, or None where
+    it raised; ``errors`` maps those functions' indices to the message. A
+    function that raises is dropped from later rounds; the others go on.
   """
   n = len(fns)
   samples: list[list[float]] = [[] for _ in range(n)]
+  errors: dict[int, str] = {}
   for r in range(max(1, rounds)):
     for k in range(n):
       i = (k + r) % n
-      jax.block_until_ready(fns[i](*args))
-      samples[i].append(_round_ms(fns[i], args, iters))
-  return [statistics.median(s) for s in samples]
+      if i in errors:
+        continue
+      try:
+        jax.block_until_ready(fns[i](*args))
+        samples[i].append(_round_ms(fns[i], args, iters))
+      except Exception as e:  # pylint: disable=broad-except
+        errors[i] = f"{type(e).__name__}: {e}"[:500]
+  medians = [None if i in errors else statistics.median(s)
+             for i, s in enumerate(samples)]
+  return medians, errors
 
 
 def _local_shapes(op, x, w, p, axis):
@@ -180,7 +203,8 @@ def autotune(
       compiled and warmed up first, then each round times every candidate
       once, round-robin, so a drift of the host or the devices over the
       search does not pick the winner.
-    iters: back-to-back calls per round.
+    iters: back-to-back calls per round. A candidate that fails while
+      being timed is dropped from the rounds and listed in ``errors``.
     margin: keep ``"none"`` (XLA's own program) unless the fastest candidate
       beats it by this fraction of its time (e.g. 0.03: 3% faster); only
       when ``"none"`` is among the candidates. 0 picks the fastest.
@@ -190,13 +214,18 @@ def autotune(
     does not divide) are listed in ``errors``.
 
   Raises:
+    ValueError: for an unknown ``op`` or ``axis_name``, a ``margin`` outside
+      [0, 1), or a ``warmup``, ``rounds`` or ``iters`` below 1.
     RuntimeError: when no candidate ran.
   """
   if op not in cost_model.OPS:
     raise ValueError(f"Unknown {op=}; expected one of {cost_model.OPS}.")
-  if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (
+  if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not (
       0.0 <= margin < 1.0):
     raise ValueError(f"margin={margin!r} must be a fraction in [0, 1).")
+  for name, v in (("warmup", warmup), ("rounds", rounds), ("iters", iters)):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+      raise ValueError(f"{name}={v!r} must be a positive int.")
   if axis_name not in mesh.axis_names:
     raise ValueError(f"{axis_name=} is not an axis of {mesh.axis_names}.")
   p = mesh.shape[axis_name]
@@ -224,9 +253,13 @@ def autotune(
       errors[s.short()] = f"{type(e).__name__}: {e}"[:500]
   timings = {}
   if fns:
-    medians = time_interleaved(list(fns.values()), (x, w), rounds=rounds,
-                               iters=iters)
-    timings = dict(zip(fns, medians))
+    medians, failed = time_interleaved(list(fns.values()), (x, w),
+                                       rounds=rounds, iters=iters)
+    for i, (s, t) in enumerate(zip(fns, medians)):
+      if i in failed:
+        errors[s.short()] = failed[i]
+      else:
+        timings[s] = t
   if not timings:
     raise RuntimeError(f"autotune: no candidate ran for {key}: {errors}")
   ranked = sorted(timings.items(), key=lambda kv: kv[1])
