@@ -49,12 +49,15 @@ _CHAIN = flags.DEFINE_integer("chain", 8, "Ops per program in the chained"
                               " variants; 0: none.")
 _CHAIN_SCHEDULES = flags.DEFINE_list(
     "chain_schedules", ["default"], "ficco labels also timed chained.")
-_PIN = flags.DEFINE_enum(
-    "pin", "none", ["none", "cores"],
-    "Before timing, pin the process's busy threads (Python's main thread,"
-    " XLA's execute threads, ficco's issuers, CUDA's event handler) one per"
-    " physical core of the first NUMA node (`cores`), or leave them to the"
-    " scheduler (`none`). A diagnosis of the host, not a library feature.")
+_PIN = flags.DEFINE_list(
+    "pin", [],
+    "Before timing, pin these groups of threads, each thread to its own CPU"
+    " at fixed places (the first NUMA node, one CPU per core): main (Python's"
+    " main thread, CPU #0), xla (the 4 busiest XLA execute threads, #1-4),"
+    " issuers (ficco's, #5-8), cuda (CUDA's event handlers, #9-12), pool (the"
+    " other XLA execute threads, after); 'cores' = all five. Empty: leave"
+    " them to the scheduler. A diagnosis of the host, not a library"
+    " feature.")
 _AUTOTUNE = flags.DEFINE_bool(
     "autotune", False, "Also run ficco_jax.autotune (default candidates,"
     " store=False) on the first case, after the timings.")
@@ -105,10 +108,13 @@ def _one_cpu_per_core() -> list[int]:
   return out
 
 
-def _pin_busy_threads() -> dict[str, int]:
-  """Pins Python's main thread, XLA's execute threads, ficco's issuers and
-  CUDA's event handler one per core (see --pin); returns {name/tid: cpu}."""
-  wanted = ("xla_execute", "ficco-issue", "EvtHandlr")
+_PIN_GROUPS = ("main", "xla", "issuers", "cuda", "pool")
+
+
+def _pin_busy_threads(groups) -> dict[str, int | str]:
+  """Pins the threads of ``groups`` (see --pin) one per CPU at fixed places,
+  so a group lands on the same CPUs whichever others are pinned; returns
+  {name/tid: cpu}."""
   found = []
   for tid in (int(t) for t in os.listdir("/proc/self/task")):
     try:
@@ -118,19 +124,30 @@ def _pin_busy_threads() -> dict[str, int]:
         ran_ns = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
       continue
-    if tid != os.getpid() and any(w in name for w in wanted):
-      found.append((ran_ns, tid, name))
-  # The busiest first: a pool may hold idle threads of the same name.
-  tids = [(os.getpid(), "main")] + [(t, n) for _, t, n in sorted(found,
-                                                                  reverse=True)]
+    found.append((ran_ns, tid, name))
+  found.sort(reverse=True)  # The busiest first.
+  xla = [(t, n) for _, t, n in found if "xla_execute" in n]
+  by_group = {
+      "main": [(os.getpid(), "main")],
+      "xla": xla[:4],
+      "issuers": [(t, n) for _, t, n in found if "ficco-issue" in n][:4],
+      "cuda": [(t, n) for _, t, n in found if "EvtHandlr" in n][:4],
+      "pool": xla[4:],
+  }
   cpus = _one_cpu_per_core()
-  placed = {}
-  for (tid, name), cpu in zip(tids, cpus):
-    try:
-      os.sched_setaffinity(tid, {cpu})
-      placed[f"{name}/{tid}"] = cpu
-    except OSError as e:
-      placed[f"{name}/{tid}"] = f"failed: {e}"
+  placed, slot = {}, 0
+  for group in _PIN_GROUPS:
+    members = by_group[group]
+    width = len(members) if group == "pool" else (1 if group == "main" else 4)
+    for (tid, name), cpu in zip(members, cpus[slot:slot + width]):
+      if group not in groups:
+        continue
+      try:
+        os.sched_setaffinity(tid, {cpu})
+        placed[f"{name}/{tid}"] = cpu
+      except OSError as e:
+        placed[f"{name}/{tid}"] = f"failed: {e}"
+    slot += width
   return placed
 
 
@@ -247,9 +264,13 @@ def _case(case: common.Case, w: int) -> dict:
         m = {"error": common.short_error(e)}
       m["label"] = label
       rec["methods"].append(m)
-    if _PIN.value == "cores":
+    groups = set(_PIN_GROUPS) if "cores" in _PIN.value else set(_PIN.value)
+    if groups - set(_PIN_GROUPS):
+      raise app.UsageError(f"--pin={_PIN.value}: groups are {_PIN_GROUPS}"
+                           " or 'cores'.")
+    if groups:
       # Every thread exists now (each program ran); timing starts on exit.
-      rec["pinned"] = _pin_busy_threads()
+      rec["pinned"] = _pin_busy_threads(groups)
   for m in rec["methods"]:
     if m["label"].startswith("chain") and "median_ms" in m and n:
       m["per_op_ms"] = m["median_ms"] / n
