@@ -473,3 +473,29 @@ def test_shipped_h200_calibration_covers_the_measured_families():
     assert (op, "ring", 1, "dma") in families
   assert 0 < shipped.decomposition_scale <= 1.5
   assert shipped.calibrated_axis_size == 4  # What the sweeps measured.
+
+
+@pytest.mark.parametrize("c", [1, 2])
+def test_flagged_granularity_is_piece_timing_in_one_kernel_and_start(c):
+  """"flagged" runs piece's pulls (each as its partial is written) from one
+  kernel and one start: one copy-engine op and one piece, the host time of
+  "step", and each partial's pull overlapping the next (not step's one
+  wait for every peer's rows)."""
+  rs = _prob("matmul_reduce_scatter")
+  kw = dict(dataflow="direct", num_chunks=c, comm="dma", compute="pallas")
+  piece, step, flagged = (Schedule(compute_granularity=g, **kw)
+                          for g in ("piece", "step", "flagged"))
+  assert cost_model.dma_ops(rs, flagged) == 1
+  params = dataclasses.replace(H200, host_call_s=100e-6, host_op_s=40e-6)
+  pp, ps, pf = (cost_model.predict_uncalibrated(rs, s, params)
+                for s in (piece, step, flagged))
+  assert pf.pieces == 1
+  assert pf.host <= ps.host < pp.host
+  # Piece's pull order (one peer at a time), not step's all-at-once.
+  assert pf.links_used == pp.links_used == 1
+  assert ps.links_used == 3
+  # One kernel at the whole dot's efficiency: no more dot time than piece's
+  # smaller dots, and the own rows hide the last pull as piece's do.
+  assert pf.compute <= pp.compute + 1e-12
+  assert pf.device <= pp.device + 1e-12
+  assert cost_model.family(rs.op, flagged) == "direct:flagged"

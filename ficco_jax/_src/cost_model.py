@@ -348,8 +348,10 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   "step"``: per chunk one dot of the ``P - 1`` peers' rows (after copying
   them together, with XLA's dot), then all peers pull their slot at once,
   sharing the receive bandwidth of ``P - 1`` peers; ``"halving"``: the
-  same per peer group (`Schedule.peer_groups`). A dot is ``1 + alpha``
-  slower for as long as a transfer is in flight.
+  same per peer group (`Schedule.peer_groups`); ``"flagged"``: piece's
+  timeline run by one kernel at the whole dot's efficiency, one launch and
+  one start. A dot is ``1 + alpha`` slower for as long as a transfer is in
+  flight.
   """
   p, c = prob.axis_size, sched.num_chunks
   mc = prob.split / c
@@ -362,8 +364,9 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   state = {"t": 0.0, "busy": 0.0, "dots": 0.0, "comm_end": 0.0, "last": 0.0,
            "pieces": 0}
 
-  def dot(rows):
-    d = _mm(prob, rows, params)
+  def dot(rows, d=None):
+    # ``d``: the dot's own time where one kernel runs several pieces.
+    d = _mm(prob, rows, params) if d is None else d
     overlap = min(d, max(0.0, state["comm_end"] - state["t"]))
     state["dots"] += d
     state["pieces"] += 1
@@ -384,7 +387,24 @@ def _rs_timeline(prob: Problem, sched, params, alpha, beta):
     # Summing landed partials into the result: one pass over them.
     state["t"] += rows * out_row_bytes * (parts + 1) / params.hbm_bw
 
-  if direct:
+  if direct and sched.granularity(prob.op) == "flagged":
+    # One kernel computes every piece back to back (each chunk's peers'
+    # partials, then the own rows) at the efficiency of the op's whole dot,
+    # and each partial's pull starts as its flag completes, one pull after
+    # another on the receiving queue (one peer at a time), as with
+    # "piece"; the own rows hide the last pulls.
+    share = _mm(prob, prob.split * p, params) / (p * c)
+    for _ in range(c):
+      for _ in range(p - 1):
+        dot(mc, share)
+        send(mc, max(state["t"], state["comm_end"]))
+    state["pieces"] -= c * (p - 1) - 1  # One launch for every piece.
+    for _ in range(c):
+      dot(mc, share)
+    state["pieces"] -= c
+    state["t"] = max(state["t"], state["comm_end"])
+    add(prob.split, p - 1)
+  elif direct:
     # Per chunk, one dot per peer group (`Schedule.peer_groups`: one peer
     # each by default, all P - 1 with "step"), then the group's peers pull
     # their slots. One peer: one queue, each step a permutation, one pull
@@ -431,7 +451,7 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
   The all-gather issues its whole plan in one start. The reduce-scatter
   starts once per peer group of a chunk (direct: ``P - 1`` per chunk; one
   with ``compute_granularity="step"``; ``ceil(log2 P)`` with
-  ``"halving"``) or per ring hop (``P - 1`` per chunk and ring, two rings
+  ``"halving"``), once per op with ``"flagged"``, or per ring hop (``P - 1`` per chunk and ring, two rings
   for bidirectional, one when a chunk has a single row).
   """
   if schedule.comm != "dma" or not schedule.overlapped or prob.axis_size < 2:
@@ -439,6 +459,9 @@ def dma_ops(prob: Problem, schedule: schedule_lib.Schedule) -> int:
   if prob.op == "all_gather_matmul":
     return 1
   c, p = schedule.num_chunks, prob.axis_size
+  if schedule.dataflow == "direct" and schedule.granularity(
+      prob.op) == "flagged":
+    return 1  # One start hands every pull of the op to the copy engines.
   if schedule.dataflow == "direct":
     return c * len(schedule.peer_groups(prob.op, p))
   rings = 2 if (schedule.dataflow == "bidirectional"
