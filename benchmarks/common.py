@@ -304,6 +304,37 @@ def short_error(e: BaseException, limit: int = 1500) -> str:
   return msg
 
 
+# ---------------------------------------------------------------- host threads
+
+
+def threads() -> dict[int, dict]:
+  """Scheduler counters of every thread of this process, by tid."""
+  out = {}
+  base = "/proc/self/task"
+  for tid in os.listdir(base):
+    try:
+      with open(f"{base}/{tid}/comm") as f:
+        name = f.read().strip()
+      with open(f"{base}/{tid}/schedstat") as f:
+        run_ns, wait_ns, slices = (int(v) for v in f.read().split())
+      with open(f"{base}/{tid}/stat") as f:
+        # Field 39 (processor) counts from 1; comm (field 2) may hold spaces.
+        cpu = int(f.read().rsplit(")", 1)[1].split()[36])
+      ctx = {}
+      with open(f"{base}/{tid}/status") as f:
+        for line in f:
+          if "ctxt_switches" in line:
+            key, value = line.split(":")
+            ctx[key.strip()] = int(value)
+    except (OSError, ValueError, IndexError):
+      continue  # The thread ended, or this kernel lacks schedstat.
+    out[int(tid)] = dict(name=name, run_ns=run_ns, wait_ns=wait_ns,
+                         slices=slices, cpu=cpu,
+                         vol=ctx.get("voluntary_ctxt_switches", 0),
+                         invol=ctx.get("nonvoluntary_ctxt_switches", 0))
+  return out
+
+
 # ---------------------------------------------------------------- run state
 
 

@@ -115,17 +115,9 @@ def _pin_busy_threads(groups) -> dict[str, int | str]:
   """Pins the threads of ``groups`` (see --pin) one per CPU at fixed places,
   so a group lands on the same CPUs whichever others are pinned; returns
   {name/tid: cpu}."""
-  found = []
-  for tid in (int(t) for t in os.listdir("/proc/self/task")):
-    try:
-      with open(f"/proc/self/task/{tid}/comm") as f:
-        name = f.read().strip()
-      with open(f"/proc/self/task/{tid}/schedstat") as f:
-        ran_ns = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-      continue
-    found.append((ran_ns, tid, name))
-  found.sort(reverse=True)  # The busiest first.
+  found = sorted(((t["run_ns"], tid, t["name"])
+                  for tid, t in common.threads().items()),
+                 reverse=True)  # The busiest first.
   xla = [(t, n) for _, t, n in found if "xla_execute" in n]
   by_group = {
       "main": [(os.getpid(), "main")],
@@ -298,7 +290,7 @@ def _autotune(case: common.Case, w: int) -> dict:
 
 def _markdown(data: dict) -> str:
   meta = data["meta"]
-  lines = [f"# Host-bound probe: matmul_reduce_scatter, bf16",
+  lines = ["# Host-bound probe: matmul_reduce_scatter, bf16",
            "",
            f"{meta['device_count']} x {meta['device_kind']}, jax {meta['jax']},"
            f" {meta['date']}",
@@ -313,12 +305,12 @@ def _markdown(data: dict) -> str:
            ""]
   for rec in data["cases"]:
     lines += [f"## {rec['name']} ({rec['M']}x{rec['K']}x{rec['N']}), default"
-              f" = {rec['default_schedule']}", "",
-              "| program | ms per call (min) | per op | vs XLA | rel err vs XLA"
-              " | rounds |", "|---|---|---|---|---|---|"]
+              f" = {rec['default_schedule']}", ""]
     if rec.get("pinned"):
       lines += ["Pinned before timing: " + ", ".join(
           f"{k} -> {v}" for k, v in rec["pinned"].items()), ""]
+    lines += ["| program | ms per call (min) | per op | vs XLA | rel err vs XLA"
+              " | rounds |", "|---|---|---|---|---|---|"]
     base = {m["label"]: m.get("median_ms") for m in rec["methods"]}
     for m in rec["methods"]:
       if "error" in m:

@@ -64,34 +64,6 @@ _ISSUER_POINTS = ("issue_begin", "peers_arrived", "issue_end")
 # ------------------------------------------------------------- thread stats
 
 
-def _threads() -> dict[int, dict]:
-  """Scheduler counters of every thread of this process, by tid."""
-  out = {}
-  base = "/proc/self/task"
-  for tid in os.listdir(base):
-    try:
-      with open(f"{base}/{tid}/comm") as f:
-        name = f.read().strip()
-      with open(f"{base}/{tid}/schedstat") as f:
-        run_ns, wait_ns, slices = (int(v) for v in f.read().split())
-      with open(f"{base}/{tid}/stat") as f:
-        # Field 39 (processor) counts from 1; comm (field 2) may hold spaces.
-        cpu = int(f.read().rsplit(")", 1)[1].split()[36])
-      ctx = {}
-      with open(f"{base}/{tid}/status") as f:
-        for line in f:
-          if "ctxt_switches" in line:
-            key, value = line.split(":")
-            ctx[key.strip()] = int(value)
-    except (OSError, ValueError, IndexError):
-      continue  # The thread ended, or this kernel lacks schedstat.
-    out[int(tid)] = dict(name=name, run_ns=run_ns, wait_ns=wait_ns,
-                         slices=slices, cpu=cpu,
-                         vol=ctx.get("voluntary_ctxt_switches", 0),
-                         invol=ctx.get("nonvoluntary_ctxt_switches", 0))
-  return out
-
-
 def _thread_deltas(before: dict, after: dict, calls: int) -> dict:
   """Per thread name (threads of one name summed): us per call on a CPU and
   waiting for one, context switches per call, and the CPUs they ended on."""
@@ -393,7 +365,7 @@ def main(argv):
     for _ in range(_SETTLE.value):
       out = fn(*args)
     jax.block_until_ready(out)
-    before = _threads() if trace else None
+    before = common.threads() if trace else None
     if trace:
       library.trace_enable(_CAPACITY.value)
       if _GPU.value:
@@ -408,7 +380,7 @@ def main(argv):
     if not trace:
       return ms, None
     library.trace_disable()
-    after = _threads()
+    after = common.threads()
     events, recorded = library.trace_read(_CAPACITY.value)
     if _GPU.value:
       gpu_ns = {o: library.trace_gpu_times(o, gpu_stamps)

@@ -39,18 +39,6 @@ class AutotuneResult:
   cache_file: str | None
 
 
-def time_call(fn, args: Sequence[Any], *, warmup: int, rounds: int,
-              iters: int) -> float:
-  """Median per-call ms: warm-up, then rounds of back-to-back calls.
-
-  One block at the end of each round: dispatch is asynchronous, so the device
-  runs the calls back to back and host launch gaps stay out of the numbers.
-  """
-  _warm(fn, args, warmup)
-  return statistics.median(
-      _round_ms(fn, args, iters) for _ in range(max(1, rounds)))
-
-
 def _warm(fn, args: Sequence[Any], warmup: int) -> None:
   """``warmup`` untimed calls (the first compiles), one block at the end."""
   out = None
