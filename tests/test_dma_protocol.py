@@ -578,8 +578,8 @@ def _flagged_roll(x, *, bump, timeout_s):
   plan = _roll_plan(x.shape[0])
   site = peer_copy.new_site()
   kw = dict(axis_name="x", site=site, op_name="test_flagged")
-  flags, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
-                                  row_shape=x.shape[1:], **kw)
+  flags, _, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
+                                     row_shape=x.shape[1:], **kw)
   if bump:  # What the kernel does as it writes the rows.
     flags = flags + jnp.asarray([0, 5], jnp.int32)
   landing = peer_copy.start([x], plan, flags=flags, landings=landings,
@@ -611,6 +611,65 @@ def test_flagged_start_copies_once_the_flag_is_set(platform):
   _assert_idle(platform)
 
 
+@pytest.mark.parametrize("layout", ["4", "2x4", "4x2"])
+def test_arm_writes_the_rank_on_the_axis(layout):
+  """The arm's rank is lax.axis_index of the gathered axis, also where the
+  device's position in the mesh differs from it (2-D meshes)."""
+  mesh = _mesh("cpu", layout)
+
+  def body(x):
+    plan = _roll_plan(x.shape[0])
+    site = peer_copy.new_site()
+    kw = dict(axis_name="x", site=site, op_name="test_rank")
+    flags, rank, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
+                                          row_shape=x.shape[1:], **kw)
+    flags = flags + jnp.asarray([0, 5], jnp.int32)
+    landing = peer_copy.start([x], plan, flags=flags, landings=landings,
+                              flag_target=5, src_flags=(1,),
+                              timeout_s=TIMEOUT_S, **kw)[0]
+    del kw["site"]
+    out = peer_copy.sync([(landing, site)], [([x, flags], site)],
+                         timeout_s=TIMEOUT_S, **kw)[0]
+    # One row per device: [the arm's rank, axis_index], broadcast over the
+    # shard's rows so the output keeps x's layout.
+    ranks = jnp.stack([rank, lax.axis_index("x")]).astype(x.dtype)
+    return (out, jnp.broadcast_to(ranks[0], x.shape),
+            jnp.broadcast_to(ranks[1], x.shape))
+
+  x = _input(mesh, (5,))
+  _, arm_rank, axis_index = _shard_map(mesh, body, 3)(x)
+  arm_rank, axis_index = np.asarray(arm_rank), np.asarray(axis_index)
+  np.testing.assert_array_equal(arm_rank, axis_index)
+  # Not all one value: every rank of the axis appears.
+  assert set(np.unique(arm_rank)) == set(range(4))
+  _assert_idle("cpu")
+
+
+@pytest.mark.parametrize("rank_from", ["arm", "axis_index"])
+def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
+                                                            monkeypatch):
+  """The flagged program takes the kernel's rank from the arm: no
+  partition-id (and no fusion converting it) per call. The measurement
+  switch FICCO_FLAGGED_RANK=axis_index puts XLA's back."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import ficco_jax  # pylint: disable=g-import-not-at-top
+  if rank_from == "axis_index":
+    monkeypatch.setenv("FICCO_FLAGGED_RANK", "axis_index")
+  mesh = _mesh("cpu", "4")
+  op = functools.partial(
+      ficco_jax.matmul_reduce_scatter, axis_name="x",
+      schedule=schedule_lib.Schedule.from_short(
+          "direct/c1/dma/pallas/flagged"))
+  f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(None, "x"), P("x")),
+                            out_specs=P("x"), check_vma=False))
+  a = jax.ShapeDtypeStruct((24, 40), jnp.float32,
+                           sharding=NamedSharding(mesh, P(None, "x")))
+  b = jax.ShapeDtypeStruct((40, 28), jnp.float32,
+                           sharding=NamedSharding(mesh, P("x")))
+  text = f.lower(a, b).compile().as_text()
+  assert text.count("partition-id") == (rank_from == "axis_index")
+
+
 def test_flagged_start_times_out_on_a_flag_never_set():
   mesh = _mesh("cpu", "4")
   f = _shard_map(mesh, lambda x: (_flagged_roll(x, bump=False,
@@ -629,8 +688,8 @@ def test_flagged_start_needs_the_arms_landing_buffers():
     plan = _roll_plan(x.shape[0])
     site = peer_copy.new_site()
     kw = dict(axis_name="x", site=site, op_name="test_flagged")
-    flags, _ = peer_copy.arm(x, 1, plan, dtype=x.dtype,
-                             row_shape=x.shape[1:], **kw)
+    flags, _, _ = peer_copy.arm(x, 1, plan, dtype=x.dtype,
+                                row_shape=x.shape[1:], **kw)
     landing = peer_copy.start([x], plan, flags=flags + 1, landings=[x * 2],
                               flag_target=1, src_flags=(0,),
                               timeout_s=TIMEOUT_S, **kw)[0]

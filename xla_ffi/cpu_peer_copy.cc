@@ -127,6 +127,11 @@ struct CpuBackend {
     return ffi::Error::Success();
   }
 
+  ffi::Error SetInt32OnCompute(void* data, int32_t value) {
+    std::memcpy(data, &value, sizeof(value));
+    return ffi::Error::Success();
+  }
+
   // CUDA's flag stream, on a queue of its own: `out` is set once `*flag >=
   // target` (after `after`), or failed past the plan's timeout, which the
   // copies waiting on it then report. XLA:CPU runs the start only after the
@@ -401,5 +406,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoFlagsArmCpu, ficco::ArmImpl,
                                   .Ctx<xla::ffi::RunId>()          // execution
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .RemainingArgs()  // types only
-                                  .RemainingRets()  // flags, landings
+                                  .RemainingRets()  // flags, rank, landings
                                   .Attrs<ficco::ArmAttrs>());  // site

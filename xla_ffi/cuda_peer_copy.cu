@@ -154,6 +154,17 @@ struct CudaBackend {
     return ffi::Error::Success();
   }
 
+  ffi::Error SetInt32OnCompute(void* data, int32_t value) {
+    MemsetD32Fn memset32 = MemsetD32();
+    if (memset32 == nullptr) {
+      return ffi::Error::Internal("the driver has no cuMemsetD32Async");
+    }
+    return CheckCu(memset32(reinterpret_cast<CUdeviceptr>(data),
+                            static_cast<unsigned int>(value), 1,
+                            reinterpret_cast<CUstream>(compute)),
+                   "cuMemsetD32Async");
+  }
+
   // `out` fires once `*flag >= target`, counted after `after` (the arm's
   // zeroing). On the device's flag stream, enqueued after the kernel that
   // bumps the flag was launched, so the wait never stands before its
@@ -285,5 +296,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<xla::ffi::RunId>()                         // execution
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .RemainingArgs()                                // types only
-        .RemainingRets()                                // flags, landings
+        .RemainingRets()                                // flags, rank, landings
         .Attrs<ficco::ArmAttrs>());                     // site, messages

@@ -68,6 +68,25 @@ inline const StreamOps& Ops() {
   return *ops;
 }
 
+// cuMemsetD32Async, from the driver like the stream memory operations: the
+// arm writes its int32 rank with it (cudaMemsetAsync sets bytes only).
+using MemsetD32Fn = CUresult (*)(CUdeviceptr, unsigned int, size_t, CUstream);
+
+inline MemsetD32Fn MemsetD32() {
+  static const MemsetD32Fn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuMemsetD32Async", &f, 12000,
+                                         cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return MemsetD32Fn{nullptr};
+    }
+    return reinterpret_cast<MemsetD32Fn>(f);
+  }();
+  return fn;
+}
+
 inline ffi::Error CheckCu(CUresult r, const char* call) {
   if (r == CUDA_SUCCESS) return ffi::Error::Success();
   return ffi::Error::Internal(std::string(call) + " failed: CUresult " +

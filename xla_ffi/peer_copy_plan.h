@@ -52,9 +52,14 @@ struct SyncAttrs {
 
 // ficco_flags_arm: zeroes the completion flags and marks the landing
 // buffers free on the compute stream, before the kernel that signals them.
+// It also writes this device's rank on the axis (its position in `devices`,
+// modulo `axis_size`), which the kernel reads: one handler call instead of
+// XLA's partition-id and the fusion that converts it.
 struct ArmAttrs {
-  int64_t site;               // the start's call site
-  std::string_view op_name;   // for messages
+  int64_t site;                      // the start's call site
+  std::string_view op_name;          // for messages
+  ffi::Span<const int64_t> devices;  // ordinals, group-major, rank-minor
+  int64_t axis_size;                 // P
 };
 
 struct Transfer {
@@ -134,7 +139,9 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::ficco::ArmAttrs, ::xla::ffi::StructMember<int64_t>("site"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"));
+    ::xla::ffi::StructMember<std::string_view>("op_name"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("devices"),
+    ::xla::ffi::StructMember<int64_t>("axis_size"));
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::ficco::SyncAttrs,

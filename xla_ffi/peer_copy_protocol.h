@@ -360,27 +360,44 @@ ffi::Error Arm(Backend& backend, int64_t run_id, int32_t device,
                             std::string(attrs.op_name) + "' (site " +
                             std::to_string(attrs.site) + ") on device " +
                             std::to_string(device);
+  // This device's rank: its position in the devices table, modulo P.
+  int64_t rank = -1;
+  for (size_t i = 0; i < attrs.devices.size(); ++i) {
+    if (attrs.devices[i] != device) continue;
+    if (rank >= 0 || attrs.axis_size < 1) {
+      rank = -1;
+      break;
+    }
+    rank = static_cast<int64_t>(i) % attrs.axis_size;
+  }
+  if (rank < 0) {
+    return ffi::Error::InvalidArgument(
+        where + ": the device is not exactly once in the devices table, or"
+                " axis_size < 1");
+  }
   typename Registry<Backend>::Armed armed;
+  if (rets.size() < 2) {
+    return ffi::Error::InvalidArgument(where + ": no flags and rank results");
+  }
   for (size_t i = 0; i < rets.size(); ++i) {
     auto b = rets.get<ffi::AnyBuffer>(i);
     if (!b.has_value()) return b.error();
     char* data = static_cast<char*>((*b)->untyped_data());
-    if (i > 0) {
+    if (i > 1) {
       armed.landings.push_back(data);
       continue;
     }
-    if ((*b)->element_type() != ffi::DataType::S32) {
-      return ffi::Error::InvalidArgument(where +
-                                         ": result 0 (flags) must be int32");
+    if ((*b)->element_type() != ffi::DataType::S32 ||
+        (i == 1 && (*b)->element_count() != 1)) {
+      return ffi::Error::InvalidArgument(
+          where + (i == 0 ? ": result 0 (flags) must be int32"
+                          : ": result 1 (rank) must be one int32"));
     }
-    armed.flags = data;
-    if (auto err = backend.ZeroOnCompute(data, (*b)->size_bytes());
-        err.failure()) {
-      return err;
-    }
-  }
-  if (armed.flags == nullptr) {
-    return ffi::Error::InvalidArgument(where + ": no flags result");
+    ffi::Error err = i == 0 ? backend.ZeroOnCompute(data, (*b)->size_bytes())
+                            : backend.SetInt32OnCompute(
+                                  data, static_cast<int32_t>(rank));
+    if (err.failure()) return err;
+    if (i == 0) armed.flags = data;
   }
   auto ev = Backend::AcquireEvent(device);
   if (!ev.has_value()) return ev.error();

@@ -8,6 +8,7 @@ rank's rows of the sum over ranks).
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 from jax import lax
@@ -338,20 +339,28 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
       tuple((r + s) % p * m + j * mc for j, s in slots)
       + tuple(r * m + j * mc for j in range(num_chunks))
       for r in range(p))
+  # Every pull on one copy queue, in piece order: the pieces complete one
+  # after another, and the P - 1 sources share this device's inbound links
+  # (~400 GB/s from three peers against ~384 from one on 4xH200), so
+  # parallel queues would not land them sooner; one queue spares the issuer
+  # P - 2 CUDA calls per op (each queue first waits for the arm's event),
+  # and that issue is on a host-bound op's critical path.
   plan = plan_lib.GatherPlan(
       axis_size=p, shard_rows=len(table[0]) * mc,
       landing_rows=(len(slots) * mc,),
       transfers=tuple(
           plan_lib.Transfer(dst=0, dst_row=i * mc, src_offset=(-s) % p,
-                            src=0, src_row=i * mc, rows=mc,
-                            stream=i % (p - 1))
+                            src=0, src_row=i * mc, rows=mc, stream=0)
           for i, (_, s) in enumerate(slots)),
-      blocks=(), num_streams=p - 1)
+      blocks=(), num_streams=1)
   site = peer_copy.new_site()
-  flags, landings = peer_copy.arm(
+  flags, rank, landings = peer_copy.arm(
       h0, len(table[0]), plan, site=site,
       dtype=out_dtype, row_shape=(w.shape[1],), **_arm_kw(kw))
-  rank = lax.axis_index(st.axis_name)
+  if os.environ.get("FICCO_FLAGGED_RANK") == "axis_index":
+    # Measurement switch: the rank from XLA's partition-id, as before
+    # session 19 (two more steps of the program per call).
+    rank = lax.axis_index(st.axis_name)
   parts, flags, target = chunk_matmul.chunk_matmul_flagged(
       h0, chunk_matmul.ByRank(rank, table), mc, w, flags,
       num_sms=st.schedule.num_sms, preferred_element_type=out_dtype,

@@ -80,8 +80,9 @@ def new_site() -> int:
 
 def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
         axis_name: str, site: int, op_name: str, dtype,
-        row_shape: tuple[int, ...]) -> tuple[jax.Array, list[jax.Array]]:
-  """Before a flagged start's kernel: zeroed flags and the landing buffers.
+        row_shape: tuple[int, ...]
+        ) -> tuple[jax.Array, jax.Array, list[jax.Array]]:
+  """Before a flagged start's kernel: zeroed flags, the rank, the landings.
 
   A flagged start (``start(..., flags=...)``) lets each copy begin when the
   kernel that writes its source rows bumps their completion flag to the
@@ -89,7 +90,10 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
   compute stream: it zeroes ``num_flags`` int32 flags and marks the point
   after which the landing buffers, which it returns, are free to be written
   (PROTOCOL.md, "Flagged starts"). Pass both, untouched, to the start of
-  ``site``; the start checks that they are the same buffers.
+  ``site``; the start checks that they are the same buffers. It also
+  writes this device's rank along ``axis_name``, for the kernel: the
+  handler knows it, and a ``lax.axis_index`` would cost the program two
+  more steps per call (XLA's partition-id and a fusion converting it).
 
   Args:
     like: any value varying over ``axis_name`` (it types the landing
@@ -101,7 +105,9 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
     dtype, row_shape: the landing buffers' dtype and trailing dims.
 
   Returns:
-    (flags ``int32[num_flags]``, landing buffers as `start` returns them).
+    (flags ``int32[num_flags]``, the rank ``int32[]`` (varying over
+    ``axis_name``, equal to ``lax.axis_index(axis_name)``), landing buffers
+    as `start` returns them).
   """
   if isinstance(num_flags, bool) or not isinstance(num_flags, int) or (
       num_flags < 1):
@@ -110,7 +116,7 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
                     landing_rows=tuple(plan.landing_rows),
                     dtype=np.dtype(dtype), row_shape=tuple(row_shape),
                     axis_name=axis_name, site=site, op_name=op_name)
-  return out[0], list(out[1:])
+  return out[0], out[1], list(out[2:])
 
 
 def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
@@ -277,7 +283,8 @@ def _start_abstract_eval(*sources, plan, axis_name, **_):
 
 def _arm_abstract_eval(flags_like, like, *, num_flags, landing_rows, dtype,
                        row_shape, **_):
-  return [flags_like.update(shape=(num_flags,), dtype=np.dtype(np.int32))] + [
+  return [flags_like.update(shape=(num_flags,), dtype=np.dtype(np.int32)),
+          like.update(shape=(), dtype=np.dtype(np.int32))] + [
       like.update(shape=(rows,) + tuple(row_shape), dtype=dtype)
       for rows in landing_rows]
 
@@ -362,7 +369,9 @@ def _arm_lowering(ctx, *likes, site: int, op_name: str, axis_name: str,
         " transport (every device of the axis in this process); use another"
         " compute_granularity across processes.")
   return jax.ffi.ffi_lowering("ficco_flags_arm", has_side_effect=True)(
-      ctx, *likes, site=np.int64(site), op_name=op_name)
+      ctx, *likes, site=np.int64(site), op_name=op_name,
+      devices=_devices_table(mesh, axis_name, local=True),
+      axis_size=np.int64(mesh.shape[axis_name]))
 
 
 def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
