@@ -45,7 +45,8 @@ import timing  # noqa: E402
 FLAGS = flags.FLAGS
 common.define_flags(default_peers="")
 FLAGS.set_default("schedules", ["default"])
-_CALLS = flags.DEFINE_integer("calls", 200, "Back-to-back calls per trace.")
+_CALLS = flags.DEFINE_integer("calls", 200, "Back-to-back calls per trace.",
+                              lower_bound=1)
 _TOP = flags.DEFINE_integer("top", 14, "Events kept per thread or stream, by"
                             " time per call.")
 
@@ -93,16 +94,25 @@ def _trace(fn, args, calls: int):
         out = fn(*args)
       jax.block_until_ready(out)
     pb = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-    if not pb:
-      raise RuntimeError(f"the profiler wrote no .xplane.pb under {d}")
+    if len(pb) != 1:
+      # One process, one host: one file. More would mean a trace this
+      # report cannot attribute.
+      raise RuntimeError(f"expected one .xplane.pb under {d}, found {pb}")
     return jax.profiler.ProfileData.from_file(pb[0])
   finally:
     shutil.rmtree(d, ignore_errors=True)
 
 
 def _event_table(events, calls: int, top: int) -> list[dict]:
+  """Per event name: count per call, median and total µs per call; an
+  event nested in an earlier one of the same name counts once (jax nests
+  a dispatch's event in another of its name)."""
   by = collections.defaultdict(list)
-  for e in events:
+  open_until: dict[str, float] = {}
+  for e in sorted(events, key=lambda e: e.start_ns):
+    if e.start_ns < open_until.get(e.name, float("-inf")):
+      continue
+    open_until[e.name] = e.end_ns
     by[e.name].append(e.duration_ns / 1e3)
   rows = [dict(name=n[:120], per_call=len(d) / calls,
                median_us=statistics.median(d), us_per_call=sum(d) / calls)
@@ -136,7 +146,10 @@ def _summarize(pd, calls: int, top: int) -> dict:
         if len(starts) > 2:
           gaps = [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
           entry["dispatch_period_us"] = statistics.median(gaps)
-          res["host_period_us"] = entry["dispatch_period_us"]
+          # The calling thread: the one with the most dispatches.
+          if len(starts) > res.get("_dispatches", 0):
+            res["_dispatches"] = len(starts)
+            res["host_period_us"] = entry["dispatch_period_us"]
         if entry["events"]:
           res["threads"].append(entry)
     elif plane.name.startswith("/device:GPU"):
@@ -151,6 +164,7 @@ def _summarize(pd, calls: int, top: int) -> dict:
             "busy_us_per_call": busy / 1e3 / calls,
             "span_us_per_call": span / 1e3 / calls,
             "events": _event_table(events, calls, top)})
+  res.pop("_dispatches", None)
   return res
 
 

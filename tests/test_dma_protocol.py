@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ficco_jax._src import plan as plan_lib
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import vma
 from ficco_jax._src.dma import library
 from ficco_jax._src.dma import peer_copy
 
@@ -623,6 +624,8 @@ def test_arm_writes_the_rank_on_the_axis(layout):
     kw = dict(axis_name="x", site=site, op_name="test_rank")
     flags, rank, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
                                           row_shape=x.shape[1:], **kw)
+    # Typed as what it is, a value that differs along the axis.
+    assert "x" in vma.varying_axes(rank), jax.typeof(rank)
     flags = flags + jnp.asarray([0, 5], jnp.int32)
     landing = peer_copy.start([x], plan, flags=flags, landings=landings,
                               flag_target=5, src_flags=(1,),
@@ -645,7 +648,7 @@ def test_arm_writes_the_rank_on_the_axis(layout):
   _assert_idle("cpu")
 
 
-@pytest.mark.parametrize("rank_from", ["arm", "axis_index"])
+@pytest.mark.parametrize("rank_from", ["arm", "axis_index", "typo"])
 def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
                                                             monkeypatch):
   """The flagged program takes the kernel's rank from the arm: no
@@ -653,8 +656,8 @@ def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
   switch FICCO_FLAGGED_RANK=axis_index puts XLA's back."""
   import functools  # pylint: disable=g-import-not-at-top
   import ficco_jax  # pylint: disable=g-import-not-at-top
-  if rank_from == "axis_index":
-    monkeypatch.setenv("FICCO_FLAGGED_RANK", "axis_index")
+  if rank_from != "arm":
+    monkeypatch.setenv("FICCO_FLAGGED_RANK", rank_from)
   mesh = _mesh("cpu", "4")
   op = functools.partial(
       ficco_jax.matmul_reduce_scatter, axis_name="x",
@@ -666,6 +669,10 @@ def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
                            sharding=NamedSharding(mesh, P(None, "x")))
   b = jax.ShapeDtypeStruct((40, 28), jnp.float32,
                            sharding=NamedSharding(mesh, P("x")))
+  if rank_from == "typo":
+    with pytest.raises(ValueError, match="FICCO_FLAGGED_RANK='typo'"):
+      f.lower(a, b)
+    return
   text = f.lower(a, b).compile().as_text()
   assert text.count("partition-id") == (rank_from == "axis_index")
 

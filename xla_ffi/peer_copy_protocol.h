@@ -350,8 +350,9 @@ ffi::Error TakeArmed(int64_t run_id, int32_t device,
   return ffi::Error::Success();
 }
 
-// ficco_flags_arm on `device`: zero the flags on the compute stream, record
-// an event after that (and after everything XLA ran before, so the landing
+// ficco_flags_arm on `device`: zero the flags on the compute stream, write
+// the device's rank on the axis (results: flags, rank, landings), record an
+// event after that (and after everything XLA ran before, so the landing
 // buffers are free), and hand it to this site's next start.
 template <class Backend>
 ffi::Error Arm(Backend& backend, int64_t run_id, int32_t device,
@@ -360,24 +361,31 @@ ffi::Error Arm(Backend& backend, int64_t run_id, int32_t device,
                             std::string(attrs.op_name) + "' (site " +
                             std::to_string(attrs.site) + ") on device " +
                             std::to_string(device);
-  // This device's rank: its position in the devices table, modulo P.
-  int64_t rank = -1;
+  // This device's rank: its position in the devices table (group-major,
+  // rank-minor, as start's Locate reads it), modulo P.
+  int64_t rank = -1, found = 0;
   for (size_t i = 0; i < attrs.devices.size(); ++i) {
     if (attrs.devices[i] != device) continue;
-    if (rank >= 0 || attrs.axis_size < 1) {
-      rank = -1;
-      break;
-    }
-    rank = static_cast<int64_t>(i) % attrs.axis_size;
+    ++found;
+    if (attrs.axis_size > 0) rank = static_cast<int64_t>(i) % attrs.axis_size;
   }
-  if (rank < 0) {
+  if (attrs.axis_size < 1 || attrs.devices.size() % attrs.axis_size != 0 ||
+      found != 1) {
+    std::string table;
+    for (size_t i = 0; i < attrs.devices.size(); ++i) {
+      table += (i ? ", " : "") + std::to_string(attrs.devices[i]);
+    }
     return ffi::Error::InvalidArgument(
-        where + ": the device is not exactly once in the devices table, or"
-                " axis_size < 1");
+        where + ": expected the device once in a devices table of whole" +
+        " groups of axis_size = " + std::to_string(attrs.axis_size) +
+        " devices; it is there " + std::to_string(found) + " times in [" +
+        table + "]");
   }
   typename Registry<Backend>::Armed armed;
   if (rets.size() < 2) {
-    return ffi::Error::InvalidArgument(where + ": no flags and rank results");
+    return ffi::Error::InvalidArgument(
+        where + ": expected at least 2 results (flags int32[n], rank" +
+        " int32[]), got " + std::to_string(rets.size()));
   }
   for (size_t i = 0; i < rets.size(); ++i) {
     auto b = rets.get<ffi::AnyBuffer>(i);
@@ -390,13 +398,19 @@ ffi::Error Arm(Backend& backend, int64_t run_id, int32_t device,
     if ((*b)->element_type() != ffi::DataType::S32 ||
         (i == 1 && (*b)->element_count() != 1)) {
       return ffi::Error::InvalidArgument(
-          where + (i == 0 ? ": result 0 (flags) must be int32"
-                          : ": result 1 (rank) must be one int32"));
+          where + (i == 0 ? ": result 0 (flags) must be int32[n]"
+                          : ": result 1 (rank) must be int32[]") +
+          ", got element type " +
+          std::to_string(static_cast<int>((*b)->element_type())) + " and " +
+          std::to_string((*b)->element_count()) + " elements");
     }
     ffi::Error err = i == 0 ? backend.ZeroOnCompute(data, (*b)->size_bytes())
                             : backend.SetInt32OnCompute(
                                   data, static_cast<int32_t>(rank));
-    if (err.failure()) return err;
+    if (err.failure()) {
+      return ffi::Error(err.errc().value_or(ffi::ErrorCode::kInternal),
+                        where + ": " + err.message());
+    }
     if (i == 0) armed.flags = data;
   }
   auto ev = Backend::AcquireEvent(device);

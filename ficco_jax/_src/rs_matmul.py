@@ -320,7 +320,9 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
   rank's flag i reaches the target, so a partial leaves as soon as it is
   written, as with ``"piece"``, for one kernel launch and one start per op.
   ``arm`` runs first: it zeroes the flags and returns the landing buffers,
-  free from that point on, so pulls may land while the kernel still runs.
+  free from that point on, so pulls may land while the kernel still runs,
+  and this device's rank, which the kernel reads for its piece offsets
+  (no partition-id in the program).
 
   Live buffers: the ``P m`` rows of every partial and own row (one kernel
   result) and the ``(P - 1) m`` landing rows, as ``"piece"``'s ``2 (P - 1)
@@ -357,9 +359,10 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
   flags, rank, landings = peer_copy.arm(
       h0, len(table[0]), plan, site=site,
       dtype=out_dtype, row_shape=(w.shape[1],), **_arm_kw(kw))
-  if os.environ.get("FICCO_FLAGGED_RANK") == "axis_index":
+  if _flagged_rank_source() == "axis_index":
     # Measurement switch: the rank from XLA's partition-id, as before
-    # session 19 (two more steps of the program per call).
+    # session 19 (two more steps of the program per call; the arm still
+    # writes its rank, unused).
     rank = lax.axis_index(st.axis_name)
   parts, flags, target = chunk_matmul.chunk_matmul_flagged(
       h0, chunk_matmul.ByRank(rank, table), mc, w, flags,
@@ -381,6 +384,16 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
         acc = acc + pulled[i * mc:(i + 1) * mc].astype(acc_dtype)
     chunks.append(acc.astype(out_dtype))
   return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
+
+
+def _flagged_rank_source() -> str:
+  """FICCO_FLAGGED_RANK: where the flagged kernel's rank comes from, "arm"
+  (unset: the default) or "axis_index" (for measurements)."""
+  source = os.environ.get("FICCO_FLAGGED_RANK") or "arm"
+  if source not in ("arm", "axis_index"):
+    raise ValueError(f"FICCO_FLAGGED_RANK={source!r} must be 'arm' (the"
+                     " default) or 'axis_index'.")
+  return source
 
 
 def _arm_kw(kw):

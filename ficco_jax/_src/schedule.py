@@ -175,7 +175,9 @@ class Schedule:
   def peer_groups(self, op: str, axis_size: int) -> tuple[int, ...]:
     """How many peers each dot of a direct step covers, in issue order.
 
-    ``(1,) * (P - 1)`` for ``"piece"``, ``(P - 1,)`` for ``"step"``,
+    ``(1,) * (P - 1)`` for ``"piece"``, ``(P - 1,)`` for ``"step"`` and
+    ``"flagged"`` (one launch covers every peer; flagged's copies still
+    leave piece by piece, which the cost model's flagged branch models),
     `halving_groups` for ``"halving"``.
     """
     peers = axis_size - 1

@@ -44,11 +44,13 @@ import os
 from collections.abc import Sequence
 
 import jax
+from jax import lax
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from ficco_jax._src import plan as plan_lib
+from ficco_jax._src import vma
 from ficco_jax._src.dma import library
 from ficco_jax._src.dma import windows
 from ficco_jax._src.plan import GatherPlan
@@ -89,8 +91,9 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
   target, not when the kernel ends. ``arm`` runs before that kernel, on the
   compute stream: it zeroes ``num_flags`` int32 flags and marks the point
   after which the landing buffers, which it returns, are free to be written
-  (PROTOCOL.md, "Flagged starts"). Pass both, untouched, to the start of
-  ``site``; the start checks that they are the same buffers. It also
+  (PROTOCOL.md, "Flagged starts"). Pass the flags (through the kernel)
+  and the landing buffers, untouched, to the start of ``site``; the start
+  checks that they are the same buffers. It also
   writes this device's rank along ``axis_name``, for the kernel: the
   handler knows it, and a ``lax.axis_index`` would cost the program two
   more steps per call (XLA's partition-id and a fusion converting it).
@@ -116,7 +119,12 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
                     landing_rows=tuple(plan.landing_rows),
                     dtype=np.dtype(dtype), row_shape=tuple(row_shape),
                     axis_name=axis_name, site=site, op_name=op_name)
-  return out[0], out[1], list(out[2:])
+  # The rank differs per device: typed varying over the axis whatever
+  # `like` is typed (the abstract eval copies `like`'s type).
+  rank = out[1]
+  if axis_name not in vma.varying_axes(rank):
+    rank = lax.pcast(rank, (axis_name,), to="varying")
+  return out[0], rank, list(out[2:])
 
 
 def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,

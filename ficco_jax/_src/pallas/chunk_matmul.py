@@ -228,7 +228,9 @@ class ByRank:
   """Piece offsets that depend only on this device's rank along a mesh axis.
 
   ``table[r]`` lists the offsets (one per piece) that rank ``r`` uses;
-  ``rank`` is the traced rank (``lax.axis_index``). The Hopper kernel
+  ``rank`` is the traced rank (``lax.axis_index``, or the flagged
+  reduce-scatter's `peer_copy.arm` rank, which spares the program XLA's
+  partition-id). The Hopper kernel
   compiles the table in and reads only the rank at run time: every Pallas
   call of an op takes the same one-element operand, which XLA computes once
   (compiled HLO of a reduce-scatter: one ``partition-id``, one operand for
