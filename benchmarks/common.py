@@ -164,6 +164,44 @@ def build_cases(op: str, *, shapes_path: str | None = None,
 # ---------------------------------------------------------------- schedules
 
 
+def configure_timing() -> None:
+  """The timing module's settings from this module's flags."""
+  import timing  # pylint: disable=g-import-not-at-top
+  timing.set_min_round_ms(FLAGS.min_round_ms)
+  timing.set_settle_ms(FLAGS.settle_ms)
+  timing.set_order(FLAGS.order)
+
+
+def required_cases() -> list[Case]:
+  """``--cases`` (`parse_cases`), at least one; a usage error otherwise."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  try:
+    cases = parse_cases(FLAGS.cases)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  if not cases:
+    raise app.UsageError("--cases [name:]MxKxN[,...] is required.")
+  return cases
+
+
+def parse_cases(items: list[str]) -> list[Case]:
+  """``--cases`` items ``"MxKxN"`` or ``"name:MxKxN"`` (global sizes).
+
+  Raises:
+    ValueError: naming the item that is neither.
+  """
+  cases = []
+  for item in items:
+    name, _, dims = item.rpartition(":")
+    try:
+      m, k, n = (int(d) for d in dims.split("x"))
+    except ValueError:
+      raise ValueError(f"--cases item {item!r}: expected [name:]MxKxN, e.g."
+                       " llama3-8b/M4096:4096x14336x4096.") from None
+    cases.append(Case(name=name or dims, m=m, k=k, n=n))
+  return cases
+
+
 def platform_name() -> str:
   import jax
   return jax.devices()[0].platform
@@ -384,10 +422,7 @@ class Run:
   def __init__(self, op: str, title: str, md_row: Callable[[dict], str],
                md_header: str):
     import jax
-    import timing  # pylint: disable=g-import-not-at-top
-    timing.set_min_round_ms(FLAGS.min_round_ms)
-    timing.set_settle_ms(FLAGS.settle_ms)
-    timing.set_order(FLAGS.order)
+    configure_timing()
     self.op = op
     self.title = title
     self.md_row = md_row

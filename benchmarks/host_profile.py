@@ -238,20 +238,8 @@ def _markdown(data: dict) -> str:
 
 def main(argv):
   del argv
-  timing.set_min_round_ms(FLAGS.min_round_ms)
-  timing.set_settle_ms(FLAGS.settle_ms)
-  timing.set_order(FLAGS.order)
-  cases = []
-  for item in FLAGS.cases:  # "MxKxN" or "name:MxKxN".
-    name, _, dims = item.rpartition(":")
-    try:
-      m, k, n = (int(d) for d in dims.split("x"))
-    except ValueError:
-      raise app.UsageError(f"--cases item {item!r}: expected [name:]MxKxN,"
-                           " e.g. llama3-8b/M4096:4096x14336x4096.") from None
-    cases.append(common.Case(name=name or dims, m=m, k=k, n=n))
-  if not cases:
-    raise app.UsageError("--cases [name:]MxKxN[,...] is required.")
+  common.configure_timing()
+  cases = common.required_cases()
   data = {"meta": common.env_info("rs"), "cases": []}
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   path = os.path.join(FLAGS.out_dir, f"host_profile_{FLAGS.tag or 'run'}")

@@ -2,8 +2,9 @@
 
 `benchmarks/timing.py`'s interleaved mode (results filled in place after the
 round-robin), `benchmarks/profile_summary.py` (stream busy time, gaps,
-copy overlap and host self time read from a perfetto trace) and
-`benchmarks/autotune_shapes.py`'s rule for what enters the shipped cache.
+copy overlap and host self time read from a perfetto trace),
+`benchmarks/autotune_shapes.py`'s rule for what enters the shipped cache, and
+`common.parse_cases` (the probes' `--cases`).
 """
 
 import gzip
@@ -17,6 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
+import common  # noqa: E402  pylint: disable=g-import-not-at-top
 import profile_summary  # noqa: E402  pylint: disable=g-import-not-at-top
 import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
@@ -306,3 +308,13 @@ def test_heuristic_accuracy_keeps_the_latest_run_of_a_case():
   kept = heuristic_accuracy.keep_latest(cases)
   assert [(c.run, c.name, c.m) for c in kept] == [
       ("old", "b", 8), ("new", "a", 8), ("new", "a", 16)]
+
+
+def test_parse_cases_reads_named_and_bare_items():
+  cases = common.parse_cases(["llama3-8b/M4096:4096x14336x4096", "6x10x7"])
+  assert [(c.name, c.m, c.k, c.n) for c in cases] == [
+      ("llama3-8b/M4096", 4096, 14336, 4096), ("6x10x7", 6, 10, 7)]
+  for bad in ("4096x14336", "a:4096xKx4096", "square"):
+    with pytest.raises(ValueError, match=repr(bad)):
+      common.parse_cases([bad])
+

@@ -575,12 +575,12 @@ def _roll_plan(rows):
 def _flagged_roll(x, *, bump, timeout_s):
   """Rank r's rows from rank r + 1 through a flagged start: the copy waits
   for the source's flag 1 to reach 5 (``bump`` sets it; without, it never
-  does)."""
+  does). Returns them and the arm's rank."""
   plan = _roll_plan(x.shape[0])
   site = peer_copy.new_site()
   kw = dict(axis_name="x", site=site, op_name="test_flagged")
-  flags, _, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
-                                     row_shape=x.shape[1:], **kw)
+  flags, rank, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
+                                        row_shape=x.shape[1:], **kw)
   if bump:  # What the kernel does as it writes the rows.
     flags = flags + jnp.asarray([0, 5], jnp.int32)
   landing = peer_copy.start([x], plan, flags=flags, landings=landings,
@@ -588,7 +588,7 @@ def _flagged_roll(x, *, bump, timeout_s):
                             timeout_s=timeout_s, **kw)[0]
   del kw["site"]
   return peer_copy.sync([(landing, site)], [([x, flags], site)],
-                        timeout_s=timeout_s, **kw)[0]
+                        timeout_s=timeout_s, **kw)[0], rank
 
 
 def test_flagged_start_copies_once_the_flag_is_set(platform):
@@ -598,7 +598,7 @@ def test_flagged_start_copies_once_the_flag_is_set(platform):
   schedules run the kernel that bumps them in place."""
   mesh = _mesh(platform, "4")
   f = _shard_map(mesh, lambda x: (_flagged_roll(x, bump=True,
-                                                timeout_s=TIMEOUT_S),), 1)
+                                                timeout_s=TIMEOUT_S)[0],), 1)
   x = _input(mesh, (5,))
   if platform == "cuda":
     with pytest.raises(Exception, match="differ from those ficco_flags_arm"):
@@ -619,20 +619,9 @@ def test_arm_writes_the_rank_on_the_axis(layout):
   mesh = _mesh("cpu", layout)
 
   def body(x):
-    plan = _roll_plan(x.shape[0])
-    site = peer_copy.new_site()
-    kw = dict(axis_name="x", site=site, op_name="test_rank")
-    flags, rank, landings = peer_copy.arm(x, 2, plan, dtype=x.dtype,
-                                          row_shape=x.shape[1:], **kw)
+    out, rank = _flagged_roll(x, bump=True, timeout_s=TIMEOUT_S)
     # Typed as what it is, a value that differs along the axis.
     assert "x" in vma.varying_axes(rank), jax.typeof(rank)
-    flags = flags + jnp.asarray([0, 5], jnp.int32)
-    landing = peer_copy.start([x], plan, flags=flags, landings=landings,
-                              flag_target=5, src_flags=(1,),
-                              timeout_s=TIMEOUT_S, **kw)[0]
-    del kw["site"]
-    out = peer_copy.sync([(landing, site)], [([x, flags], site)],
-                         timeout_s=TIMEOUT_S, **kw)[0]
     # One row per device: [the arm's rank, axis_index], broadcast over the
     # shard's rows so the output keeps x's layout.
     ranks = jnp.stack([rank, lax.axis_index("x")]).astype(x.dtype)
@@ -680,7 +669,7 @@ def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
 def test_flagged_start_times_out_on_a_flag_never_set():
   mesh = _mesh("cpu", "4")
   f = _shard_map(mesh, lambda x: (_flagged_roll(x, bump=False,
-                                                timeout_s=0.5),), 1)
+                                                timeout_s=0.5)[0],), 1)
   # The copy queue's wait for the flag or the sync's wait for the copies
   # times out first, whichever thread gets there.
   with pytest.raises(Exception, match="500 ms"):
