@@ -48,18 +48,25 @@ struct StreamOps {
   std::string error;
 };
 
+// The driver's entry point `symbol` (CUDA 12.0 ABI) as a `Fn`, or nullptr.
+template <class Fn>
+Fn DriverEntryPoint(const char* symbol) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(symbol, &f, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(f);
+}
+
 inline const StreamOps& Ops() {
   static StreamOps* ops = [] {
     auto* o = new StreamOps();
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion(
-            "cuStreamWriteValue32", reinterpret_cast<void**>(&o->write),
-            12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess ||
-        cudaGetDriverEntryPointByVersion(
-            "cuStreamWaitValue32", reinterpret_cast<void**>(&o->wait), 12000,
-            cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
+    o->write = DriverEntryPoint<StreamValueFn>("cuStreamWriteValue32");
+    o->wait = DriverEntryPoint<StreamValueFn>("cuStreamWaitValue32");
+    if (o->write == nullptr || o->wait == nullptr) {
       o->write = o->wait = nullptr;
       o->error = "the driver has no cuStreamWriteValue32/cuStreamWaitValue32";
     }
@@ -73,17 +80,8 @@ inline const StreamOps& Ops() {
 using MemsetD32Fn = CUresult (*)(CUdeviceptr, unsigned int, size_t, CUstream);
 
 inline MemsetD32Fn MemsetD32() {
-  static const MemsetD32Fn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemsetD32Async", &f, 12000,
-                                         cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      return MemsetD32Fn{nullptr};
-    }
-    return reinterpret_cast<MemsetD32Fn>(f);
-  }();
+  static const MemsetD32Fn fn =
+      DriverEntryPoint<MemsetD32Fn>("cuMemsetD32Async");
   return fn;
 }
 

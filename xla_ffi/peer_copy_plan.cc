@@ -131,23 +131,43 @@ ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
   return plan;
 }
 
-ffi::ErrorOr<Position> Locate(const Plan& plan, int32_t device) {
-  auto it = std::find(plan.devices.begin(), plan.devices.end(), device);
-  if (it == plan.devices.end() ||
-      std::find(it + 1, plan.devices.end(), device) != plan.devices.end()) {
+ffi::ErrorOr<Position> LocateIn(ffi::Span<const int64_t> devices,
+                                 int64_t axis_size, int32_t device,
+                                 std::string_view context) {
+  const auto* begin = devices.begin();
+  const auto* end = devices.end();
+  const auto* it = std::find(begin, end, device);
+  const bool whole_groups =
+      axis_size > 0 && devices.size() % static_cast<size_t>(axis_size) == 0;
+  if (!whole_groups || it == end || std::find(it + 1, end, device) != end) {
     std::ostringstream os;
-    os << "ficco peer copy of '" << plan.op_name << "' (site " << plan.site
-       << "): device ordinal " << device
-       << (it == plan.devices.end() ? " is not" : " is more than once")
-       << " in the devices table [";
-    for (size_t i = 0; i < plan.devices.size(); ++i) {
-      os << (i ? ", " : "") << plan.devices[i];
+    os << context << ": ";
+    if (!whole_groups) {
+      os << "the devices table's " << devices.size()
+         << " entries are not whole groups of axis_size " << axis_size;
+    } else {
+      os << "device ordinal " << device
+         << (it == end ? " is not" : " is more than once")
+         << " in the devices table";
+    }
+    os << " [";
+    for (size_t i = 0; i < devices.size(); ++i) {
+      os << (i ? ", " : "") << devices[i];
     }
     os << "]";
     return ffi::Unexpected(ffi::Error::InvalidArgument(os.str()));
   }
-  const int64_t index = it - plan.devices.begin();
-  return Position{index / plan.axis_size, index % plan.axis_size};
+  const int64_t index = it - begin;
+  return Position{index / axis_size, index % axis_size};
+}
+
+ffi::ErrorOr<Position> Locate(const Plan& plan, int32_t device) {
+  std::ostringstream context;
+  context << "ficco peer copy of '" << plan.op_name << "' (site " << plan.site
+          << ")";
+  return LocateIn(ffi::Span<const int64_t>(plan.devices.data(),
+                                           plan.devices.size()),
+                  plan.axis_size, device, context.str());
 }
 
 std::string Where(std::string_view phase, const Plan& plan, int32_t device,

@@ -108,6 +108,12 @@ ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
                             const std::vector<BufferShape>& sources,
                             const std::vector<BufferShape>& landings);
 
+// Finds `device` in a devices table (group-major, rank-minor, whole groups
+// of `axis_size`); an error message starts with `context`.
+ffi::ErrorOr<Position> LocateIn(ffi::Span<const int64_t> devices,
+                                 int64_t axis_size, int32_t device,
+                                 std::string_view context);
+
 // Finds `device` in the plan's devices table.
 ffi::ErrorOr<Position> Locate(const Plan& plan, int32_t device);
 

@@ -361,26 +361,10 @@ ffi::Error Arm(Backend& backend, int64_t run_id, int32_t device,
                             std::string(attrs.op_name) + "' (site " +
                             std::to_string(attrs.site) + ") on device " +
                             std::to_string(device);
-  // This device's rank: its position in the devices table (group-major,
-  // rank-minor, as start's Locate reads it), modulo P.
-  int64_t rank = -1, found = 0;
-  for (size_t i = 0; i < attrs.devices.size(); ++i) {
-    if (attrs.devices[i] != device) continue;
-    ++found;
-    if (attrs.axis_size > 0) rank = static_cast<int64_t>(i) % attrs.axis_size;
-  }
-  if (attrs.axis_size < 1 || attrs.devices.size() % attrs.axis_size != 0 ||
-      found != 1) {
-    std::string table;
-    for (size_t i = 0; i < attrs.devices.size(); ++i) {
-      table += (i ? ", " : "") + std::to_string(attrs.devices[i]);
-    }
-    return ffi::Error::InvalidArgument(
-        where + ": expected the device once in a devices table of whole" +
-        " groups of axis_size = " + std::to_string(attrs.axis_size) +
-        " devices; it is there " + std::to_string(found) + " times in [" +
-        table + "]");
-  }
+  // This device's rank, found as start's Locate finds it.
+  auto pos = LocateIn(attrs.devices, attrs.axis_size, device, where);
+  if (!pos.has_value()) return pos.error();
+  const int64_t rank = pos->rank;
   typename Registry<Backend>::Armed armed;
   if (rets.size() < 2) {
     return ffi::Error::InvalidArgument(
