@@ -296,18 +296,11 @@ def _direct_dma(h0, w, st, m, mc, out_dtype):
   # this rank's own pulls.
   pulled = peer_copy.sync([(buf, f[3]) for buf, f in zip(landings, in_flight)],
                           [([f[1]], f[3]) for f in in_flight], **kw)
-  acc_dtype = _acc_dtype(own.dtype)
-  chunks = []
-  for j in range(num_chunks):
-    acc = own[j * mc:(j + 1) * mc].astype(acc_dtype)
-    for f, buf in zip(in_flight, pulled):
-      if f[0] != j:
-        continue
-      # A group's landing buffer holds one slot per peer of the group.
-      for slot in range(buf.shape[0] // mc):
-        acc = acc + buf[slot * mc:(slot + 1) * mc].astype(acc_dtype)
-    chunks.append(acc.astype(out_dtype))
-  return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
+  # A group's landing buffer holds one slot per peer of the group.
+  slots = [(f[0], buf[slot * mc:(slot + 1) * mc])
+           for f, buf in zip(in_flight, pulled)
+           for slot in range(buf.shape[0] // mc)]
+  return _add_pulled(own, slots, num_chunks, mc, out_dtype)
 
 
 def _flagged_dma(h0, w, st, m, mc, out_dtype):
@@ -375,13 +368,23 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
   (pulled,) = peer_copy.sync([(landing, site)], [([parts, flags], site)],
                              **kw)
   own0 = len(slots) * mc
-  acc_dtype = _acc_dtype(parts.dtype)
+  return _add_pulled(parts[own0:own0 + num_chunks * mc],
+                     [(j, pulled[i * mc:(i + 1) * mc])
+                      for i, (j, _) in enumerate(slots)],
+                     num_chunks, mc, out_dtype)
+
+
+def _add_pulled(own, pulled, num_chunks, mc, out_dtype):
+  """This rank's result: chunk j's own rows ``own[j mc:(j + 1) mc]`` plus
+  every pulled ``[mc, n]`` partial ``(j, rows)`` of chunk j, in the order
+  given, accumulated in f32 (or wider) and rounded once."""
+  acc_dtype = _acc_dtype(own.dtype)
   chunks = []
   for j in range(num_chunks):
-    acc = parts[own0 + j * mc:own0 + (j + 1) * mc].astype(acc_dtype)
-    for i, (jj, _) in enumerate(slots):
+    acc = own[j * mc:(j + 1) * mc].astype(acc_dtype)
+    for jj, rows in pulled:
       if jj == j:
-        acc = acc + pulled[i * mc:(i + 1) * mc].astype(acc_dtype)
+        acc = acc + rows.astype(acc_dtype)
     chunks.append(acc.astype(out_dtype))
   return chunks[0] if num_chunks == 1 else jnp.concatenate(chunks, 0)
 

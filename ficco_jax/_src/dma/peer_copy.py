@@ -93,10 +93,10 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
   after which the landing buffers, which it returns, are free to be written
   (PROTOCOL.md, "Flagged starts"). Pass the flags (through the kernel)
   and the landing buffers, untouched, to the start of ``site``; the start
-  checks that they are the same buffers. It also
-  writes this device's rank along ``axis_name``, for the kernel: the
-  handler knows it, and a ``lax.axis_index`` would cost the program two
-  more steps per call (XLA's partition-id and a fusion converting it).
+  checks that they are the same buffers. It also writes this device's rank
+  along ``axis_name``, for the kernel: the handler knows it, and a
+  ``lax.axis_index`` would cost the program two more steps per call (XLA's
+  partition-id and a fusion converting it).
 
   Args:
     like: any value varying over ``axis_name`` (it types the landing
