@@ -637,6 +637,34 @@ def check_record(m: dict, out, ref32, xla_err: float | None) -> None:
   m["ok"] = bool(err == err and err <= limit)  # err == err: not NaN.
 
 
+def rs_specs():
+  """(in_specs, out_spec) of the reduce-scatter probes on axis "x": h
+  column-sharded, w row-sharded, the result row-sharded."""
+  from jax.sharding import PartitionSpec as P
+  return (P(None, "x"), P("x", None)), P("x", None)
+
+
+def xla_rs(a, b):
+  """XLA's reduce-scatter matmul, the probes' baseline (in shard_map)."""
+  from jax import lax
+  return lax.psum_scatter(a @ b, "x", scatter_dimension=0, tiled=True)
+
+
+def ficco_rs(label: str):
+  """ficco's reduce-scatter matmul on axis "x" with schedule ``label``
+  (``"default"``: schedule=None), for shard_map."""
+  import ficco_jax
+  sched = None if label == "default" else schedule_from_label(label)
+  return functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                           schedule=sched)
+
+
+def trivial_program(mesh, in_specs):
+  """The floor of any program on the mesh, and so the host's own speed:
+  dispatch and one element-wise kernel per device, no collective."""
+  return jit_shard_map(lambda a, b: a * 2, mesh, in_specs, in_specs[0])
+
+
 def jit_shard_map(body, mesh, in_specs, out_specs, check_vma=True):
   import jax
   return jax.jit(shard_map(body, mesh, in_specs, out_specs, check_vma))

@@ -28,7 +28,6 @@ steal time (``/proc/stat``) is recorded, as a sign of a contended host.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -192,26 +191,18 @@ def _chained(op, n: int):
 
 def _case(case: common.Case, w: int) -> dict:
   import jax
-  from jax import lax
-  from jax.sharding import PartitionSpec as P
-  import ficco_jax
 
   mesh = common.mesh_of(w)
-  in_specs, out_spec = (P(None, "x"), P("x", None)), P("x", None)
+  in_specs, out_spec = common.rs_specs()
   args = [(common.random_array(mesh, (case.m, case.k), in_specs[0], 2 * i + 1),
            common.random_array(mesh, (case.k, case.n), in_specs[1], 2 * i + 2))
           for i in range(max(1, FLAGS.input_sets))]
-  xla_op = lambda a, b: lax.psum_scatter(a @ b, "x", scatter_dimension=0,
-                                         tiled=True)
+  xla_op = common.xla_rs
   entries = [("xla", common.jit_shard_map(xla_op, mesh, in_specs, out_spec)),
-             ("trivial", common.jit_shard_map(lambda a, b: a * 2, mesh,
-                                              in_specs, in_specs[0]))]
+             ("trivial", common.trivial_program(mesh, in_specs))]
 
   def ficco_op(label):
-    base = label.partition("#")[0]
-    sched = None if base == "default" else common.schedule_from_label(base)
-    return functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                             schedule=sched)
+    return common.ficco_rs(label.partition("#")[0])
 
   for label in FLAGS.schedules:
     fn = common.jit_shard_map(ficco_op(label), mesh, in_specs, out_spec,

@@ -53,24 +53,16 @@ def _case(op: str, mesh, w: int):
 
   m, k, n = _M.value, _K.value, _N.value
   if op == "rs":
-    args = (common.random_array(mesh, (m, k), P(None, "x"), 1),
-            common.random_array(mesh, (k, n), P("x", None), 2))
-    body = lambda a, b: lax.psum_scatter(a @ b, "x", scatter_dimension=0,
-                                         tiled=True)
-    return (body, ficco_jax.matmul_reduce_scatter,
-            (P(None, "x"), P("x", None)), P("x", None), args)
+    in_specs, out_spec = common.rs_specs()
+    args = (common.random_array(mesh, (m, k), in_specs[0], 1),
+            common.random_array(mesh, (k, n), in_specs[1], 2))
+    return (common.xla_rs, ficco_jax.matmul_reduce_scatter, in_specs,
+            out_spec, args)
   args = (common.random_array(mesh, (m, k), P("x", None), 1),
           common.random_array(mesh, (k, n), P(None, "x"), 2))
   body = lambda a, b: lax.all_gather(a, "x", axis=0, tiled=True) @ b
   return (body, ficco_jax.all_gather_matmul,
           (P("x", None), P(None, "x")), P(None, "x"), args)
-
-
-def trivial_program(mesh, in_specs):
-  """The floor of any program on the mesh, and so the host's own speed:
-  dispatch and one element-wise kernel per device, no collective."""
-  return common.jit_shard_map(lambda a, b: a * 2, mesh, in_specs,
-                              in_specs[0])
 
 
 def _stats_per_call(fn, args, calls: int, devices: int) -> dict:
@@ -105,7 +97,7 @@ def main(argv):
       body, op_fn, in_specs, out_spec, args = _case(op, mesh, w)
       tk = dict(warmup=FLAGS.warmup, rounds=FLAGS.rounds, iters=FLAGS.iters)
       xla = common.jit_shard_map(body, mesh, in_specs, out_spec)
-      trivial = trivial_program(mesh, in_specs)
+      trivial = common.trivial_program(mesh, in_specs)
       rec = {"op": op, "xla": timing.time_jax(xla, [args], **tk),
              "trivial": timing.time_jax(trivial, [args], **tk), "ficco": {}}
       for label in FLAGS.schedules:

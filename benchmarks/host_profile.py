@@ -25,7 +25,6 @@ process's (RESULTS.md, session 18), so compare processes, not rounds.
 from __future__ import annotations
 
 import collections
-import functools
 import glob
 import json
 import os
@@ -55,26 +54,15 @@ _DISPATCH = "PjitFunction("
 
 
 def _programs(case: common.Case, mesh):
-  import jax
-  from jax import lax
-  from jax.sharding import PartitionSpec as P
-  import ficco_jax
-
-  in_specs, out_spec = (P(None, "x"), P("x", None)), P("x", None)
-  xla_op = lambda a, b: lax.psum_scatter(a @ b, "x", scatter_dimension=0,
-                                         tiled=True)
-  progs = [("xla", common.jit_shard_map(xla_op, mesh, in_specs, out_spec)),
-           ("trivial", common.jit_shard_map(lambda a, b: a * 2, mesh,
-                                            in_specs, in_specs[0]))]
-  for label in FLAGS.schedules:
-    sched = None if label == "default" else common.schedule_from_label(label)
-    op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                           schedule=sched)
-    progs.append((label, common.jit_shard_map(op, mesh, in_specs, out_spec,
-                                              check_vma=False)))
+  in_specs, out_spec = common.rs_specs()
+  progs = [("xla", common.jit_shard_map(common.xla_rs, mesh, in_specs,
+                                        out_spec)),
+           ("trivial", common.trivial_program(mesh, in_specs))]
+  progs += [(label, common.jit_shard_map(common.ficco_rs(label), mesh,
+                                         in_specs, out_spec, check_vma=False))
+            for label in FLAGS.schedules]
   args = (common.random_array(mesh, (case.m, case.k), in_specs[0], 1),
           common.random_array(mesh, (case.k, case.n), in_specs[1], 2))
-  del jax
   return progs, args
 
 

@@ -351,7 +351,7 @@ def main(argv):
       functools.partial(op_fn, axis_name="x", schedule=sched), mesh,
       in_specs, out_spec)
   # The host's own speed, for comparing machines.
-  trivial = host_floor.trivial_program(mesh, in_specs)
+  trivial = common.trivial_program(mesh, in_specs)
   ordinals = [d.local_hardware_id for d in mesh.devices.flat]
   for fn in (xla, ficco, trivial):
     for _ in range(max(3, FLAGS.warmup)):
