@@ -8,10 +8,12 @@ interleaved (timing.interleaved), per shape:
 
 * ``xla``: psum_scatter(h @ w) in shard_map; ``trivial``: ``h * 2``, the
   dispatch floor of a 4-device program;
-* ficco with each ``--schedules`` label; a ``#window`` suffix lowers it with
-  the window transport (``FICCO_DMA_TRANSPORT=window``: flags in mapped
-  windows and no per-call rendezvous of the devices' threads; xla_ffi/
-  WINDOWS.md), else the rendezvous transport;
+* ficco with each ``--schedules`` label; a ``#push`` suffix lowers a
+  flagged schedule over the push protocol (``FICCO_FLAGGED_TRANSPORT=push``:
+  pieces pushed into the owners' windows), a ``#window`` suffix with the
+  window transport (``FICCO_DMA_TRANSPORT=window``: flags in mapped windows
+  and no per-call rendezvous of the devices' threads; xla_ffi/WINDOWS.md),
+  else the rendezvous transport;
 * ``chainN``: ``--chain`` ops in one jitted program, each op's input made
   from the previous op's output (`_chained`), for XLA and each
   ``--chain_schedules`` label: the per-op time once Python's per-call
@@ -142,27 +144,38 @@ def _pin_busy_threads(groups) -> dict[str, int | str]:
   return placed
 
 
-def _with_transport(fn, transport: str | None):
-  """``fn`` whose first call (the one that lowers) runs under
-  FICCO_DMA_TRANSPORT=transport; later calls hit jit's cache (every call
+# A label's "#suffix": the environment its program is lowered under.
+_SUFFIX_ENV = {
+    "window": ("FICCO_DMA_TRANSPORT", "window"),
+    "push": ("FICCO_FLAGGED_TRANSPORT", "push"),
+}
+
+
+def _with_transport(fn, suffix: str | None):
+  """``fn`` whose first call (the one that lowers) runs under the variable
+  of ``suffix`` (`_SUFFIX_ENV`); later calls hit jit's cache (every call
   here passes arrays of the first call's shapes and shardings, so nothing
   retraces without the variable)."""
-  if not transport:
+  if not suffix:
     return fn
+  if suffix not in _SUFFIX_ENV:
+    raise ValueError(f"Label suffix #{suffix} must be one of"
+                     f" {sorted(_SUFFIX_ENV)}.")
+  var, value = _SUFFIX_ENV[suffix]
   compiled = []
 
   def call(*args):
     if compiled:
       return fn(*args)
-    old = os.environ.get("FICCO_DMA_TRANSPORT")
-    os.environ["FICCO_DMA_TRANSPORT"] = transport
+    old = os.environ.get(var)
+    os.environ[var] = value
     try:
       out = fn(*args)
     finally:
       if old is None:
-        del os.environ["FICCO_DMA_TRANSPORT"]
+        del os.environ[var]
       else:
-        os.environ["FICCO_DMA_TRANSPORT"] = old
+        os.environ[var] = old
     compiled.append(True)
     return out
   return call

@@ -19,6 +19,8 @@
 #include "cpu_runtime.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
+#include "push_protocol.h"
+#include "push_sum.h"
 #include "window.h"
 #include "window_protocol.h"
 #include "xla/ffi/api/ffi.h"
@@ -49,6 +51,11 @@ struct CpuWindowBackend {
   // need not order waits after writes (and XLA:CPU's small handler pool
   // must not block in start).
   static constexpr bool kHostOrdered = false;
+  // The push protocol's "compute stream" is a queue thread of its own, and
+  // its start runs after the kernel's results are complete: any copy of the
+  // flags XLA made holds their final counts.
+  static constexpr int64_t kComputeQueue = kPushQueue + 1;
+  static constexpr bool kFlagsMustAlias = false;
 
   // "; never signalled: rank 2 (device 2)" when some peer is late: the
   // window's header is host memory here, so any timeout can name who is.
@@ -119,6 +126,31 @@ struct CpuWindowBackend {
         }
         std::this_thread::sleep_for(nap);
         nap = std::min(nap * 2, std::chrono::microseconds(200));
+      }
+    });
+    return ffi::Error::Success();
+  }
+
+  // The push arm's: the handler runs once its operands are complete.
+  ffi::Error ZeroOnCompute(char* data, size_t bytes) {
+    std::memset(data, 0, bytes);
+    return ffi::Error::Success();
+  }
+  ffi::Error SetInt32OnCompute(char* data, int32_t value) {
+    std::memcpy(data, &value, sizeof(value));
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Sum(const std::shared_ptr<Inv>& inv, int32_t device,
+                 int64_t queue, ffi::DataType dtype, char* out,
+                 const char* own, const char* landing, int64_t chunks,
+                 int64_t peers, int64_t chunk_elems) {
+    const PushSumArgs args{dtype, out, own, landing, chunks, peers,
+                           chunk_elems};
+    Queue(device, kQueueBase + queue).Push([inv, args] {
+      if (inv->failed()) return;
+      if (ffi::Error err = CpuPushSum(args); err.failure()) {
+        inv->Fail(inv->where + ": " + std::string(err.message()));
       }
     });
     return ffi::Error::Success();
@@ -288,6 +320,34 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
                      "staging the sources and this rank's pulls");
 }
 
+ffi::Error PushArmImpl(int32_t device, ffi::Result<ffi::AnyBuffer> flags,
+                      ffi::Result<ffi::AnyBuffer> rank, PushArmAttrs attrs) {
+  CpuWindowBackend backend;
+  return PushArm(backend, device, *flags, *rank, attrs);
+}
+
+ffi::Error PushStartImpl(int32_t device, ffi::AnyBuffer parts,
+                         ffi::AnyBuffer flags,
+                         ffi::Result<ffi::AnyBuffer> flags_out,
+                         PushStartAttrs attrs) {
+  if (flags.untyped_data() != flags_out->untyped_data()) {
+    return ffi::Error::Internal("ficco push start: flags not aliased");
+  }
+  CpuWindowBackend backend;
+  return PushStart(backend, device, parts, flags, attrs);
+}
+
+ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
+                           ffi::AnyBuffer /*flags: kept alive*/,
+                           ffi::Result<ffi::AnyBuffer> out,
+                           PushFinishAttrs attrs) {
+  CpuWindowBackend backend;
+  auto inv = PushFinish(backend, device, parts, *out, attrs);
+  if (!inv.has_value()) return Failed(inv.error());
+  return AwaitEvents(device, *inv, {(*inv)->signalled},
+                     "the peers' pieces and the sum");
+}
+
 }  // namespace
 
 // --- window memory: POSIX shared memory ------------------------------------
@@ -313,7 +373,8 @@ ffi::Error CpuWindowMap(Window& w, int64_t peer, const std::string& handle) {
 }
 
 int64_t CpuWindowPending() {
-  return WindowIndex<CpuWindowBackend>::Get().Pending();
+  return WindowIndex<CpuWindowBackend>::Get().Pending() +
+         PushStates<CpuWindowBackend>::Get().Pending();
 }
 
 }  // namespace ficco
@@ -339,3 +400,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowDoneCpu, ficco::DoneImpl,
                                   .RemainingArgs()                 // keepalive
                                   .Ret<xla::ffi::AnyBuffer>()      // aliased
                                   .Attrs<ficco::WindowSyncAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushArmCpu, ficco::PushArmImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Ret<xla::ffi::AnyBuffer>()      // flags
+                                  .Ret<xla::ffi::AnyBuffer>()      // rank
+                                  .Attrs<ficco::PushArmAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushStartCpu, ficco::PushStartImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Arg<xla::ffi::AnyBuffer>()      // parts
+                                  .Arg<xla::ffi::AnyBuffer>()      // flags
+                                  .Ret<xla::ffi::AnyBuffer>()      // aliased
+                                  .Attrs<ficco::PushStartAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushFinishCpu, ficco::PushFinishImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Arg<xla::ffi::AnyBuffer>()      // parts
+                                  .Arg<xla::ffi::AnyBuffer>()      // flags
+                                  .Ret<xla::ffi::AnyBuffer>()      // out
+                                  .Attrs<ficco::PushFinishAttrs>());

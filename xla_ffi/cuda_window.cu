@@ -29,6 +29,8 @@
 #include "event_pool.h"
 #include "ficco_ffi.h"
 #include "peer_copy_registry.h"  // Clock, DeadlineAfter
+#include "push_protocol.h"
+#include "push_sum.h"
 #include "window.h"
 #include "window_protocol.h"
 #include "xla/ffi/api/ffi.h"
@@ -55,8 +57,43 @@ struct CudaWindowBackend {
   // cuStreamWaitValue32 may block others behind it, so every wait is
   // enqueued after the write it waits for (WINDOWS.md).
   static constexpr bool kHostOrdered = true;
+  // The push protocol's finish runs on XLA's stream; its start's copy
+  // engines wait on the flags the kernel bumps in place.
+  static constexpr int64_t kComputeQueue = -1;
+  static constexpr bool kFlagsMustAlias = true;
 
   explicit CudaWindowBackend(cudaStream_t compute) : compute(compute) {}
+
+  ffi::ErrorOr<cudaStream_t> Stream(int32_t device, int64_t queue) const {
+    if (queue == kComputeQueue) return compute;
+    return QueueStream(device, queue);
+  }
+
+  ffi::Error ZeroOnCompute(char* data, size_t bytes) {
+    FICCO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, bytes, compute));
+    return ffi::Error::Success();
+  }
+
+  ffi::Error SetInt32OnCompute(char* data, int32_t value) {
+    MemsetD32Fn memset32 = MemsetD32();
+    if (memset32 == nullptr) {
+      return ffi::Error::Internal("the driver has no cuMemsetD32Async");
+    }
+    return CheckCu(memset32(reinterpret_cast<CUdeviceptr>(data),
+                            static_cast<unsigned int>(value), 1,
+                            reinterpret_cast<CUstream>(compute)),
+                   "cuMemsetD32Async");
+  }
+
+  ffi::Error Sum(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
+                 ffi::DataType dtype, char* out, const char* own,
+                 const char* landing, int64_t chunks, int64_t peers,
+                 int64_t chunk_elems) {
+    auto s = Stream(device, queue);
+    if (!s.has_value()) return s.error();
+    return CudaPushSum(*s, PushSumArgs{dtype, out, own, landing, chunks,
+                                       peers, chunk_elems});
+  }
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
     return Pools().Acquire(device, CreateEvent);
@@ -73,7 +110,7 @@ struct CudaWindowBackend {
   // The handler made `device` current; every queue is on it.
   ffi::Error WaitEvent(const std::shared_ptr<Inv>&, int32_t device,
                        int64_t queue, Event* e) {
-    auto s = QueueStream(device, queue);
+    auto s = Stream(device, queue);
     if (!s.has_value()) return s.error();
     FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(*s, e, 0));
     return ffi::Error::Success();
@@ -82,7 +119,7 @@ struct CudaWindowBackend {
   ffi::Error Copy(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
                   char* dst, const char* src, size_t bytes) {
     if (bytes == 0) return ffi::Error::Success();
-    auto s = QueueStream(device, queue);
+    auto s = Stream(device, queue);
     if (!s.has_value()) return s.error();
     // Unified addressing: a peer's window (peer access or IPC) is a device
     // pointer like any other, and the copy engine moves it over NVLink.
@@ -93,7 +130,7 @@ struct CudaWindowBackend {
 
   ffi::Error Record(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
                     Event* e) {
-    auto s = QueueStream(device, queue);
+    auto s = Stream(device, queue);
     if (!s.has_value()) return s.error();
     FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, *s));
     return ffi::Error::Success();
@@ -102,7 +139,7 @@ struct CudaWindowBackend {
   ffi::Error WaitFlag(const std::shared_ptr<Inv>&, int32_t device,
                       int64_t queue, uint32_t* addr, uint32_t value,
                       const std::string&) {
-    auto s = QueueStream(device, queue);
+    auto s = Stream(device, queue);
     if (!s.has_value()) return s.error();
     return CheckCu(Ops().wait(reinterpret_cast<CUstream>(*s),
                               reinterpret_cast<CUdeviceptr>(addr), value,
@@ -114,7 +151,7 @@ struct CudaWindowBackend {
   // before the flag, system-wide.
   ffi::Error WriteFlag(const std::shared_ptr<Inv>&, int32_t device,
                        int64_t queue, uint32_t* addr, uint32_t value) {
-    auto s = QueueStream(device, queue);
+    auto s = Stream(device, queue);
     if (!s.has_value()) return s.error();
     return CheckCu(Ops().write(reinterpret_cast<CUstream>(*s),
                                reinterpret_cast<CUdeviceptr>(addr), value, 0),
@@ -299,6 +336,44 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
   return ffi::Error::Success();
 }
 
+ffi::Error PushArmImpl(cudaStream_t stream, int32_t device,
+                      ffi::Result<ffi::AnyBuffer> flags,
+                      ffi::Result<ffi::AnyBuffer> rank, PushArmAttrs attrs) {
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaWindowBackend backend(stream);
+  return PushArm(backend, device, *flags, *rank, attrs);
+}
+
+ffi::Error PushStartImpl(cudaStream_t stream, int32_t device,
+                         ffi::AnyBuffer parts, ffi::AnyBuffer flags,
+                         ffi::Result<ffi::AnyBuffer> flags_out,
+                         PushStartAttrs attrs) {
+  if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
+  if (flags.untyped_data() != flags_out->untyped_data()) {
+    return ffi::Error::Internal("ficco push start: flags not aliased");
+  }
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaWindowBackend backend(stream);
+  return PushStart(backend, device, parts, flags, attrs);
+}
+
+ffi::Error PushFinishImpl(cudaStream_t stream, int32_t device,
+                          ffi::AnyBuffer parts, ffi::AnyBuffer /*flags*/,
+                          ffi::Result<ffi::AnyBuffer> out,
+                          PushFinishAttrs attrs) {
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaWindowBackend backend(stream);
+  auto inv = PushFinish(backend, device, parts, *out, attrs);
+  if (!inv.has_value()) return inv.error();
+  // Bounds the invocation: past its deadline the watchdog names the ranks
+  // that never pushed and releases the streams waiting on them.
+  Watchdog::Get().Watch(std::move(*inv));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 ffi::Error CudaEnablePeer(int32_t device, int32_t peer_device) {
@@ -352,7 +427,8 @@ ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle) {
 }
 
 int64_t CudaWindowPending() {
-  return WindowIndex<CudaWindowBackend>::Get().Pending();
+  return WindowIndex<CudaWindowBackend>::Get().Pending() +
+         PushStates<CudaWindowBackend>::Get().Pending();
 }
 
 }  // namespace ficco
@@ -385,3 +461,33 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .RemainingArgs()                                // keepalive
         .Ret<xla::ffi::AnyBuffer>()                     // aliased
         .Attrs<ficco::WindowSyncAttrs>());
+
+// The push protocol (push_protocol.h), on the same windows.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoPushArmCuda, ficco::PushArmImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Ret<xla::ffi::AnyBuffer>()                     // flags
+        .Ret<xla::ffi::AnyBuffer>()                     // rank
+        .Attrs<ficco::PushArmAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoPushStartCuda, ficco::PushStartImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // parts
+        .Arg<xla::ffi::AnyBuffer>()                     // flags
+        .Ret<xla::ffi::AnyBuffer>()                     // flags, aliased
+        .Attrs<ficco::PushStartAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoPushFinishCuda, ficco::PushFinishImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // parts
+        .Arg<xla::ffi::AnyBuffer>()                     // flags
+        .Ret<xla::ffi::AnyBuffer>()                     // out
+        .Attrs<ficco::PushFinishAttrs>());

@@ -348,6 +348,8 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
                             src=0, src_row=i * mc, rows=mc, stream=0)
           for i, (_, s) in enumerate(slots)),
       blocks=(), num_streams=1)
+  if _flagged_transport() == "push":
+    return _flagged_push(h0, w, st, mc, out_dtype, slots, table)
   site = peer_copy.new_site()
   flags, rank, landings = peer_copy.arm(
       h0, len(table[0]), plan, site=site,
@@ -372,6 +374,57 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
                      [(j, pulled[i * mc:(i + 1) * mc])
                       for i, (j, _) in enumerate(slots)],
                      num_chunks, mc, out_dtype)
+
+
+def _flagged_push(h0, w, st, mc, out_dtype, slots, table):
+  """`_flagged_dma` over the push protocol (xla_ffi/WINDOWS.md, "Push").
+
+  The same kernel and pieces, but each rank's copy engines push its piece
+  for rank ``r + s`` into that rank's window (two landing halves, so a
+  push waits only for the call before last to be read), and the finish adds
+  the landed pieces to the own rows with a kernel of its own: arm, kernel,
+  start and finish per call, no host wait for peers, no XLA sum after a
+  sync. Memory: the window's two halves of ``(P - 1) m`` rows per device,
+  for the life of the process, instead of the landing buffers.
+  """
+  from ficco_jax._src.dma import push  # Loads the FFI library lazily.
+  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+  num_chunks = st.schedule.num_chunks
+  row_bytes = w.shape[1] * jnp.dtype(out_dtype).itemsize
+  half = push.half_bytes(len(slots) * mc, row_bytes)
+  kw = dict(axis_name=st.axis_name, op_name=st.op_name,
+            site=_new_site())
+  flags, rank = push.arm(h0, len(table[0]), half, **kw)
+  parts, flags, target = chunk_matmul.chunk_matmul_flagged(
+      h0, chunk_matmul.ByRank(rank, table), mc, w, flags,
+      num_sms=st.schedule.num_sms, preferred_element_type=out_dtype,
+      x_zero_padded_k=h0.shape[1] != w.shape[0])
+  parts = vma.vary_like(parts, h0, w)
+  # Piece i (chunk j, shift s) goes to rank r + s, at the row where that
+  # rank's finish expects chunk j's piece from rank (r + s) - s.
+  pieces = [(s, i * mc, i * mc, mc, i) for i, (_, s) in enumerate(slots)]
+  flags = push.start(parts, flags, pieces, flag_target=target, half=half,
+                     timeout_s=st.timeout_s, **kw)
+  return push.finish(parts, flags, own_row=len(slots) * mc, chunk_rows=mc,
+                     num_chunks=num_chunks, half=half, timeout_s=st.timeout_s,
+                     **kw)
+
+
+def _new_site() -> int:
+  from ficco_jax._src.dma import peer_copy  # Loads the FFI library lazily.
+  return peer_copy.new_site()
+
+
+def _flagged_transport() -> str:
+  """FICCO_FLAGGED_TRANSPORT: how the flagged pieces travel, "rendezvous"
+  (unset: the default; pulls after a host rendezvous per call) or "push"
+  (pushes into the owners' windows, no host rendezvous)."""
+  choice = os.environ.get("FICCO_FLAGGED_TRANSPORT") or "rendezvous"
+  if choice not in ("rendezvous", "push"):
+    raise ValueError(f"FICCO_FLAGGED_TRANSPORT={choice!r} must be"
+                     " 'rendezvous' (the default) or 'push'.")
+  return choice
 
 
 def _add_pulled(own, pulled, num_chunks, mc, out_dtype):

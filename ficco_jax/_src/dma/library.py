@@ -25,6 +25,9 @@ TARGETS: dict[str, str] = {
     "ficco_window_start": "FiccoWindowStart",
     "ficco_window_wait": "FiccoWindowWait",
     "ficco_window_done": "FiccoWindowDone",
+    "ficco_push_arm": "FiccoPushArm",
+    "ficco_push_start": "FiccoPushStart",
+    "ficco_push_finish": "FiccoPushFinish",
 }
 
 _lock = threading.Lock()

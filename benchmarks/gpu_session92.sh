@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Session 20, for the 4-GPU machine (nvidia-h200-x4; W=2 on nvidia-h200-x2,
+# where the pair runs the flagged schedule by name). ~5 min.
+# The push protocol of the flagged reduce-scatter (FICCO_FLAGGED_TRANSPORT=
+# push, xla_ffi/WINDOWS.md "Push"): its tests on the GPUs (and the flagged
+# tests of the rendezvous path, unvalidated since session 19's mends), then
+# its host floor and the host-bound pair against the rendezvous path, in
+# four processes, interleaved with XLA's program.
+set -u
+source "$(dirname "$0")/gpu_env.sh"
+R=/tmp/r92; rm -rf "$R"; mkdir -p "$R"
+W=${W:-4}
+if [ "$W" = 4 ]; then L=default; else L=direct/c1/dma/pallas/flagged; fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
+t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+t tests
+(cd /tmp && timeout 240 python3 -m pytest -q -x "$OLDPWD/tests/test_push_transport.py" \
+  "$OLDPWD/tests/test_ops.py" -k "push or flagged or pads_k" ) > "$R/tests.log" 2>&1
+echo "tests rc=$?"; tail -3 "$R/tests.log"
+(cd /tmp && timeout 120 python3 -m pytest -q "$OLDPWD/tests/test_dma_protocol.py" -k "flagged or arm" ) > "$R/tests_protocol.log" 2>&1
+echo "protocol tests rc=$?"; tail -2 "$R/tests_protocol.log"
+t floor
+timeout 60 python3 benchmarks/host_bound_probe.py --cases=512x4096x4096 \
+  --schedules=direct/c1/dma/pallas/flagged,direct/c1/dma/pallas/flagged#push \
+  --axis_sizes=$W --chain=0 --rounds=9 --iters=50 --out_dir="$R" --tag=s20a_floor > "$R/floor.log" 2>&1
+echo "rc=$?"; grep -E "^\| (xla|trivial|direct)" "$R/host_bound_s20a_floor.md" | cut -d'|' -f2-5
+for n in 1 2 3 4; do
+  t "pair $n"
+  timeout 60 python3 benchmarks/host_bound_probe.py \
+    --cases=llama3-8b/M4096:4096x14336x4096,square/4096:4096x8192x8192 \
+    --schedules=$L,$L#push --axis_sizes=$W --chain=0 --rounds=7 --iters=20 \
+    --out_dir="$R" --tag=s20a_$n > "$R/probe_$n.log" 2>&1
+  echo "rc=$?"; grep -E "^\| (xla|trivial|default|direct)" "$R/host_bound_s20a_$n.md" | cut -d'|' -f2-5 | tr '\n' ' '; echo
+done
+tar czf "$OUT/r92.tgz" -C /tmp r92; ls -la "$OUT"
+t end

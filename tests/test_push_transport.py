@@ -1,0 +1,157 @@
+"""The flagged reduce-scatter over the push protocol (xla_ffi/WINDOWS.md,
+"Push"): FICCO_FLAGGED_TRANSPORT=push makes each rank push its pieces into
+the owners' windows, and each owner add them to its own rows with the
+finish's own sum. The CPU twin runs here; the CUDA handlers where there are
+4 GPUs.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import ficco_jax
+from ficco_jax import Schedule
+from ficco_jax._src.dma import library
+from ficco_jax._src.dma import windows
+
+import util
+
+TIMEOUT_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+def push_transport(monkeypatch):
+  monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "push")
+  jax.clear_caches()  # Lowerings made under another transport must go.
+  yield
+  jax.clear_caches()
+
+
+def _platform():
+  return "cuda" if util.on_gpu() else "cpu"
+
+
+def _tp_mesh():
+  """An "x" axis of 4 devices, or of every device where there are 2 or 3
+  (a 2-GPU machine runs the protocol too)."""
+  n = min(4, len(util.test_devices()))
+  return util.mesh((max(n, 2),), ("x",))
+
+
+def _rs(mesh, num_chunks, timeout_s=TIMEOUT_S):
+  """jit(shard_map(flagged matmul_reduce_scatter)) over the mesh's last
+  axis "x"; a leading "d" axis, if any, splits the rows (dp x tp)."""
+  sched = Schedule(dataflow="direct", num_chunks=num_chunks, comm="dma",
+                   compute="pallas", compute_granularity="flagged")
+  op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                         schedule=sched, timeout_s=timeout_s)
+  rows = tuple(mesh.axis_names)  # ("x",) or ("d", "x")
+  lead = rows[:-1] or (None,)
+  return jax.jit(jax.shard_map(
+      op, mesh=mesh, in_specs=(P(*lead, "x"), P("x")),
+      out_specs=P(rows), check_vma=util.on_gpu()))
+
+
+def _shapes(dtype):
+  if util.on_gpu():
+    # Pieces must be whole Hopper tiles: 768 rows per device, 3 chunks.
+    return jnp.bfloat16, 768, 256, 128
+  return dtype, 6, 10, 7
+
+
+def _args(mesh, rng, dtype, m, k, n):
+  d = mesh.shape.get("d", 1)
+  tp = mesh.shape["x"]
+  lead = ("d",) if d > 1 else (None,)
+  h = util.rand(rng, (d * tp * m, tp * k), dtype)
+  w = util.rand(rng, (tp * k, n), dtype)
+  return (jax.device_put(h, NamedSharding(mesh, P(*lead, "x"))),
+          jax.device_put(w, NamedSharding(mesh, P("x"))), h, w)
+
+
+@pytest.mark.parametrize("layout", ["4", "2x4"])
+@pytest.mark.parametrize("num_chunks", [1, 3])
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.float16])
+def test_push_matches_the_reference_call_after_call(layout, num_chunks, dtype):
+  """Fresh random data on every call: the landing halves alternate, so a
+  piece read from the wrong half, or before it landed, shows."""
+  if util.on_gpu() and (layout != "4" or dtype != np.float32):
+    pytest.skip("one GPU case per chunk count (bf16, tile-sized pieces)")
+  mesh = _tp_mesh() if layout == "4" else util.mesh((2, 4), ("d", "x"))
+  dtype, m, k, n = _shapes(dtype)
+  f = _rs(mesh, num_chunks)
+  rng = np.random.default_rng(7)
+  args = _args(mesh, rng, dtype, m, k, n)
+  hlo = f.lower(*args[:2]).compile().as_text()
+  assert "ficco_push_finish" in hlo and "ficco_peer_copy" not in hlo
+  assert "partition-id" not in hlo
+  for _ in range(5):
+    h, w, h_np, w_np = _args(mesh, rng, dtype, m, k, n)
+    out = f(h, w)
+    ref = util.ref_matmul_reduce_scatter(h_np, w_np)
+    assert util.rel_err(out, ref) < util.tol(dtype)
+  jax.block_until_ready(out)
+  platform = library.platform_id(_platform())
+  assert windows.pending_entries(platform) == 0
+
+
+def test_push_equals_the_rendezvous_path(monkeypatch):
+  """Same kernel, same pieces, same order of f32 adds, one rounding: the
+  push protocol's sum and the rendezvous path's XLA sum agree exactly."""
+  mesh = _tp_mesh()
+  dtype, m, k, n = _shapes(jnp.bfloat16)
+  rng = np.random.default_rng(3)
+  h, w, _, _ = _args(mesh, rng, dtype, m, k, n)
+  pushed = np.asarray(_rs(mesh, 3)(h, w), np.float32)
+  monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "rendezvous")
+  jax.clear_caches()
+  pulled = np.asarray(_rs(mesh, 3)(h, w), np.float32)
+  np.testing.assert_array_equal(pushed, pulled)
+
+
+def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover():
+  mesh = _tp_mesh()
+  last = mesh.devices.size - 1
+  timeout_s = 1.0
+  dtype, m, k, n = _shapes(np.float32)
+  f = _rs(mesh, 1, timeout_s=timeout_s)
+  h, w, h_np, w_np = _args(mesh, np.random.default_rng(5), dtype, m, k, n)
+  ref = util.ref_matmul_reduce_scatter(h_np, w_np)
+  jax.block_until_ready(f(h, w))
+  platform = library.platform_id(_platform())
+  missing = windows.handler_ordinal(mesh.devices.flat[last], platform)
+  library.set_never_arrive(missing)
+  t0 = time.monotonic()
+  try:
+    with pytest.raises(Exception) as info:
+      jax.block_until_ready(f(h, w))
+  finally:
+    library.clear_never_arrive()
+  assert time.monotonic() - t0 < timeout_s + 10
+  message = str(info.value)
+  # jax reports one device's error: the hooked device's own, or a peer's
+  # timeout naming it.
+  assert (f"rank {last}" in message
+          or "never-arrive test hook" in message), message
+  # The peers timed out, so their windows are poisoned: the next call says
+  # how to recover...
+  time.sleep(timeout_s + 1)
+  with pytest.raises(Exception, match="clear_caches"):
+    jax.block_until_ready(f(h, w))
+  # ... and after it, fresh windows work.
+  jax.clear_caches()
+  assert util.rel_err(f(h, w), ref) < util.tol(dtype)
+
+
+def test_unknown_flagged_transport_is_a_clear_error(monkeypatch):
+  monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "nvshmem")
+  mesh = _tp_mesh()
+  dtype, m, k, n = _shapes(np.float32)
+  h, w, _, _ = _args(mesh, np.random.default_rng(0), dtype, m, k, n)
+  with pytest.raises(ValueError, match="FICCO_FLAGGED_TRANSPORT='nvshmem'"):
+    _rs(mesh, 1)(h, w)

@@ -1,0 +1,466 @@
+// The push protocol of the flagged reduce-scatter (WINDOWS.md, "Push"),
+// written once over a window Backend (cpu_window.cc, cuda_window.cu).
+//
+// Each rank's copy engines push its partials straight from XLA's buffer
+// into the owning rank's window, each piece as soon as the kernel's flag
+// says it is written, and the owner adds them to its own rows from there:
+// no host rendezvous per call and no staging copy. Three calls per op:
+//
+//   flags, rank = ficco_push_arm()                 # before the kernel
+//   parts, flags = kernel(h, w, flags, rank)        # bumps flags[i]
+//   flags = ficco_push_start(parts, flags)          # aliased
+//   out = ficco_push_finish(parts, flags)           # own rows + landed
+//
+// The window's slot holds two halves of landing pieces; epoch e lands in
+// half e % 2, so a push of epoch e waits for the owner to have read epoch
+// e - 2 (its freed flag), which it almost always has.
+//
+// On top of WindowIssue's Backend interface, the backend provides
+//   ZeroOnCompute(dst, bytes), SetInt32OnCompute(dst, value)   (arm)
+//   Sum(inv, device, queue, dtype, out, own, landing, chunks, peers,
+//       chunk_elems)     out chunk c = own chunk c + the peers' pieces of
+//                        chunk c (landing piece c * peers + k), in k
+//                        order, accumulated in f32 (f64 for f64)
+// and kComputeQueue, the queue index that means the compute stream.
+
+#ifndef FICCO_XLA_FFI_PUSH_PROTOCOL_H_
+#define FICCO_XLA_FFI_PUSH_PROTOCOL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "peer_copy_protocol.h"  // ShapeOf
+#include "window.h"
+#include "window_protocol.h"     // WindowInvocation, HostWait, HostPublish
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+
+// The push queue (one per device: pieces leave in kernel order, and they
+// share the receivers' inbound links anyway).
+inline constexpr int64_t kPushQueue = kStageQueue + 2;
+
+struct PushArmAttrs {
+  int64_t window;
+  std::string_view op_name;
+};
+
+// Piece i: rows [src_row[i], + rows[i]) of the kernel's result go to rank
+// (rank + shift[i]) % P, at row dst_row[i] of its landing half, once
+// flags[src_flag[i]] >= flag_target.
+struct PushStartAttrs {
+  int64_t window;
+  std::string_view op_name;
+  int64_t timeout_ms;
+  ffi::Span<const int64_t> shift, src_row, dst_row, rows, src_flag;
+  int64_t flag_target;
+  int64_t half_bytes;
+};
+
+// The result: rows [own_row, + num_chunks * chunk_rows) of the kernel's
+// result plus the landed pieces, chunk-major, P - 1 per chunk in shift order.
+struct PushFinishAttrs {
+  int64_t window;
+  std::string_view op_name;
+  int64_t timeout_ms;
+  int64_t own_row, chunk_rows, num_chunks;
+  int64_t half_bytes;
+};
+
+// What an arm hands to its start, and a start to its finish, per window and
+// device (a site's runs are sequential on a device).
+template <class B>
+class PushStates {
+ public:
+  using Inv = WindowInvocation<B>;
+  struct Armed {
+    const void* flags = nullptr;
+    typename B::Event* ready = nullptr;
+  };
+  static PushStates& Get() {
+    static PushStates* s = new PushStates();  // Leaked: handlers may run at exit.
+    return *s;
+  }
+  void PutArmed(int64_t family, int32_t device, Armed a) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = armed_[{family, device}];
+    // An aborted execution's arm: its event goes back to the pool.
+    if (slot.ready != nullptr) B::ReleaseEvent(device, slot.ready);
+    slot = a;
+  }
+  bool TakeArmed(int64_t family, int32_t device, Armed* a) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = armed_.find({family, device});
+    if (it == armed_.end() || it->second.ready == nullptr) return false;
+    *a = it->second;
+    it->second = Armed{};
+    return true;
+  }
+  void PutStarted(int64_t family, int32_t device, std::shared_ptr<Inv> inv) {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_[{family, device}] = std::move(inv);
+  }
+  std::shared_ptr<Inv> TakeStarted(int64_t family, int32_t device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = started_.find({family, device});
+    if (it == started_.end()) return nullptr;
+    std::shared_ptr<Inv> inv = std::move(it->second);
+    started_.erase(it);
+    return inv;
+  }
+  int64_t Pending() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = static_cast<int64_t>(started_.size());
+    for (const auto& [key, a] : armed_) n += a.ready != nullptr;
+    return n;
+  }
+
+ private:
+  using Key = std::tuple<int64_t, int32_t>;
+  std::mutex mu_;
+  std::map<Key, Armed> armed_;
+  std::map<Key, std::shared_ptr<Inv>> started_;
+};
+
+inline std::string PushWhere(std::string_view phase, std::string_view op,
+                             const Window& w, uint32_t epoch) {
+  return "ficco push " + std::string(phase) + " of '" + std::string(op) +
+         "' (window " + std::to_string(w.family) + ", epoch " +
+         std::to_string(epoch) + ") on device " + std::to_string(w.device) +
+         " (rank " + std::to_string(w.rank) + " of " + std::to_string(w.size) +
+         ")";
+}
+
+// The window of `family` on `device`, usable: made, not poisoned, not
+// refused by the never-arrive test hook.
+template <class B>
+ffi::ErrorOr<std::shared_ptr<Window>> PushWindow(int64_t family,
+                                                 int32_t device,
+                                                 std::string_view phase,
+                                                 std::string_view op) {
+  const std::string who = "ficco push " + std::string(phase) + " of '" +
+                          std::string(op) + "' on device " +
+                          std::to_string(device);
+  std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
+  if (win == nullptr) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        who + ": no window of family " + std::to_string(family) +
+        " (windows are made when the op is lowered, in this process)"));
+  }
+  if (std::string sticky = win->Sticky(); !sticky.empty()) {
+    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      who + ": an earlier invocation on this window failed,"
+                      " so its ranks no longer agree on epochs; call"
+                      " jax.clear_caches() to lower onto fresh windows."
+                      " The failure: " + sticky));
+  }
+  if (NeverArrives(device)) {
+    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kUnavailable,
+                      who + ": refused by the never-arrive test hook"));
+  }
+  return win;
+}
+
+// Landing half of epoch e in a window.
+inline char* PushHalf(const Window& w, char* window, uint32_t e,
+                      int64_t half_bytes) {
+  return w.Slot(window, e) + static_cast<int64_t>(e % 2) * half_bytes;
+}
+
+inline std::string RankName(const Window& w, int64_t q) {
+  return "rank " + std::to_string(q) + " (device " +
+         std::to_string(w.group_ids[q]) + ")";
+}
+
+// ficco_push_arm: zero the flags, write the rank, record the event after
+// which the flags are zero, for this window's next start on this device.
+template <class B>
+ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
+                   ffi::AnyBuffer rank, const PushArmAttrs& attrs) {
+  auto win = PushWindow<B>(attrs.window, device, "arm", attrs.op_name);
+  if (!win.has_value()) return win.error();
+  if (flags.element_type() != ffi::DataType::S32 ||
+      rank.element_type() != ffi::DataType::S32 || rank.element_count() != 1) {
+    return ffi::Error::InvalidArgument(
+        "ficco push arm of '" + std::string(attrs.op_name) +
+        "': results must be flags int32[n] and rank int32[]");
+  }
+  FICCO_RETURN_IF_FAILED(
+      backend.ZeroOnCompute(static_cast<char*>(flags.untyped_data()),
+                            flags.size_bytes()));
+  FICCO_RETURN_IF_FAILED(backend.SetInt32OnCompute(
+      static_cast<char*>(rank.untyped_data()),
+      static_cast<int32_t>((*win)->rank)));
+  auto ev = B::AcquireEvent(device);
+  if (!ev.has_value()) return ev.error();
+  if (auto err = backend.RecordOnCompute(device, *ev); err.failure()) {
+    B::ReleaseEvent(device, *ev);
+    return err;
+  }
+  PushStates<B>::Get().PutArmed(attrs.window, device,
+                                {flags.untyped_data(), *ev});
+  return ffi::Error::Success();
+}
+
+// ficco_push_start: enqueue every push of this rank on its push queue.
+template <class B>
+ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
+                     ffi::AnyBuffer flags, const PushStartAttrs& a) {
+  using Inv = WindowInvocation<B>;
+  auto found = PushWindow<B>(a.window, device, "start", a.op_name);
+  if (!found.has_value()) return found.error();
+  std::shared_ptr<Window> win = *found;
+  const std::string op(a.op_name);
+  const std::string who = "ficco push start of '" + op + "' on device " +
+                          std::to_string(device);
+  typename PushStates<B>::Armed armed;
+  if (!PushStates<B>::Get().TakeArmed(a.window, device, &armed)) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      who + ": no ficco_push_arm of this window ran before"
+                      " it on this device (arm, kernel, start must run in"
+                      " that order)");
+  }
+  auto inv = std::make_shared<Inv>();
+  inv->win = win;
+  inv->ready = armed.ready;  // Released with the invocation from now on.
+  inv->plan.op_name = op;
+  inv->plan.axis_size = win->size;
+  inv->plan.timeout_ms = a.timeout_ms;
+  // CUDA: the copy engines wait on the flags the kernel bumps in place; a
+  // copy XLA inserted would never be bumped (the CPU twin runs after the
+  // kernel, so any copy holds the final counts).
+  if (B::kFlagsMustAlias && armed.flags != flags.untyped_data()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      who + ": the flags differ from those ficco_push_arm"
+                      " zeroed: XLA copied them in between");
+  }
+  auto shape = ShapeOf(parts);
+  if (!shape.has_value()) return shape.error();
+  const int64_t rb = shape->row_bytes, size = win->size, me = win->rank;
+  const size_t n = a.shift.size();
+  if (n == 0 || a.src_row.size() != n || a.dst_row.size() != n ||
+      a.rows.size() != n || a.src_flag.size() != n) {
+    return ffi::Error::InvalidArgument(
+        who + ": shift, src_row, dst_row, rows and src_flag must have one"
+        " entry per piece, got " + std::to_string(n) + ", " +
+        std::to_string(a.src_row.size()) + ", " +
+        std::to_string(a.dst_row.size()) + ", " +
+        std::to_string(a.rows.size()) + ", " +
+        std::to_string(a.src_flag.size()));
+  }
+  if (2 * a.half_bytes > win->slot_bytes) {
+    return ffi::Error::InvalidArgument(
+        who + ": two landing halves of " + std::to_string(a.half_bytes) +
+        " bytes exceed the window's slot of " + std::to_string(win->slot_bytes));
+  }
+  const int64_t num_flags = static_cast<int64_t>(flags.element_count());
+  std::vector<int64_t> last_to(size, -1);  // last piece to each rank
+  for (size_t i = 0; i < n; ++i) {
+    if (a.shift[i] < 1 || a.shift[i] >= size || a.rows[i] < 1 ||
+        a.src_row[i] < 0 || a.src_row[i] + a.rows[i] > shape->rows ||
+        a.dst_row[i] < 0 || (a.dst_row[i] + a.rows[i]) * rb > a.half_bytes ||
+        a.src_flag[i] < 0 || a.src_flag[i] >= num_flags) {
+      return ffi::Error::InvalidArgument(
+          who + ": piece " + std::to_string(i) + " (shift " +
+          std::to_string(a.shift[i]) + ", rows [" +
+          std::to_string(a.src_row[i]) + ", +" + std::to_string(a.rows[i]) +
+          ") to row " + std::to_string(a.dst_row[i]) + ", flag " +
+          std::to_string(a.src_flag[i]) + ") is out of range for " +
+          std::to_string(size) + " ranks, " + std::to_string(shape->rows) +
+          " source rows, a half of " + std::to_string(a.half_bytes / rb) +
+          " rows and " + std::to_string(num_flags) + " flags");
+    }
+    last_to[(me + a.shift[i]) % size] = static_cast<int64_t>(i);
+  }
+
+  const uint32_t e = win->epoch.fetch_add(1) + 1;
+  inv->epoch = e;
+  inv->where = PushWhere("start", op, *win, e);
+  auto fail = [&](ffi::Error err) {
+    inv->Fail(inv->where + ": " + std::string(err.message()));
+    return err;
+  };
+  auto staged = B::AcquireEvent(device);
+  if (!staged.has_value()) return fail(staged.error());
+  inv->staged = *staged;
+  auto signalled = B::AcquireEvent(device);
+  if (!signalled.has_value()) return fail(signalled.error());
+  inv->signalled = *signalled;
+
+  // Half e % 2 of a receiver was last read in epoch e - 2: its freed flag.
+  if constexpr (B::kHostOrdered) {
+    // Enqueue that wait only after its writer (the receiver's finish of e - 2)
+    // has been enqueued (WINDOWS.md, "Why the host orders the waits"): it
+    // has, unless this rank is two calls ahead of a peer.
+    for (int64_t t = 0; e > 2 && t < size; ++t) {
+      if (last_to[t] < 0) continue;
+      if (auto err = HostWait(*win, t, kAllEnqueued, e - 2, a.timeout_ms,
+                              inv->where);
+          err.failure()) {
+        return fail(std::move(err));
+      }
+    }
+  }
+  auto run = [&]() -> ffi::Error {
+    FICCO_RETURN_IF_FAILED(
+        backend.WaitEvent(inv, device, kPushQueue, inv->ready));
+    for (int64_t t = 0; e > 2 && t < size; ++t) {
+      if (last_to[t] < 0) continue;
+      FICCO_RETURN_IF_FAILED(backend.WaitFlag(
+          inv, device, kPushQueue, win->FreedOf(win->base, t), e - 2,
+          RankName(*win, t) + " to finish reading epoch " +
+              std::to_string(e - 2)));
+    }
+    const char* src = static_cast<const char*>(parts.untyped_data());
+    uint32_t* flag_words = static_cast<uint32_t*>(flags.untyped_data());
+    int64_t waited_flag = -1;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t t = (me + a.shift[i]) % size;
+      if (a.src_flag[i] != waited_flag) {
+        waited_flag = a.src_flag[i];
+        FICCO_RETURN_IF_FAILED(backend.WaitFlag(
+            inv, device, kPushQueue, flag_words + a.src_flag[i],
+            static_cast<uint32_t>(a.flag_target),
+            "the kernel to write piece " + std::to_string(i)));
+      }
+      FICCO_RETURN_IF_FAILED(backend.Copy(
+          inv, device, kPushQueue,
+          PushHalf(*win, win->peers[t], e, a.half_bytes) + a.dst_row[i] * rb,
+          src + a.src_row[i] * rb, static_cast<size_t>(a.rows[i] * rb)));
+      if (last_to[t] == static_cast<int64_t>(i)) {
+        FICCO_RETURN_IF_FAILED(backend.WriteFlag(
+            inv, device, kPushQueue, win->ReadyOf(win->peers[t], me), e));
+      }
+    }
+    return backend.Record(inv, device, kPushQueue, inv->staged);
+  };
+  if (auto err = run(); err.failure()) return fail(std::move(err));
+  HostPublish(*win, kStagedEnqueued, e);
+  PushStates<B>::Get().PutStarted(a.window, device, inv);
+  return ffi::Error::Success();
+}
+
+// ficco_push_finish: enqueue, on the compute queue, the waits for every
+// peer's pieces and for this rank's own pushes, the sum into `out`, and the
+// freed flags; returns the invocation (the caller awaits or watches it).
+template <class B>
+ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
+    B& backend, int32_t device, ffi::AnyBuffer parts, ffi::AnyBuffer out,
+    const PushFinishAttrs& a) {
+  auto found = PushWindow<B>(a.window, device, "finish", a.op_name);
+  if (!found.has_value()) return ffi::Unexpected(found.error());
+  std::shared_ptr<Window> win = *found;
+  const std::string who = "ficco push finish of '" + std::string(a.op_name) +
+                          "' on device " + std::to_string(device);
+  auto inv = PushStates<B>::Get().TakeStarted(a.window, device);
+  if (inv == nullptr) {
+    return ffi::Unexpected(ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        who + ": no ficco_push_start of this window ran before it on this"
+        " device"));
+  }
+  auto in = ShapeOf(parts);
+  if (!in.has_value()) return ffi::Unexpected(in.error());
+  auto res = ShapeOf(out);
+  if (!res.has_value()) return ffi::Unexpected(res.error());
+  const int64_t rb = in->row_bytes, size = win->size, me = win->rank;
+  const int64_t own_rows = a.num_chunks * a.chunk_rows;
+  const int64_t elem = static_cast<int64_t>(ffi::ByteWidth(parts.element_type()));
+  if (parts.element_type() != out.element_type() || res->row_bytes != rb ||
+      res->rows != own_rows || a.chunk_rows < 1 || a.num_chunks < 1 ||
+      a.own_row < 0 || a.own_row + own_rows > in->rows ||
+      (size - 1) * own_rows * rb > a.half_bytes || elem == 0 ||
+      rb % elem != 0) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        who + ": the result (" + std::to_string(res->rows) + " rows of " +
+        std::to_string(res->row_bytes) + " bytes) must be rows [" +
+        std::to_string(a.own_row) + ", +" + std::to_string(own_rows) +
+        ") of the kernel's " + std::to_string(in->rows) + " rows of " +
+        std::to_string(rb) + " bytes, of the same type, and " +
+        std::to_string(size - 1) + " peers' pieces must fit a half of " +
+        std::to_string(a.half_bytes) + " bytes"));
+  }
+  const uint32_t e = inv->epoch;
+  if constexpr (B::kHostOrdered) {
+    // The peers' pushes of epoch e, whose ready flags the compute stream is
+    // about to wait on, must be enqueued (usually long since: each rank
+    // pushes right after its kernel launch, well before its finish).
+    for (int64_t q = 0; q < size; ++q) {
+      if (q == me) continue;
+      if (ffi::Error err = HostWait(*win, q, kStagedEnqueued, e, a.timeout_ms,
+                                    inv->where);
+          err.failure()) {
+        inv->Fail(std::string(err.message()));
+        return ffi::Unexpected(std::move(err));
+      }
+    }
+  }
+  const int64_t queue = B::kComputeQueue;
+  auto run = [&]() -> ffi::Error {
+    for (int64_t q = 0; q < size; ++q) {
+      if (q == me) continue;
+      FICCO_RETURN_IF_FAILED(backend.WaitFlag(
+          inv, device, queue, win->ReadyOf(win->base, q), e,
+          RankName(*win, q) + " to push epoch " + std::to_string(e)));
+    }
+    // This rank's pushes read `parts`, which XLA may reuse after this call.
+    FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, queue, inv->staged));
+    FICCO_RETURN_IF_FAILED(backend.Sum(
+        inv, device, queue, parts.element_type(),
+        static_cast<char*>(out.untyped_data()),
+        static_cast<const char*>(parts.untyped_data()) + a.own_row * rb,
+        PushHalf(*win, win->base, e, a.half_bytes), a.num_chunks, size - 1,
+        a.chunk_rows * rb / elem));
+    for (int64_t q = 0; q < size; ++q) {
+      if (q == me) continue;
+      FICCO_RETURN_IF_FAILED(backend.WriteFlag(
+          inv, device, queue, win->FreedOf(win->peers[q], me), e));
+    }
+    return backend.Record(inv, device, queue, inv->signalled);
+  };
+  if (auto err = run(); err.failure()) {
+    inv->Fail(inv->where + ": " + std::string(err.message()));
+    return ffi::Unexpected(std::move(err));
+  }
+  HostPublish(*win, kAllEnqueued, e);
+  return inv;
+}
+
+}  // namespace ficco
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::PushArmAttrs,
+    ::xla::ffi::StructMember<int64_t>("window"),
+    ::xla::ffi::StructMember<std::string_view>("op_name"));
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::PushStartAttrs,
+    ::xla::ffi::StructMember<int64_t>("window"),
+    ::xla::ffi::StructMember<std::string_view>("op_name"),
+    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("shift"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_row"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst_row"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("rows"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_flag"),
+    ::xla::ffi::StructMember<int64_t>("flag_target"),
+    ::xla::ffi::StructMember<int64_t>("half_bytes"));
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::PushFinishAttrs,
+    ::xla::ffi::StructMember<int64_t>("window"),
+    ::xla::ffi::StructMember<std::string_view>("op_name"),
+    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
+    ::xla::ffi::StructMember<int64_t>("own_row"),
+    ::xla::ffi::StructMember<int64_t>("chunk_rows"),
+    ::xla::ffi::StructMember<int64_t>("num_chunks"),
+    ::xla::ffi::StructMember<int64_t>("half_bytes"));
+
+#endif  // FICCO_XLA_FFI_PUSH_PROTOCOL_H_
