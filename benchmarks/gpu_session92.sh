@@ -9,7 +9,7 @@
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r92; rm -rf "$R"; mkdir -p "$R"
-W=${W:-4}
+W=${W:-4}; PAIRS=${PAIRS:-4}
 if [ "$W" = 4 ]; then L=default; else L=direct/c1/dma/pallas/flagged; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
@@ -24,7 +24,7 @@ timeout 60 python3 benchmarks/host_bound_probe.py --cases=512x4096x4096 \
   --schedules=direct/c1/dma/pallas/flagged,direct/c1/dma/pallas/flagged#push \
   --axis_sizes=$W --chain=0 --rounds=9 --iters=50 --out_dir="$R" --tag=s20a_floor > "$R/floor.log" 2>&1
 echo "rc=$?"; grep -E "^\| (xla|trivial|direct)" "$R/host_bound_s20a_floor.md" | cut -d'|' -f2-5
-for n in 1 2 3 4; do
+for n in $(seq 1 "$PAIRS"); do
   t "pair $n"
   timeout 60 python3 benchmarks/host_bound_probe.py \
     --cases=llama3-8b/M4096:4096x14336x4096,square/4096:4096x8192x8192 \

@@ -131,6 +131,16 @@ struct CpuWindowBackend {
     return ffi::Error::Success();
   }
 
+  ffi::Error FlagOps(const std::shared_ptr<Inv>& inv, int32_t device,
+                    int64_t queue, const std::vector<FlagOp>& ops) {
+    for (const FlagOp& op : ops) {
+      FICCO_RETURN_IF_FAILED(
+          op.write ? WriteFlag(inv, device, queue, op.addr, op.value)
+                   : WaitFlag(inv, device, queue, op.addr, op.value, op.who));
+    }
+    return ffi::Error::Success();
+  }
+
   // The push arm's: the handler runs once its operands are complete.
   ffi::Error ZeroOnCompute(char* data, size_t bytes) {
     std::memset(data, 0, bytes);

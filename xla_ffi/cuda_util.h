@@ -75,6 +75,17 @@ inline const StreamOps& Ops() {
   return *ops;
 }
 
+// cuStreamBatchMemOp: several flag waits and writes in one driver call (the
+// push protocol's, push_protocol.h), in order, as the single calls would.
+using BatchMemOpFn = CUresult (*)(CUstream, unsigned int,
+                                  CUstreamBatchMemOpParams*, unsigned int);
+
+inline BatchMemOpFn BatchMemOp() {
+  static const BatchMemOpFn fn =
+      DriverEntryPoint<BatchMemOpFn>("cuStreamBatchMemOp");
+  return fn;
+}
+
 // cuMemsetD32Async, from the driver like the stream memory operations: the
 // arm writes its int32 rank with it (cudaMemsetAsync sets bytes only).
 using MemsetD32Fn = CUresult (*)(CUdeviceptr, unsigned int, size_t, CUstream);

@@ -85,6 +85,40 @@ struct CudaWindowBackend {
                    "cuMemsetD32Async");
   }
 
+  // One cuStreamBatchMemOp for the lot (same order and semantics as the
+  // single calls: waits are cyclic >=, writes fence the queue's earlier
+  // work).
+  ffi::Error FlagOps(const std::shared_ptr<Inv>&, int32_t device,
+                     int64_t queue, const std::vector<FlagOp>& ops) {
+    if (ops.empty()) return ffi::Error::Success();
+    auto s = Stream(device, queue);
+    if (!s.has_value()) return s.error();
+    BatchMemOpFn batch = BatchMemOp();
+    if (batch == nullptr) {
+      return ffi::Error::Internal("the driver has no cuStreamBatchMemOp");
+    }
+    std::vector<CUstreamBatchMemOpParams> params(ops.size());
+    std::memset(params.data(), 0, params.size() * sizeof(params[0]));
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const auto addr = reinterpret_cast<CUdeviceptr>(ops[i].addr);
+      if (ops[i].write) {
+        params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        params[i].writeValue.address = addr;
+        params[i].writeValue.value = ops[i].value;
+        params[i].writeValue.flags = 0;
+      } else {
+        params[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+        params[i].waitValue.address = addr;
+        params[i].waitValue.value = ops[i].value;
+        params[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      }
+    }
+    return CheckCu(batch(reinterpret_cast<CUstream>(*s),
+                         static_cast<unsigned int>(params.size()),
+                         params.data(), 0),
+                   "cuStreamBatchMemOp");
+  }
+
   ffi::Error Sum(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
                  ffi::DataType dtype, char* out, const char* own,
                  const char* landing, int64_t chunks, int64_t peers,

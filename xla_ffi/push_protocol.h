@@ -17,6 +17,8 @@
 //
 // On top of WindowIssue's Backend interface, the backend provides
 //   ZeroOnCompute(dst, bytes), SetInt32OnCompute(dst, value)   (arm)
+//   FlagOps(inv, device, queue, ops)   WaitFlag/WriteFlag of each op, in
+//                                      order (CUDA: one driver call)
 //   Sum(inv, device, queue, dtype, out, own, landing, chunks, peers,
 //       chunk_elems)     out chunk c = own chunk c + the peers' pieces of
 //                        chunk c (landing piece c * peers + k), in k
@@ -42,6 +44,15 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace ficco {
+
+// One flag operation of a batch (Backend::FlagOps): wait until *addr >=
+// value (cyclic), or write value into *addr after the queue's earlier work.
+struct FlagOp {
+  bool write;
+  uint32_t* addr;
+  uint32_t value;
+  std::string who;  // a wait's: whom it waits for, for timeout messages
+};
 
 // The push queue (one per device: pieces leave in kernel order, and they
 // share the receivers' inbound links anyway).
@@ -311,12 +322,19 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
   auto run = [&]() -> ffi::Error {
     FICCO_RETURN_IF_FAILED(
         backend.WaitEvent(inv, device, kPushQueue, inv->ready));
+    // Flag operations between two copies go in one batch: each driver call
+    // is host time on a host-bound op's critical path.
+    std::vector<FlagOp> ops;
+    auto flush = [&]() -> ffi::Error {
+      ffi::Error err = backend.FlagOps(inv, device, kPushQueue, ops);
+      ops.clear();
+      return err;
+    };
     for (int64_t t = 0; e > 2 && t < size; ++t) {
       if (last_to[t] < 0) continue;
-      FICCO_RETURN_IF_FAILED(backend.WaitFlag(
-          inv, device, kPushQueue, win->FreedOf(win->base, t), e - 2,
-          RankName(*win, t) + " to finish reading epoch " +
-              std::to_string(e - 2)));
+      ops.push_back({false, win->FreedOf(win->base, t), e - 2,
+                     RankName(*win, t) + " to finish reading epoch " +
+                         std::to_string(e - 2)});
     }
     const char* src = static_cast<const char*>(parts.untyped_data());
     uint32_t* flag_words = static_cast<uint32_t*>(flags.untyped_data());
@@ -325,20 +343,20 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
       const int64_t t = (me + a.shift[i]) % size;
       if (a.src_flag[i] != waited_flag) {
         waited_flag = a.src_flag[i];
-        FICCO_RETURN_IF_FAILED(backend.WaitFlag(
-            inv, device, kPushQueue, flag_words + a.src_flag[i],
-            static_cast<uint32_t>(a.flag_target),
-            "the kernel to write piece " + std::to_string(i)));
+        ops.push_back({false, flag_words + a.src_flag[i],
+                       static_cast<uint32_t>(a.flag_target),
+                       "the kernel to write piece " + std::to_string(i)});
       }
+      FICCO_RETURN_IF_FAILED(flush());
       FICCO_RETURN_IF_FAILED(backend.Copy(
           inv, device, kPushQueue,
           PushHalf(*win, win->peers[t], e, a.half_bytes) + a.dst_row[i] * rb,
           src + a.src_row[i] * rb, static_cast<size_t>(a.rows[i] * rb)));
       if (last_to[t] == static_cast<int64_t>(i)) {
-        FICCO_RETURN_IF_FAILED(backend.WriteFlag(
-            inv, device, kPushQueue, win->ReadyOf(win->peers[t], me), e));
+        ops.push_back({true, win->ReadyOf(win->peers[t], me), e, ""});
       }
     }
+    FICCO_RETURN_IF_FAILED(flush());
     return backend.Record(inv, device, kPushQueue, inv->staged);
   };
   if (auto err = run(); err.failure()) return fail(std::move(err));
@@ -404,12 +422,13 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
   }
   const int64_t queue = B::kComputeQueue;
   auto run = [&]() -> ffi::Error {
+    std::vector<FlagOp> ops;
     for (int64_t q = 0; q < size; ++q) {
       if (q == me) continue;
-      FICCO_RETURN_IF_FAILED(backend.WaitFlag(
-          inv, device, queue, win->ReadyOf(win->base, q), e,
-          RankName(*win, q) + " to push epoch " + std::to_string(e)));
+      ops.push_back({false, win->ReadyOf(win->base, q), e,
+                     RankName(*win, q) + " to push epoch " + std::to_string(e)});
     }
+    FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, queue, ops));
     // This rank's pushes read `parts`, which XLA may reuse after this call.
     FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, queue, inv->staged));
     FICCO_RETURN_IF_FAILED(backend.Sum(
@@ -418,11 +437,12 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
         static_cast<const char*>(parts.untyped_data()) + a.own_row * rb,
         PushHalf(*win, win->base, e, a.half_bytes), a.num_chunks, size - 1,
         a.chunk_rows * rb / elem));
+    ops.clear();
     for (int64_t q = 0; q < size; ++q) {
       if (q == me) continue;
-      FICCO_RETURN_IF_FAILED(backend.WriteFlag(
-          inv, device, queue, win->FreedOf(win->peers[q], me), e));
+      ops.push_back({true, win->FreedOf(win->peers[q], me), e, ""});
     }
+    FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, queue, ops));
     return backend.Record(inv, device, queue, inv->signalled);
   };
   if (auto err = run(); err.failure()) {
