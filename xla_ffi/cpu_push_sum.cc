@@ -60,11 +60,15 @@ ffi::Error CpuPushSum(const PushSumArgs& a) {
                            [](float v) { return static_cast<_Float16>(v); });
       return ffi::Error::Success();
     default:
-      return ffi::Error::InvalidArgument(
-          "ficco push finish: the result's element type " +
-          std::to_string(static_cast<int>(a.dtype)) +
-          " is not f32, bf16, f16 or f64");
+      return UnsupportedSumType(a.dtype);
   }
+}
+
+ffi::Error UnsupportedSumType(ffi::DataType dtype) {
+  return ffi::Error::InvalidArgument(
+      "ficco push finish: the result's element type " +
+      std::to_string(static_cast<int>(dtype)) +
+      " is not f32, bf16, f16 or f64");
 }
 
 }  // namespace ficco

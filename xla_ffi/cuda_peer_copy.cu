@@ -150,19 +150,11 @@ struct CudaBackend {
   }
 
   ffi::Error ZeroOnCompute(void* data, size_t bytes) {
-    FICCO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, bytes, compute));
-    return ffi::Error::Success();
+    return ZeroAsync(data, bytes, compute);
   }
 
   ffi::Error SetInt32OnCompute(void* data, int32_t value) {
-    MemsetD32Fn memset32 = MemsetD32();
-    if (memset32 == nullptr) {
-      return ffi::Error::Internal("the driver has no cuMemsetD32Async");
-    }
-    return CheckCu(memset32(reinterpret_cast<CUdeviceptr>(data),
-                            static_cast<unsigned int>(value), 1,
-                            reinterpret_cast<CUstream>(compute)),
-                   "cuMemsetD32Async");
+    return SetInt32Async(data, value, compute);
   }
 
   // `out` fires once `*flag >= target`, counted after `after` (the arm's

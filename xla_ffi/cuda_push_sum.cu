@@ -103,10 +103,7 @@ ffi::Error CudaPushSum(void* stream, const PushSumArgs& a) {
     case ffi::DataType::BF16: return Launch<__nv_bfloat16, float>(s, a);
     case ffi::DataType::F16: return Launch<__half, float>(s, a);
     default:
-      return ffi::Error::InvalidArgument(
-          "ficco push finish: the result's element type " +
-          std::to_string(static_cast<int>(a.dtype)) +
-          " is not f32, bf16, f16 or f64");
+      return UnsupportedSumType(a.dtype);
   }
 }
 

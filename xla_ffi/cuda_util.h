@@ -102,6 +102,25 @@ inline ffi::Error CheckCu(CUresult r, const char* call) {
                               std::to_string(static_cast<int>(r)));
 }
 
+// The flagged arms' compute-stream writes (both transports): zero the
+// flags, and write the int32 rank (cudaMemsetAsync sets bytes only).
+inline ffi::Error ZeroAsync(void* data, size_t bytes, cudaStream_t stream) {
+  FICCO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, bytes, stream));
+  return ffi::Error::Success();
+}
+
+inline ffi::Error SetInt32Async(void* data, int32_t value,
+                                cudaStream_t stream) {
+  MemsetD32Fn memset32 = MemsetD32();
+  if (memset32 == nullptr) {
+    return ffi::Error::Internal("the driver has no cuMemsetD32Async");
+  }
+  return CheckCu(memset32(reinterpret_cast<CUdeviceptr>(data),
+                          static_cast<unsigned int>(value), 1,
+                          reinterpret_cast<CUstream>(stream)),
+                 "cuMemsetD32Async");
+}
+
 // Makes `device` current for the handler's lifetime: events and streams are
 // created on the current device, and XLA's thread may have another one set.
 class ScopedDevice {

@@ -23,7 +23,10 @@ struct PushSumArgs {
   int64_t chunks, peers, chunk_elems;
 };
 
-// F32, BF16, F16 or F64; anything else is an InvalidArgument error.
+// The error for a result type the sum does not handle.
+ffi::Error UnsupportedSumType(ffi::DataType dtype);
+
+// F32, BF16, F16 or F64; anything else is UnsupportedSumType.
 ffi::Error CpuPushSum(const PushSumArgs& a);
 #ifdef FICCO_WITH_CUDA
 // Enqueues the sum on `stream` (a cudaStream_t), a kernel of this library.
