@@ -56,6 +56,7 @@ struct CpuWindowBackend {
   // flags XLA made holds their final counts.
   static constexpr int64_t kComputeQueue = kPushQueue + 1;
   static constexpr bool kFlagsMustAlias = false;
+  static constexpr bool kNamesWaits = true;
 
   // "; never signalled: rank 2 (device 2)" when some peer is late: the
   // window's header is host memory here, so any timeout can name who is.

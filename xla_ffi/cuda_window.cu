@@ -61,6 +61,7 @@ struct CudaWindowBackend {
   // engines wait on the flags the kernel bumps in place.
   static constexpr int64_t kComputeQueue = -1;
   static constexpr bool kFlagsMustAlias = true;
+  static constexpr bool kNamesWaits = false;
 
   explicit CudaWindowBackend(cudaStream_t compute) : compute(compute) {}
 

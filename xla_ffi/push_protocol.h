@@ -19,6 +19,7 @@
 //   ZeroOnCompute(dst, bytes), SetInt32OnCompute(dst, value)   (arm)
 //   FlagOps(inv, device, queue, ops)   WaitFlag/WriteFlag of each op, in
 //                                      order (CUDA: one driver call)
+// and kNamesWaits (whether its waits use FlagOp::who).
 //   Sum(inv, device, queue, dtype, out, own, landing, chunks, peers,
 //       chunk_elems)     out chunk c = own chunk c + the peers' pieces of
 //                        chunk c (landing piece c * peers + k), in k
@@ -149,34 +150,23 @@ inline std::string PushWhere(std::string_view phase, std::string_view op,
          ")";
 }
 
-// The window of `family` on `device`, usable: made, not poisoned, not
-// refused by the never-arrive test hook.
-template <class B>
-ffi::ErrorOr<std::shared_ptr<Window>> PushWindow(int64_t family,
-                                                 int32_t device,
-                                                 std::string_view phase,
-                                                 std::string_view op) {
-  const std::string who = "ficco push " + std::string(phase) + " of '" +
-                          std::string(op) + "' on device " +
-                          std::to_string(device);
-  std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
-  if (win == nullptr) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        who + ": no window of family " + std::to_string(family) +
-        " (windows are made when the op is lowered, in this process)"));
+// A wait's description, for the backends whose waits time out with a
+// message (B::kNamesWaits: the CPU twin's queues); CUDA's watchdog names
+// late ranks from the flags instead, so its hot path builds no strings.
+template <class B, class Make>
+std::string WaitName(Make make) {
+  if constexpr (B::kNamesWaits) {
+    return make();
+  } else {
+    return std::string();
   }
-  if (std::string sticky = win->Sticky(); !sticky.empty()) {
-    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      who + ": an earlier invocation on this window failed,"
-                      " so its ranks no longer agree on epochs; call"
-                      " jax.clear_caches() to lower onto fresh windows."
-                      " The failure: " + sticky));
-  }
-  if (NeverArrives(device)) {
-    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kUnavailable,
-                      who + ": refused by the never-arrive test hook"));
-  }
-  return win;
+}
+
+// "ficco push start of 'op' on device 2", for errors before an epoch.
+inline std::string PushWho(std::string_view phase, std::string_view op,
+                           int32_t device) {
+  return "ficco push " + std::string(phase) + " of '" + std::string(op) +
+         "' on device " + std::to_string(device);
 }
 
 // Landing half of epoch e in a window.
@@ -185,17 +175,15 @@ inline char* PushHalf(const Window& w, char* window, uint32_t e,
   return w.Slot(window, e) + static_cast<int64_t>(e % 2) * half_bytes;
 }
 
-inline std::string RankName(const Window& w, int64_t q) {
-  return "rank " + std::to_string(q) + " (device " +
-         std::to_string(w.group_ids[q]) + ")";
-}
 
 // ficco_push_arm: zero the flags, write the rank, record the event after
 // which the flags are zero, for this window's next start on this device.
 template <class B>
 ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
                    ffi::AnyBuffer rank, const PushArmAttrs& attrs) {
-  auto win = PushWindow<B>(attrs.window, device, "arm", attrs.op_name);
+  auto win = UsableWindow<B>(attrs.window, device, [&] {
+    return PushWho("arm", attrs.op_name, device);
+  });
   if (!win.has_value()) return win.error();
   if (flags.element_type() != ffi::DataType::S32 ||
       rank.element_type() != ffi::DataType::S32 || rank.element_count() != 1) {
@@ -225,23 +213,21 @@ template <class B>
 ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
                      ffi::AnyBuffer flags, const PushStartAttrs& a) {
   using Inv = WindowInvocation<B>;
-  auto found = PushWindow<B>(a.window, device, "start", a.op_name);
+  auto who = [&] { return PushWho("start", a.op_name, device); };
+  auto found = UsableWindow<B>(a.window, device, who);
   if (!found.has_value()) return found.error();
   std::shared_ptr<Window> win = *found;
-  const std::string op(a.op_name);
-  const std::string who = "ficco push start of '" + op + "' on device " +
-                          std::to_string(device);
   typename PushStates<B>::Armed armed;
   if (!PushStates<B>::Get().TakeArmed(a.window, device, &armed)) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      who + ": no ficco_push_arm of this window ran before"
+                      who() + ": no ficco_push_arm of this window ran before"
                       " it on this device (arm, kernel, start must run in"
                       " that order)");
   }
   auto inv = std::make_shared<Inv>();
   inv->win = win;
   inv->ready = armed.ready;  // Released with the invocation from now on.
-  inv->plan.op_name = op;
+  inv->plan.op_name = std::string(a.op_name);
   inv->plan.axis_size = win->size;
   inv->plan.timeout_ms = a.timeout_ms;
   // CUDA: the copy engines wait on the flags the kernel bumps in place; a
@@ -249,7 +235,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
   // kernel, so any copy holds the final counts).
   if (B::kFlagsMustAlias && armed.flags != flags.untyped_data()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      who + ": the flags differ from those ficco_push_arm"
+                      who() + ": the flags differ from those ficco_push_arm"
                       " zeroed: XLA copied them in between");
   }
   auto shape = ShapeOf(parts);
@@ -259,7 +245,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
   if (n == 0 || a.src_row.size() != n || a.dst_row.size() != n ||
       a.rows.size() != n || a.src_flag.size() != n) {
     return ffi::Error::InvalidArgument(
-        who + ": shift, src_row, dst_row, rows and src_flag must have one"
+        who() + ": shift, src_row, dst_row, rows and src_flag must have one"
         " entry per piece, got " + std::to_string(n) + ", " +
         std::to_string(a.src_row.size()) + ", " +
         std::to_string(a.dst_row.size()) + ", " +
@@ -268,7 +254,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
   }
   if (2 * a.half_bytes > win->slot_bytes) {
     return ffi::Error::InvalidArgument(
-        who + ": two landing halves of " + std::to_string(a.half_bytes) +
+        who() + ": two landing halves of " + std::to_string(a.half_bytes) +
         " bytes exceed the window's slot of " + std::to_string(win->slot_bytes));
   }
   const int64_t num_flags = static_cast<int64_t>(flags.element_count());
@@ -279,7 +265,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
         a.dst_row[i] < 0 || (a.dst_row[i] + a.rows[i]) * rb > a.half_bytes ||
         a.src_flag[i] < 0 || a.src_flag[i] >= num_flags) {
       return ffi::Error::InvalidArgument(
-          who + ": piece " + std::to_string(i) + " (shift " +
+          who() + ": piece " + std::to_string(i) + " (shift " +
           std::to_string(a.shift[i]) + ", rows [" +
           std::to_string(a.src_row[i]) + ", +" + std::to_string(a.rows[i]) +
           ") to row " + std::to_string(a.dst_row[i]) + ", flag " +
@@ -293,7 +279,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
 
   const uint32_t e = win->epoch.fetch_add(1) + 1;
   inv->epoch = e;
-  inv->where = PushWhere("start", op, *win, e);
+  inv->where = PushWhere("start", a.op_name, *win, e);
   auto fail = [&](ffi::Error err) {
     inv->Fail(inv->where + ": " + std::string(err.message()));
     return err;
@@ -333,8 +319,10 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
     for (int64_t t = 0; e > 2 && t < size; ++t) {
       if (last_to[t] < 0) continue;
       ops.push_back({false, win->FreedOf(win->base, t), e - 2,
-                     RankName(*win, t) + " to finish reading epoch " +
-                         std::to_string(e - 2)});
+                     WaitName<B>([&] {
+                       return RankName(*win, t) + " to finish reading epoch " +
+                              std::to_string(e - 2);
+                     })});
     }
     const char* src = static_cast<const char*>(parts.untyped_data());
     uint32_t* flag_words = static_cast<uint32_t*>(flags.untyped_data());
@@ -344,8 +332,10 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
       if (a.src_flag[i] != waited_flag) {
         waited_flag = a.src_flag[i];
         ops.push_back({false, flag_words + a.src_flag[i],
-                       static_cast<uint32_t>(a.flag_target),
-                       "the kernel to write piece " + std::to_string(i)});
+                       static_cast<uint32_t>(a.flag_target), WaitName<B>([&] {
+                         return "the kernel to write piece " +
+                                std::to_string(i);
+                       })});
       }
       FICCO_RETURN_IF_FAILED(flush());
       FICCO_RETURN_IF_FAILED(backend.Copy(
@@ -372,16 +362,15 @@ template <class B>
 ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
     B& backend, int32_t device, ffi::AnyBuffer parts, ffi::AnyBuffer out,
     const PushFinishAttrs& a) {
-  auto found = PushWindow<B>(a.window, device, "finish", a.op_name);
+  auto who = [&] { return PushWho("finish", a.op_name, device); };
+  auto found = UsableWindow<B>(a.window, device, who);
   if (!found.has_value()) return ffi::Unexpected(found.error());
   std::shared_ptr<Window> win = *found;
-  const std::string who = "ficco push finish of '" + std::string(a.op_name) +
-                          "' on device " + std::to_string(device);
   auto inv = PushStates<B>::Get().TakeStarted(a.window, device);
   if (inv == nullptr) {
     return ffi::Unexpected(ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,
-        who + ": no ficco_push_start of this window ran before it on this"
+        who() + ": no ficco_push_start of this window ran before it on this"
         " device"));
   }
   auto in = ShapeOf(parts);
@@ -397,7 +386,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
       (size - 1) * own_rows * rb > a.half_bytes || elem == 0 ||
       rb % elem != 0) {
     return ffi::Unexpected(ffi::Error::InvalidArgument(
-        who + ": the result (" + std::to_string(res->rows) + " rows of " +
+        who() + ": the result (" + std::to_string(res->rows) + " rows of " +
         std::to_string(res->row_bytes) + " bytes) must be rows [" +
         std::to_string(a.own_row) + ", +" + std::to_string(own_rows) +
         ") of the kernel's " + std::to_string(in->rows) + " rows of " +
@@ -425,8 +414,10 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
     std::vector<FlagOp> ops;
     for (int64_t q = 0; q < size; ++q) {
       if (q == me) continue;
-      ops.push_back({false, win->ReadyOf(win->base, q), e,
-                     RankName(*win, q) + " to push epoch " + std::to_string(e)});
+      ops.push_back({false, win->ReadyOf(win->base, q), e, WaitName<B>([&] {
+                       return RankName(*win, q) + " to push epoch " +
+                              std::to_string(e);
+                     })});
     }
     FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, queue, ops));
     // This rank's pushes read `parts`, which XLA may reuse after this call.

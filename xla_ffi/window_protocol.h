@@ -146,6 +146,12 @@ class WindowIndex {
   Map waits_, dones_;
 };
 
+// "rank 2 (device 6)": a rank of the window's group, for messages.
+inline std::string RankName(const Window& w, int64_t q) {
+  return "rank " + std::to_string(q) + " (device " +
+         std::to_string(w.group_ids[q]) + ")";
+}
+
 // The ranks that have not signalled epoch `e` yet, given this rank's
 // header words (ready[q], freed[q]): "rank 2 (device 2), ...", or "".
 inline std::string Unsignalled(const Window& w, const uint32_t* header,
@@ -158,9 +164,7 @@ inline std::string Unsignalled(const Window& w, const uint32_t* header,
         e <= kSlots ||
         static_cast<int32_t>(header[kMaxRanks + q] - (e - kSlots)) >= 0;
     if (!staged || !freed) {
-      out += (out.empty() ? "" : ", ") + std::string("rank ") +
-             std::to_string(q) + " (device " + std::to_string(w.group_ids[q]) +
-             ")";
+      out += (out.empty() ? "" : ", ") + RankName(w, q);
     }
   }
   return out;
@@ -196,8 +200,7 @@ inline ffi::Error HostWait(const Window& w, int64_t q, int64_t which,
   while (!reached()) {
     const auto now = Clock::now();
     if (now >= deadline) {
-      const std::string rank = "rank " + std::to_string(q) + " (device " +
-                               std::to_string(w.group_ids[q]) + ")";
+      const std::string rank = RankName(w, q);
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                         where + ": waited more than " +
                             std::to_string(timeout_ms) + " ms for " + rank +
@@ -265,8 +268,7 @@ ffi::Error WindowIssue(B& backend, int32_t device,
       if (q == me) continue;
       FICCO_RETURN_IF_FAILED(backend.WaitFlag(
           inv, device, kStageQueue, win->FreedOf(win->base, q), e - kSlots,
-          "rank " + std::to_string(q) + " (device " +
-              std::to_string(win->group_ids[q]) + ") to finish reading epoch " +
+          RankName(*win, q) + " to finish reading epoch " +
               std::to_string(e - kSlots)));
     }
   }
@@ -307,8 +309,7 @@ ffi::Error WindowIssue(B& backend, int32_t device,
         waited[owner] = true;
         FICCO_RETURN_IF_FAILED(backend.WaitFlag(
             inv, device, k, win->ReadyOf(win->base, owner), e,
-            "rank " + std::to_string(owner) + " (device " +
-                std::to_string(win->group_ids[owner]) + ") to stage epoch " +
+            RankName(*win, owner) + " to stage epoch " +
                 std::to_string(e)));
       }
       const char* src = win->Slot(win->peers[owner], e) +
@@ -337,36 +338,45 @@ ffi::Error WindowIssue(B& backend, int32_t device,
   return ffi::Error::Success();
 }
 
+// The window of `family` on `device`, if a call may use it: made, not
+// poisoned, not refused by the never-arrive test hook. `who` names the call
+// in errors ("ficco window start of 'op' on device 2"), built only then.
+template <class B, class Who>
+ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
+                                                   int32_t device, Who who) {
+  std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
+  if (win == nullptr) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        who() + ": no window of family " + std::to_string(family) +
+        " (windows are made when the op is lowered, in this process)"));
+  }
+  if (std::string sticky = win->Sticky(); !sticky.empty()) {
+    return ffi::Unexpected(ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        who() + ": an earlier invocation on this window failed, so its ranks"
+        " no longer agree on epochs; call jax.clear_caches() to lower onto"
+        " fresh windows. The failure: " + sticky));
+  }
+  if (NeverArrives(device)) {
+    return ffi::Unexpected(ffi::Error(
+        ffi::ErrorCode::kUnavailable,
+        who() + ": refused by the never-arrive test hook"));
+  }
+  return win;
+}
+
 // start on `device`: see WINDOWS.md, "start".
 template <class B>
 ffi::Error WindowStart(B& backend, int32_t device, ffi::RemainingArgs args,
                        ffi::RemainingRets rets, const WindowStartAttrs& attrs) {
   using Inv = WindowInvocation<B>;
-  std::shared_ptr<Window> win =
-      Windows::Get().Find(B::kPlatform, attrs.window, device);
   const std::string op(attrs.op_name);
-  if (win == nullptr) {
-    return ffi::Error::InvalidArgument(
-        "ficco window start of '" + op + "': device " +
-        std::to_string(device) + " has no window of family " +
-        std::to_string(attrs.window) +
-        " (windows are made when the op is lowered, in this process)");
-  }
-  if (std::string sticky = win->Sticky(); !sticky.empty()) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "ficco window start of '" + op + "' on device " +
-                          std::to_string(device) +
-                          ": an earlier invocation on this window failed,"
-                          " so its ranks no longer agree on epochs; call"
-                          " jax.clear_caches() to lower onto fresh windows."
-                          " The failure: " + sticky);
-  }
-  if (NeverArrives(device)) {
-    return ffi::Error(ffi::ErrorCode::kUnavailable,
-                      "ficco window start of '" + op + "' on device " +
-                          std::to_string(device) +
-                          ": refused by the never-arrive test hook");
-  }
+  auto found = UsableWindow<B>(attrs.window, device, [&] {
+    return "ficco window start of '" + op + "' on device " +
+           std::to_string(device);
+  });
+  if (!found.has_value()) return found.error();
+  std::shared_ptr<Window> win = *found;
   std::vector<BufferShape> sources, landings;
   std::vector<const char*> source_ptrs;
   std::vector<char*> landing_ptrs;

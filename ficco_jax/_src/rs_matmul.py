@@ -334,6 +334,8 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
       tuple((r + s) % p * m + j * mc for j, s in slots)
       + tuple(r * m + j * mc for j in range(num_chunks))
       for r in range(p))
+  if _flagged_transport() == "push":
+    return _flagged_push(h0, w, st, mc, out_dtype, slots, table)
   # Every pull on one copy queue, in piece order: the pieces complete one
   # after another, and the P - 1 sources share this device's inbound links
   # (~400 GB/s from three peers against ~384 from one on 4xH200), so
@@ -348,8 +350,6 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
                             src=0, src_row=i * mc, rows=mc, stream=0)
           for i, (_, s) in enumerate(slots)),
       blocks=(), num_streams=1)
-  if _flagged_transport() == "push":
-    return _flagged_push(h0, w, st, mc, out_dtype, slots, table)
   site = peer_copy.new_site()
   flags, rank, landings = peer_copy.arm(
       h0, len(table[0]), plan, site=site,
@@ -390,12 +390,12 @@ def _flagged_push(h0, w, st, mc, out_dtype, slots, table):
   from ficco_jax._src.dma import push  # Loads the FFI library lazily.
   from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
 
+  peer_copy, kw = _dma(st)
+  kw["site"] = peer_copy.new_site()
   num_chunks = st.schedule.num_chunks
   row_bytes = w.shape[1] * jnp.dtype(out_dtype).itemsize
   half = push.half_bytes(len(slots) * mc, row_bytes)
-  kw = dict(axis_name=st.axis_name, op_name=st.op_name,
-            site=_new_site())
-  flags, rank = push.arm(h0, len(table[0]), half, **kw)
+  flags, rank = push.arm(h0, len(table[0]), half, **_arm_kw(kw))
   parts, flags, target = chunk_matmul.chunk_matmul_flagged(
       h0, chunk_matmul.ByRank(rank, table), mc, w, flags,
       num_sms=st.schedule.num_sms, preferred_element_type=out_dtype,
@@ -405,26 +405,26 @@ def _flagged_push(h0, w, st, mc, out_dtype, slots, table):
   # rank's finish expects chunk j's piece from rank (r + s) - s.
   pieces = [(s, i * mc, i * mc, mc, i) for i, (_, s) in enumerate(slots)]
   flags = push.start(parts, flags, pieces, flag_target=target, half=half,
-                     timeout_s=st.timeout_s, **kw)
-  return push.finish(parts, flags, own_row=len(slots) * mc, chunk_rows=mc,
-                     num_chunks=num_chunks, half=half, timeout_s=st.timeout_s,
                      **kw)
+  return push.finish(parts, flags, own_row=len(slots) * mc, chunk_rows=mc,
+                     num_chunks=num_chunks, half=half, **kw)
 
 
-def _new_site() -> int:
-  from ficco_jax._src.dma import peer_copy  # Loads the FFI library lazily.
-  return peer_copy.new_site()
+def _switch(var: str, default: str, other: str) -> str:
+  """The value of measurement switch ``var``: ``default`` when unset, else
+  ``default`` or ``other``; anything else is a ValueError naming it."""
+  choice = os.environ.get(var) or default
+  if choice not in (default, other):
+    raise ValueError(f"{var}={choice!r} must be {default!r} (the default)"
+                     f" or {other!r}.")
+  return choice
 
 
 def _flagged_transport() -> str:
   """FICCO_FLAGGED_TRANSPORT: how the flagged pieces travel, "rendezvous"
   (unset: the default; pulls after a host rendezvous per call) or "push"
   (pushes into the owners' windows, no host rendezvous)."""
-  choice = os.environ.get("FICCO_FLAGGED_TRANSPORT") or "rendezvous"
-  if choice not in ("rendezvous", "push"):
-    raise ValueError(f"FICCO_FLAGGED_TRANSPORT={choice!r} must be"
-                     " 'rendezvous' (the default) or 'push'.")
-  return choice
+  return _switch("FICCO_FLAGGED_TRANSPORT", "rendezvous", "push")
 
 
 def _add_pulled(own, pulled, num_chunks, mc, out_dtype):
@@ -445,11 +445,7 @@ def _add_pulled(own, pulled, num_chunks, mc, out_dtype):
 def _flagged_rank_source() -> str:
   """FICCO_FLAGGED_RANK: where the flagged kernel's rank comes from, "arm"
   (unset: the default) or "axis_index" (for measurements)."""
-  source = os.environ.get("FICCO_FLAGGED_RANK") or "arm"
-  if source not in ("arm", "axis_index"):
-    raise ValueError(f"FICCO_FLAGGED_RANK={source!r} must be 'arm' (the"
-                     " default) or 'axis_index'.")
-  return source
+  return _switch("FICCO_FLAGGED_RANK", "arm", "axis_index")
 
 
 def _arm_kw(kw):
