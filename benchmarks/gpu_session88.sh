@@ -2,20 +2,4 @@
 # Session 19, call E, for the 4-GPU machine (nvidia-h200-x4). ~5 min.
 # Issue 6's ten shapes as shipped (schedule=None), again on a fresh machine (call D's script), with
 # the session-19 flagged changes (the arm's rank, one copy queue).
-set -u
-source "$(dirname "$0")/gpu_env.sh"
-R=/tmp/r88; rm -rf "$R"; mkdir -p "$R"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
-t rs
-timeout 290 python3 benchmarks/stall_watch.py --out="$R/stall.txt" --stall_s=40 -- \
-  benchmarks/rs_bench.py --axis_sizes=4 \
-  --models=llama3-8b,llama3-70b,qwen2-72b,gpt3-175b --tokens=4096,8192 --square=true \
-  --schedules=default \
-  --interleave --rounds=7 --iters=20 --min_round_ms=25 --settle_ms=10 --order=shuffle \
-  --time_budget_s=260 --out_dir="$R" --tag=w4_ten_s19e > "$R/rs.log" 2>&1
-echo "rs rc=$?"; tail -2 "$R/rs.log"
-python3 benchmarks/rs_summary.py "$R/rs_w4_ten_s19e.json"
-tar czf "$OUT/r88.tgz" -C /tmp r88; ls -la "$OUT"
-t end
+exec bash "$(dirname "$0")/ten_shapes.sh" r88 s19e
