@@ -6,6 +6,7 @@ finish's own sum. The CPU twin runs here; the CUDA handlers where there are
 """
 
 import functools
+import re
 import time
 
 import jax
@@ -155,3 +156,69 @@ def test_unknown_flagged_transport_is_a_clear_error(monkeypatch):
   h, w, _, _ = _args(mesh, np.random.default_rng(0), dtype, m, k, n)
   with pytest.raises(ValueError, match="FICCO_FLAGGED_TRANSPORT='nvshmem'"):
     _rs(mesh, 1)(h, w)
+
+
+def _arm_windows(f, *args):
+  """The window family of every push arm in ``f``'s lowered program."""
+  text = f.lower(*args).as_text()
+  return [int(w) for w in re.findall(
+      r"@ficco_push_arm\(.*?window = (\d+) : i64", text)]
+
+
+def test_programs_share_pooled_windows():
+  """The k-th push site of every program shares the k-th pooled window: a
+  second program over the same devices makes none, however many are
+  lowered; a larger one grows the pool, and the program compiled against
+  the outgrown window still runs on it."""
+  mesh = _tp_mesh()
+  dtype, m, k, n = _shapes(np.float32)
+  platform = library.platform_id(_platform())
+  rng = np.random.default_rng(11)
+  big = _args(mesh, rng, dtype, m, k, 2 * n)  # twice the landing rows' bytes
+  small = _args(mesh, rng, dtype, m, k, n)
+  f_small = _rs(mesh, 1)
+  (w_small,) = _arm_windows(f_small, *small[:2])
+  f_other = _rs(mesh, 3)  # another program, same slot or smaller
+  assert _arm_windows(f_other, *small[:2]) == [w_small]
+  f_big = _rs(mesh, 1, timeout_s=TIMEOUT_S + 1)  # another program
+  (w_big,) = _arm_windows(f_big, *big[:2])
+  count = windows.window_count(platform)
+  # Every program's results, the outgrown window's included, over calls
+  # that alternate between the windows.
+  for f, (h, w, h_np, w_np) in [(f_small, small), (f_big, big),
+                                (f_other, small), (f_small, small)]:
+    ref = util.ref_matmul_reduce_scatter(h_np, w_np)
+    assert util.rel_err(f(h, w), ref) < util.tol(dtype)
+  # Lowered after the pool grew, a small program shares the larger window.
+  f_late = _rs(mesh, 1, timeout_s=TIMEOUT_S + 2)
+  assert _arm_windows(f_late, *small[:2]) == [w_big]
+  assert windows.window_count(platform) == count
+
+
+def test_one_program_gives_each_push_site_its_own_window():
+  """Two independent reduce-scatters in one program may interleave their
+  custom calls, so they must not share a window: distinct windows, and
+  both results right over calls of fresh data."""
+  mesh = _tp_mesh()
+  dtype, m, k, n = _shapes(np.float32)
+  sched = Schedule(dataflow="direct", num_chunks=1, comm="dma",
+                   compute="pallas", compute_granularity="flagged")
+  op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                         schedule=sched, timeout_s=TIMEOUT_S)
+  # Two traces of the op in one body: two sites (one traced function
+  # called twice would be one site, lowered once).
+  two = jax.jit(jax.shard_map(
+      lambda h, w, h2, w2: (op(h, w), op(h2, w2)), mesh=mesh,
+      in_specs=(P(None, "x"), P("x")) * 2, out_specs=(P("x"), P("x")),
+      check_vma=util.on_gpu()))
+  rng = np.random.default_rng(13)
+  a, b = _args(mesh, rng, dtype, m, k, n), _args(mesh, rng, dtype, m, k, n)
+  first, second = _arm_windows(two, a[0], a[1], b[0], b[1])
+  assert first != second
+  for _ in range(3):
+    a, b = _args(mesh, rng, dtype, m, k, n), _args(mesh, rng, dtype, m, k, n)
+    out_a, out_b = two(a[0], a[1], b[0], b[1])
+    assert util.rel_err(
+        out_a, util.ref_matmul_reduce_scatter(a[2], a[3])) < util.tol(dtype)
+    assert util.rel_err(
+        out_b, util.ref_matmul_reduce_scatter(b[2], b[3])) < util.tol(dtype)

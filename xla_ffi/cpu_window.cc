@@ -62,7 +62,8 @@ struct CpuWindowBackend {
   // window's header is host memory here, so any timeout can name who is.
   static std::string Late(const WindowInvocation<CpuWindowBackend>& inv) {
     const std::string missing = Unsignalled(
-        *inv.win, reinterpret_cast<const uint32_t*>(inv.win->base), inv.epoch);
+        *inv.win, reinterpret_cast<const uint32_t*>(inv.win->base), inv.epoch,
+        inv.freed_lag);
     return missing.empty() ? "" : "; never signalled: " + missing;
   }
 

@@ -266,7 +266,7 @@ class Watchdog {
     cudaMemcpyAsync(header.data(), w.base, kHeaderBytes,
                     cudaMemcpyDeviceToHost, s);
     cudaStreamSynchronize(s);
-    const std::string missing = Unsignalled(w, header.data(), inv.epoch);
+    const std::string missing = Unsignalled(w, header.data(), inv.epoch, inv.freed_lag);
     const std::string why =
         inv.where + ": timed out after " +
         std::to_string(inv.plan.timeout_ms) + " ms; " +

@@ -279,6 +279,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
 
   const uint32_t e = win->epoch.fetch_add(1) + 1;
   inv->epoch = e;
+  inv->freed_lag = 2;  // The landing halves.
   inv->where = PushWhere("start", a.op_name, *win, e);
   auto fail = [&](ffi::Error err) {
     inv->Fail(inv->where + ": " + std::string(err.message()));

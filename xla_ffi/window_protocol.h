@@ -45,6 +45,9 @@ struct WindowInvocation {
   std::shared_ptr<Window> win;
   Plan plan;
   uint32_t epoch = 0;
+  // A writer of epoch e waits for its receiver's freed >= e - freed_lag:
+  // kSlots here, the push protocol's two landing halves there.
+  uint32_t freed_lag = kSlots;
   int64_t row_bytes = 0;
   std::vector<int64_t> source_offset;  // bytes into the slot
   Event* ready = nullptr;      // compute stream at start
@@ -153,16 +156,16 @@ inline std::string RankName(const Window& w, int64_t q) {
 }
 
 // The ranks that have not signalled epoch `e` yet, given this rank's
-// header words (ready[q], freed[q]): "rank 2 (device 2), ...", or "".
+// header words (ready[q], freed[q]) and how far behind a freed flag may be
+// (`lag`, WindowInvocation::freed_lag): "rank 2 (device 2), ...", or "".
 inline std::string Unsignalled(const Window& w, const uint32_t* header,
-                               uint32_t e) {
+                               uint32_t e, uint32_t lag) {
   std::string out;
   for (int64_t q = 0; q < w.size; ++q) {
     if (q == w.rank) continue;
     const bool staged = static_cast<int32_t>(header[q] - e) >= 0;
     const bool freed =
-        e <= kSlots ||
-        static_cast<int32_t>(header[kMaxRanks + q] - (e - kSlots)) >= 0;
+        e <= lag || static_cast<int32_t>(header[kMaxRanks + q] - (e - lag)) >= 0;
     if (!staged || !freed) {
       out += (out.empty() ? "" : ", ") + RankName(w, q);
     }

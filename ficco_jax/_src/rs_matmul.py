@@ -384,8 +384,8 @@ def _flagged_push(h0, w, st, mc, out_dtype, slots, table):
   push waits only for the call before last to be read), and the finish adds
   the landed pieces to the own rows with a kernel of its own: arm, kernel,
   start and finish per call, no host wait for peers, no XLA sum after a
-  sync. Memory: the window's two halves of ``(P - 1) m`` rows per device,
-  for the life of the process, instead of the landing buffers.
+  sync. Memory: a pooled window's two halves of ``(P - 1) m`` rows per
+  device (xla_ffi/WINDOWS.md, "Push"), instead of the landing buffers.
   """
   from ficco_jax._src.dma import push  # Loads the FFI library lazily.
   from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.

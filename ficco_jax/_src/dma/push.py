@@ -53,8 +53,9 @@ def arm(like: jax.Array, num_flags: int, half: int, *, axis_name: str,
         site: int, op_name: str) -> tuple[jax.Array, jax.Array]:
   """Before the kernel: ``num_flags`` zeroed int32 flags and the rank.
 
-  Lowering makes the site's windows (two landing halves of ``half`` bytes
-  per device) if this process has none yet.
+  Lowering gives the site windows (two landing halves of at least ``half``
+  bytes per device) from a pool: the k-th push site of every program shares
+  the k-th pooled window (`windows.pooled_family`).
 
   Args:
     like: any value varying over ``axis_name`` (types the rank; not read).
@@ -157,14 +158,26 @@ _finish_p.def_abstract_eval(_finish_abstract_eval)
 # --- lowering ---------------------------------------------------------------
 
 
+_PROGRAM_KEY = ("ficco_jax", "push windows")
+
+
+def _program(ctx) -> dict:
+  """State that lives exactly as long as the program being lowered: a dict
+  in JAX's per-module lowering cache (shared by every ``replace`` copy of
+  the module's context, gone with the module)."""
+  return ctx.module_context.cached_primitive_lowerings.setdefault(
+      _PROGRAM_KEY, {})
+
+
 def _family(ctx, axis_name: str, site: int, half: int, *, create: bool) -> int:
   mesh = peer_copy._concrete_mesh(ctx, axis_name)  # pylint: disable=protected-access
   platform = peer_copy._platform_of(ctx)  # pylint: disable=protected-access
   if create:
-    return windows.family_for(mesh, axis_name, site=site,
-                              slot_bytes=2 * half, platform=platform).id
-  return windows.lowered_family(mesh, axis_name, site=site,
-                                platform=platform).id
+    return windows.pooled_family(mesh, axis_name, site=site,
+                                 slot_bytes=2 * half, platform=platform,
+                                 program=_program(ctx)).id
+  return windows.program_family(mesh, axis_name, site=site, platform=platform,
+                                program=_program(ctx)).id
 
 
 def _arm_lowering(ctx, flags_like, like, *, half: int, axis_name: str,

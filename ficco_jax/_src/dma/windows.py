@@ -13,9 +13,10 @@ All processes of a job lower the same programs in the same order (SPMD), so
 they create the same families in the same order; keys in the store carry
 the group's device ids and a generation (the count of families made for
 that group), so they match across processes: every member of a group
-lowers the same starts over it, whatever other groups a process also holds. A family lives as long as
-the process: each lowered start site holds one copy of its sources per
-device.
+lowers the same starts over it, whatever other groups a process also
+holds. A family lives as long as the process: each lowered start site of
+the window transport holds one copy of its sources per device; the push
+protocol's sites share a pool (`pooled_family`).
 """
 
 from __future__ import annotations
@@ -161,42 +162,110 @@ def _check_one_host(groups, axis_name: str, timeout_s: float) -> None:
         f" axis spans {where}. Use Schedule(comm='xla') for this axis.")
 
 
+def _local_groups(mesh: jax.sharding.Mesh, axis_name: str):
+  """This process's groups of ``axis_name`` and their device-id signature."""
+  here = jax.process_index()
+  groups = [g for g in axis_groups(mesh, axis_name)
+            if any(d.process_index == here for d in g)]
+  return groups, tuple(tuple(int(d.id) for d in g) for g in groups)
+
+
+def _new_family(groups, sig, axis_name: str, slot_bytes: int,
+                platform: int) -> Family:
+  """Creates (and exchanges) a family; the caller holds `_lock`."""
+  _check_one_host(groups, axis_name, EXCHANGE_TIMEOUT_S)
+  gens = []
+  for g in sig:
+    gens.append(_generations.get((platform, g), 0) + 1)
+    _generations[(platform, g)] = gens[-1]
+  fam = Family(id=_next_id[0], slot_bytes=slot_bytes, generations=tuple(gens))
+  _next_id[0] += 1
+  _create_and_map(fam, groups, platform)
+  return fam
+
+
 def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
                slot_bytes: int, platform: int) -> Family:
   """The window family of start call site ``site`` over this process's
   groups of ``axis_name``, with a slot of at least ``slot_bytes``; creates
   (and exchanges) one if needed. Lowering a site again reuses its family
   unless a failure poisoned it."""
-  here = jax.process_index()
-  groups = [g for g in axis_groups(mesh, axis_name)
-            if any(d.process_index == here for d in g)]
-  sig = tuple(tuple(int(d.id) for d in g) for g in groups)
+  groups, sig = _local_groups(mesh, axis_name)
   key = (platform, sig, site)
   with _lock:
     fam = _families.get(key)
     if fam is not None and fam.slot_bytes >= slot_bytes and not _poisoned(
         fam, groups, platform):
       return fam
-    _check_one_host(groups, axis_name, EXCHANGE_TIMEOUT_S)
-    gens = []
-    for g in sig:
-      gens.append(_generations.get((platform, g), 0) + 1)
-      _generations[(platform, g)] = gens[-1]
-    fam = Family(id=_next_id[0], slot_bytes=slot_bytes,
-                 generations=tuple(gens))
-    _next_id[0] += 1
-    _create_and_map(fam, groups, platform)
+    fam = _new_family(groups, sig, axis_name, slot_bytes, platform)
     _families[key] = fam
     return fam
+
+
+# The k-th pooled site of any program over a group layout -> its family.
+_pool: dict[tuple, Family] = {}
+
+
+def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
+                  slot_bytes: int, platform: int, program: dict) -> Family:
+  """A window family for ``site`` from a pool shared by every program.
+
+  Distinct sites of one program get distinct families: XLA may interleave
+  the custom calls of two independent ops of one program, and two epochs in
+  flight on one window would land in each other's halves. But a device
+  runs one program's custom calls before the next program's (its host
+  thread launches them in dispatch order, its stream runs them so), so the
+  k-th site of every program shares the k-th pooled family. Memory is then
+  the most sites of any one program times the largest slot each needed
+  (a family outgrown by a later program stays, for the programs that
+  use it), not one family per site ever lowered.
+
+  Args:
+    mesh, axis_name: the mesh and the axis whose groups share a window.
+    site: the op's call site (`peer_copy.new_site`).
+    slot_bytes: the least slot the op needs.
+    platform: `library.platform_id` of the lowering.
+    program: a dict that lives exactly as long as the program being
+      lowered (its sites' ordinals and families).
+
+  Returns:
+    The family; `program_family` gives it back for the site's later steps.
+  """
+  groups, sig = _local_groups(mesh, axis_name)
+  with _lock:
+    sites = program.setdefault((platform, sig), {})
+    fam = sites.get(site)
+    if fam is not None:  # The site lowered again in this program.
+      return fam
+    key = (platform, sig, len(sites))
+    fam = _pool.get(key)
+    if fam is None or fam.slot_bytes < slot_bytes or _poisoned(
+        fam, groups, platform):
+      fam = _new_family(groups, sig, axis_name, slot_bytes, platform)
+      _pool[key] = fam
+    sites[site] = fam
+    return fam
+
+
+def program_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
+                   platform: int, program: dict) -> Family:
+  """The family `pooled_family` gave ``site`` in this program."""
+  _, sig = _local_groups(mesh, axis_name)
+  with _lock:
+    fam = program.get((platform, sig), {}).get(site)
+  if fam is None:
+    raise ValueError(
+        f"push site {site}: its start or finish is lowered without its arm"
+        " in this program; pass each arm's site to its own start and"
+        " finish.")
+  return fam
 
 
 def lowered_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
                    platform: int) -> Family:
   """The family `family_for` gave start ``site`` (its waits and done are
   lowered after it, in the same module)."""
-  here = jax.process_index()
-  sig = tuple(tuple(int(d.id) for d in g) for g in axis_groups(mesh, axis_name)
-              if any(d.process_index == here for d in g))
+  _, sig = _local_groups(mesh, axis_name)
   with _lock:
     fam = _families.get((platform, sig, site))
   if fam is None:
