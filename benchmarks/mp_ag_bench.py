@@ -1,4 +1,4 @@
-"""all_gather_matmul in one process or one process per GPU(s), side by side.
+"""A collective matmul in one process or one process per GPU(s), side by side.
 
 Issue 7's table: the same cases and schedules timed with every GPU in one
 process (the copy-engine path may use either transport) and with the GPUs
@@ -10,6 +10,11 @@ measured in the same run, and every ficco output is checked against it.
   python3 benchmarks/mp_ag_bench.py --transports=rendezvous,window --tag=sp
   python3 -m ficco_jax.launch -n 4 benchmarks/mp_ag_bench.py --tag=mp4x1
   python3 -m ficco_jax.launch -n 2 benchmarks/mp_ag_bench.py --tag=mp2x2
+
+``--op=rs`` times matmul_reduce_scatter instead (baseline: XLA's dot +
+psum_scatter); its schedules may name a compute granularity, e.g.
+``direct:1:dma:pallas:flagged`` (in a job of several processes the flagged
+pieces travel over the push protocol).
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ flags.DEFINE_list("cases", ["16384x8192x8192", "8192x8192x28672",
                             "4096x8192x8192"], "Global MxKxN (x [M, K]).")
 flags.DEFINE_list("schedules", ["ring:1:dma", "direct:1:dma",
                                 "bidirectional:1:dma", "ring:1:xla"],
-                  "dataflow:chunks:comm[:compute]; 'none' is the baseline.")
+                  "dataflow:chunks:comm[:compute[:granularity]]; 'none' is"
+                  " the baseline.")
+flags.DEFINE_enum("op", "ag", ["ag", "rs"],
+                  "all_gather_matmul or matmul_reduce_scatter.")
 flags.DEFINE_list("transports", ["auto"],
                   "FICCO_DMA_TRANSPORT values to time dma schedules with.")
 flags.DEFINE_integer("rounds", 5, "Timed rounds.")
@@ -61,6 +69,8 @@ def _schedule(label: str) -> Schedule:
   kw = dict(dataflow=parts[0], num_chunks=int(parts[1]), comm=parts[2])
   if len(parts) > 3:
     kw["compute"] = parts[3]
+  if len(parts) > 4:
+    kw["compute_granularity"] = parts[4]
   return Schedule(**kw)
 
 
@@ -88,7 +98,12 @@ def main(argv):
     x = rng.standard_normal((m, k), np.float32).astype(jnp.bfloat16)
     w = (rng.standard_normal((k, n), np.float32) / np.sqrt(k)).astype(
         jnp.bfloat16)
-    args = [(_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w))]
+    # all-gather: x rows sharded, w columns; reduce-scatter: K sharded.
+    op, specs = ((ficco_jax.all_gather_matmul,
+                  (P("x"), P(None, "x"), P(None, "x"))) if FLAGS.op == "ag"
+                 else (ficco_jax.matmul_reduce_scatter,
+                       (P(None, "x"), P("x"), P("x"))))
+    args = [(_global(mesh, specs[0], x), _global(mesh, specs[1], w))]
     runs = [("none", "-")]
     for label in FLAGS.schedules:
       if label == "none":
@@ -101,9 +116,8 @@ def main(argv):
         os.environ["FICCO_DMA_TRANSPORT"] = transport
         jax.clear_caches()  # The transport is read when lowering.
       f = jax.jit(jax.shard_map(
-          functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
-                            schedule=_schedule(label)),
-          mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
+          functools.partial(op, axis_name="x", schedule=_schedule(label)),
+          mesh=mesh, in_specs=specs[:2], out_specs=specs[2]))
       row = {"case": case, "schedule": label, "transport": transport}
       try:
         out = _local(f(*args[0]))
@@ -130,13 +144,14 @@ def main(argv):
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
       "jax": jax.__version__, "device_kind": jax.devices()[0].device_kind,
       "layout": layout, "axis_size": p, "rounds": FLAGS.rounds,
-      "iters": FLAGS.iters, "dtype": "bfloat16",
+      "iters": FLAGS.iters, "dtype": "bfloat16", "op": FLAGS.op,
       "stat": "median over rounds of round_time/iters (timing.py)"}
   os.makedirs(FLAGS.out_dir, exist_ok=True)
-  path = os.path.join(FLAGS.out_dir, f"mp_ag_{FLAGS.tag}")
+  path = os.path.join(FLAGS.out_dir, f"mp_{FLAGS.op}_{FLAGS.tag}")
   with open(path + ".json", "w") as fh:
     json.dump({"meta": meta, "rows": rows}, fh, indent=1)
-  lines = [f"# all_gather_matmul, {layout}", "",
+  name = {"ag": "all_gather_matmul", "rs": "matmul_reduce_scatter"}[FLAGS.op]
+  lines = [f"# {name}, {layout}", "",
            f"- command: `{meta['command']}`",
            f"- device: {meta['device_kind']} x {p}, jax {meta['jax']}", "",
            "| case | schedule | transport | median ms | vs none | rel err |",

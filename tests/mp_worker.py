@@ -6,6 +6,9 @@
                 transport: windows exchanged through the distributed
                 key-value store), every dataflow, checked the same way; and
                 a dp x tp mesh whose tp groups span processes.
+  mode "push":  the flagged reduce-scatter over such an axis (a job of
+                several processes pushes: xla_ffi/WINDOWS.md, "Push"); on
+                CPUs or one GPU per process.
   mode "otherhost": as if each process ran on a host of its own
                 (FICCO_HOSTNAME): comm="dma" must be refused, naming
                 comm='xla'.
@@ -28,6 +31,7 @@ launch.initialize_from_env()
 import functools  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -41,12 +45,12 @@ def _global(mesh, spec, a):
                                       lambda idx: a[idx])
 
 
-def _check(out, ref):
+def _check(out, ref, tol=1e-5):
   for shard in out.addressable_shards:
     got = np.asarray(shard.data, np.float64)
     want = ref[shard.index]
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
-    assert err < 1e-5, err
+    assert err < tol, err
 
 
 def _run(op, mesh, a, w, a_spec, w_spec, out_spec, schedule):
@@ -103,6 +107,43 @@ def main(mode: str) -> int:
                             for k in range(p // 2)]).astype(np.float64) @ w
       _check(out, ref)
     return 0
+  if mode == "push":
+    # The flagged reduce-scatter over an axis spanning the processes: with
+    # FICCO_FLAGGED_TRANSPORT unset, a job of several processes pushes
+    # (windows and host words exchanged through the key-value store). Fresh
+    # data each call, so a piece read from the wrong landing half shows.
+    assert "FICCO_FLAGGED_TRANSPORT" not in os.environ
+    gpu = jax.default_backend() == "gpu"
+    # GPU: bf16 pieces of whole Hopper tiles (768 rows per device, 3 chunks).
+    m, k, n, dtype, tol = ((768, 256, 128, jnp.bfloat16, 2e-2) if gpu else
+                           (6, 4, 5, np.float32, 1e-5))
+    w_p = rng.standard_normal((k * p, n)).astype(dtype)
+    f = None
+    for c in (1, 3):
+      schedule = Schedule(dataflow="direct", num_chunks=c, comm="dma",
+                          compute="pallas", compute_granularity="flagged")
+      f = jax.jit(jax.shard_map(
+          functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                            schedule=schedule),
+          mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x"),
+          # Pallas's CPU interpreter does not type varying axes.
+          check_vma=gpu))
+      for i in range(4):
+        h_p = rng.standard_normal((m * p, k * p)).astype(dtype)
+        args = (_global(mesh, P(None, "x"), h_p), _global(mesh, P("x"), w_p))
+        if i == 0:
+          assert "ficco_push_finish" in f.lower(*args).as_text()
+        _check(f(*args), np.asarray(h_p, np.float64) @ np.asarray(
+            w_p, np.float64), tol)
+    # The rendezvous transport cannot reach the other process: asked for,
+    # it is a clear error naming the switch.
+    os.environ["FICCO_FLAGGED_TRANSPORT"] = "rendezvous"
+    jax.clear_caches()
+    try:
+      f(*args)
+    except ValueError as e:
+      return 0 if "FICCO_FLAGGED_TRANSPORT" in str(e) else 8
+    return 9
   if mode == "otherhost":
     os.environ["FICCO_HOSTNAME"] = f"host{jax.process_index()}"
     try:

@@ -28,6 +28,13 @@ def test_dma_across_processes_matches_the_reference():
   assert _launch("dma", timeout_s=300) == 0
 
 
+def test_flagged_reduce_scatter_pushes_across_processes():
+  # mp_worker checks the results of two chunk counts over four calls of
+  # fresh data, that the program pushes, and that asking for the rendezvous
+  # transport is a clear error.
+  assert _launch("push", timeout_s=300) == 0
+
+
 def test_dma_across_hosts_is_refused_naming_comm_xla():
   # mp_worker exits 0 only if the ValueError names Schedule(comm='xla').
   assert _launch("otherhost", timeout_s=240) == 0

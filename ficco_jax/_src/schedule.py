@@ -85,8 +85,10 @@ class Schedule:
         wait for its piece's flag (``cuStreamWaitValue32``), so each pull
         begins as soon as its piece is written, as with ``"piece"``, while
         the host runs one kernel launch and one start instead of one of
-        each per piece. Rendezvous transport only (every device of the axis
-        in one process).
+        each per piece. In a job of one process the pieces travel over the
+        rendezvous transport (every device of the axis in this process);
+        in a job of several, over the push protocol's windows
+        (xla_ffi/WINDOWS.md, "Push"; ``FICCO_FLAGGED_TRANSPORT`` picks).
       * None: each op's own default: the all-gather ``"step"`` with
         ``compute="xla"`` and ``"piece"`` with ``compute="pallas"``; the
         reduce-scatter ``"piece"``.
