@@ -145,6 +145,8 @@ def main(argv):
       "jax": jax.__version__, "device_kind": jax.devices()[0].device_kind,
       "layout": layout, "axis_size": p, "rounds": FLAGS.rounds,
       "iters": FLAGS.iters, "dtype": "bfloat16", "op": FLAGS.op,
+      "env": {k2: v for k2, v in os.environ.items()
+              if k2.startswith("FICCO_") and k2 != "FICCO_COORDINATOR"},
       "stat": "median over rounds of round_time/iters (timing.py)"}
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   path = os.path.join(FLAGS.out_dir, f"mp_{FLAGS.op}_{FLAGS.tag}")
