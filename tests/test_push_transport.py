@@ -174,7 +174,9 @@ def test_programs_share_pooled_windows():
   dtype, m, k, n = _shapes(np.float32)
   platform = library.platform_id(_platform())
   rng = np.random.default_rng(11)
-  big = _args(mesh, rng, dtype, m, k, 2 * n)  # twice the landing rows' bytes
+  # Four times the landing bytes: more than any window an earlier test left
+  # in the pool (at most twice what it needed).
+  big = _args(mesh, rng, dtype, m, k, 4 * n)
   small = _args(mesh, rng, dtype, m, k, n)
   f_small = _rs(mesh, 1)
   (w_small,) = _arm_windows(f_small, *small[:2])
@@ -182,17 +184,36 @@ def test_programs_share_pooled_windows():
   assert _arm_windows(f_other, *small[:2]) == [w_small]
   f_big = _rs(mesh, 1, timeout_s=TIMEOUT_S + 1)  # another program
   (w_big,) = _arm_windows(f_big, *big[:2])
-  count = windows.window_count(platform)
-  # Every program's results, the outgrown window's included, over calls
-  # that alternate between the windows.
-  for f, (h, w, h_np, w_np) in [(f_small, small), (f_big, big),
-                                (f_other, small), (f_small, small)]:
-    ref = util.ref_matmul_reduce_scatter(h_np, w_np)
-    assert util.rel_err(f(h, w), ref) < util.tol(dtype)
-  # Lowered after the pool grew, a small program shares the larger window.
+  assert w_big != w_small
+  # Lowered after the pool grew, a small program shares the larger window
+  # (its halves at the slot's midpoint, not at its own half size).
   f_late = _rs(mesh, 1, timeout_s=TIMEOUT_S + 2)
   assert _arm_windows(f_late, *small[:2]) == [w_big]
+  count = windows.window_count(platform)
+  # Every program's results, the outgrown window's included, over calls
+  # that alternate between the windows and, on the shared one, between
+  # programs of two sizes.
+  for f, (h, w, h_np, w_np) in [(f_small, small), (f_big, big),
+                                (f_late, small), (f_other, small),
+                                (f_big, big), (f_late, small),
+                                (f_small, small)]:
+    ref = util.ref_matmul_reduce_scatter(h_np, w_np)
+    assert util.rel_err(f(h, w), ref) < util.tol(dtype)
   assert windows.window_count(platform) == count
+
+
+def _two_sites(mesh, timeout_s=TIMEOUT_S):
+  """One program with two independent flagged reduce-scatters: two traces
+  of the op in one body, so two sites (one traced function called twice
+  would be one site, lowered once)."""
+  sched = Schedule(dataflow="direct", num_chunks=1, comm="dma",
+                   compute="pallas", compute_granularity="flagged")
+  op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                         schedule=sched, timeout_s=timeout_s)
+  return jax.jit(jax.shard_map(
+      lambda h, w, h2, w2: (op(h, w), op(h2, w2)), mesh=mesh,
+      in_specs=(P(None, "x"), P("x")) * 2, out_specs=(P("x"), P("x")),
+      check_vma=util.on_gpu()))
 
 
 def test_one_program_gives_each_push_site_its_own_window():
@@ -201,16 +222,7 @@ def test_one_program_gives_each_push_site_its_own_window():
   both results right over calls of fresh data."""
   mesh = _tp_mesh()
   dtype, m, k, n = _shapes(np.float32)
-  sched = Schedule(dataflow="direct", num_chunks=1, comm="dma",
-                   compute="pallas", compute_granularity="flagged")
-  op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                         schedule=sched, timeout_s=TIMEOUT_S)
-  # Two traces of the op in one body: two sites (one traced function
-  # called twice would be one site, lowered once).
-  two = jax.jit(jax.shard_map(
-      lambda h, w, h2, w2: (op(h, w), op(h2, w2)), mesh=mesh,
-      in_specs=(P(None, "x"), P("x")) * 2, out_specs=(P("x"), P("x")),
-      check_vma=util.on_gpu()))
+  two = _two_sites(mesh)
   rng = np.random.default_rng(13)
   a, b = _args(mesh, rng, dtype, m, k, n), _args(mesh, rng, dtype, m, k, n)
   first, second = _arm_windows(two, a[0], a[1], b[0], b[1])
@@ -222,3 +234,42 @@ def test_one_program_gives_each_push_site_its_own_window():
         out_a, util.ref_matmul_reduce_scatter(a[2], a[3])) < util.tol(dtype)
     assert util.rel_err(
         out_b, util.ref_matmul_reduce_scatter(b[2], b[3])) < util.tol(dtype)
+
+
+def test_one_clear_caches_recovers_a_failed_two_site_program():
+  """A rank that never arrives fails the program at one site and may leave
+  the other site's window with ranks at different epochs, unpoisoned: the
+  next lowering must replace every pooled window of the group, so one
+  jax.clear_caches() is enough."""
+  mesh = _tp_mesh()
+  last = mesh.devices.size - 1
+  timeout_s = 1.0
+  dtype, m, k, n = _shapes(np.float32)
+  two = _two_sites(mesh, timeout_s=timeout_s)
+  rng = np.random.default_rng(17)
+  a, b = _args(mesh, rng, dtype, m, k, n), _args(mesh, rng, dtype, m, k, n)
+  before = _arm_windows(two, a[0], a[1], b[0], b[1])
+  jax.block_until_ready(two(a[0], a[1], b[0], b[1]))
+  platform = library.platform_id(_platform())
+  library.set_never_arrive(windows.handler_ordinal(mesh.devices.flat[last],
+                                                   platform))
+  try:
+    with pytest.raises(Exception):
+      jax.block_until_ready(two(a[0], a[1], b[0], b[1]))
+  finally:
+    library.clear_never_arrive()
+  time.sleep(timeout_s + 1)  # Every peer's wait has timed out by now.
+  jax.clear_caches()
+  after = _arm_windows(two, a[0], a[1], b[0], b[1])
+  assert not set(after) & set(before)
+  out_a, out_b = two(a[0], a[1], b[0], b[1])
+  assert util.rel_err(
+      out_a, util.ref_matmul_reduce_scatter(a[2], a[3])) < util.tol(dtype)
+  assert util.rel_err(
+      out_b, util.ref_matmul_reduce_scatter(b[2], b[3])) < util.tol(dtype)
+  # The failed execution's leftover arm entries went with its windows.
+  jax.block_until_ready((out_a, out_b))
+  deadline = time.monotonic() + 10
+  while windows.pending_entries(platform) and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert windows.pending_entries(platform) == 0

@@ -389,6 +389,10 @@ int64_t CpuWindowPending() {
          PushStates<CpuWindowBackend>::Get().Pending();
 }
 
+void CpuWindowForget(int64_t family) {
+  PushStates<CpuWindowBackend>::Get().Forget(family);
+}
+
 }  // namespace ficco
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowStartCpu, ficco::StartImpl,

@@ -266,7 +266,8 @@ class Watchdog {
     cudaMemcpyAsync(header.data(), w.base, kHeaderBytes,
                     cudaMemcpyDeviceToHost, s);
     cudaStreamSynchronize(s);
-    const std::string missing = Unsignalled(w, header.data(), inv.epoch, inv.freed_lag);
+    const std::string missing =
+        Unsignalled(w, header.data(), inv.epoch, inv.freed_lag);
     const std::string why =
         inv.where + ": timed out after " +
         std::to_string(inv.plan.timeout_ms) + " ms; " +
@@ -456,6 +457,10 @@ ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle) {
 int64_t CudaWindowPending() {
   return WindowIndex<CudaWindowBackend>::Get().Pending() +
          PushStates<CudaWindowBackend>::Get().Pending();
+}
+
+void CudaWindowForget(int64_t family) {
+  PushStates<CudaWindowBackend>::Get().Forget(family);
 }
 
 }  // namespace ficco

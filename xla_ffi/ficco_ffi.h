@@ -117,6 +117,10 @@ int FiccoWindowPoisoned(int platform, int64_t family, int device);
 int64_t FiccoWindowCount(int platform);
 int64_t FiccoWindowPending(int platform);
 
+// The family is abandoned (a failure replaced its pool): drop the push
+// protocol's arm/start entries its failed execution left behind.
+void FiccoWindowForget(int platform, int64_t family);
+
 }  // extern "C"
 
 // Per-platform halves of the diagnostics, defined next to their backends.

@@ -30,6 +30,7 @@
 #define FICCO_XLA_FFI_PUSH_PROTOCOL_H_
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,7 +88,7 @@ struct PushFinishAttrs {
 };
 
 // What an arm hands to its start, and a start to its finish, per window and
-// device (a site's runs are sequential on a device).
+// device (a window's runs are sequential on a device).
 template <class B>
 class PushStates {
  public:
@@ -119,6 +120,10 @@ class PushStates {
     std::lock_guard<std::mutex> lock(mu_);
     started_[{family, device}] = std::move(inv);
   }
+  bool HasStarted(int64_t family, int32_t device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_.count({family, device}) != 0;
+  }
   std::shared_ptr<Inv> TakeStarted(int64_t family, int32_t device) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = started_.find({family, device});
@@ -126,6 +131,21 @@ class PushStates {
     std::shared_ptr<Inv> inv = std::move(it->second);
     started_.erase(it);
     return inv;
+  }
+  // Drops every entry of an abandoned family (its armed events go back to
+  // the pool; a started invocation releases its own when dropped).
+  void Forget(int64_t family) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = armed_.begin(); it != armed_.end();) {
+      if (std::get<0>(it->first) != family) { ++it; continue; }
+      if (it->second.ready != nullptr) {
+        B::ReleaseEvent(std::get<1>(it->first), it->second.ready);
+      }
+      it = armed_.erase(it);
+    }
+    for (auto it = started_.begin(); it != started_.end();) {
+      it = std::get<0>(it->first) == family ? started_.erase(it) : std::next(it);
+    }
   }
   int64_t Pending() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -170,9 +190,11 @@ inline std::string PushWho(std::string_view phase, std::string_view op,
 }
 
 // Landing half of epoch e in a window.
-inline char* PushHalf(const Window& w, char* window, uint32_t e,
-                      int64_t half_bytes) {
-  return w.Slot(window, e) + static_cast<int64_t>(e % 2) * half_bytes;
+inline char* PushHalf(const Window& w, char* window, uint32_t e) {
+  // At the slot's midpoint, not at the op's own half size: programs of
+  // different sizes share a pooled window (windows.pooled_family), and a
+  // push of epoch e must never land where a peer still reads epoch e - 1.
+  return w.Slot(window, e) + static_cast<int64_t>(e % 2) * (w.slot_bytes / 2);
 }
 
 
@@ -217,6 +239,17 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
   auto found = UsableWindow<B>(a.window, device, who);
   if (!found.has_value()) return found.error();
   std::shared_ptr<Window> win = *found;
+  if (PushStates<B>::Get().HasStarted(a.window, device)) {
+    // Its finish never ran: two ops on one window interleaved (one traced op
+    // run twice in a program, WINDOWS.md "Push"), or an execution failed
+    // between them. Either way the ranks' epochs may now disagree.
+    const std::string why =
+        who() + ": the previous start of window " + std::to_string(a.window) +
+        " on this device never reached its finish (two ops sharing the"
+        " window ran interleaved, or an execution failed between them)";
+    win->Poison(why);
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, why);
+  }
   typename PushStates<B>::Armed armed;
   if (!PushStates<B>::Get().TakeArmed(a.window, device, &armed)) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
@@ -341,7 +374,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
       FICCO_RETURN_IF_FAILED(flush());
       FICCO_RETURN_IF_FAILED(backend.Copy(
           inv, device, kPushQueue,
-          PushHalf(*win, win->peers[t], e, a.half_bytes) + a.dst_row[i] * rb,
+          PushHalf(*win, win->peers[t], e) + a.dst_row[i] * rb,
           src + a.src_row[i] * rb, static_cast<size_t>(a.rows[i] * rb)));
       if (last_to[t] == static_cast<int64_t>(i)) {
         ops.push_back({true, win->ReadyOf(win->peers[t], me), e, ""});
@@ -427,7 +460,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
         inv, device, queue, parts.element_type(),
         static_cast<char*>(out.untyped_data()),
         static_cast<const char*>(parts.untyped_data()) + a.own_row * rb,
-        PushHalf(*win, win->base, e, a.half_bytes), a.num_chunks, size - 1,
+        PushHalf(*win, win->base, e), a.num_chunks, size - 1,
         a.chunk_rows * rb / elem));
     ops.clear();
     for (int64_t q = 0; q < size; ++q) {

@@ -216,6 +216,13 @@ int64_t FiccoWindowCount(int platform) {
   return ficco::Windows::Get().Count(platform);
 }
 
+void FiccoWindowForget(int platform, int64_t family) {
+  if (platform == kFiccoCpu) ficco::CpuWindowForget(family);
+#ifdef FICCO_WITH_CUDA
+  if (platform == kFiccoCuda) ficco::CudaWindowForget(family);
+#endif
+}
+
 int64_t FiccoWindowPending(int platform) {
   if (platform == kFiccoCpu) return ficco::CpuWindowPending();
 #ifdef FICCO_WITH_CUDA

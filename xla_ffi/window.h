@@ -159,11 +159,13 @@ std::string ShmName(const char* kind, const Window& w);
 ffi::Error CpuWindowAllocate(Window& w, std::string* handle);
 ffi::Error CpuWindowMap(Window& w, int64_t peer, const std::string& handle);
 int64_t CpuWindowPending();
+void CpuWindowForget(int64_t family);
 #ifdef FICCO_WITH_CUDA
 ffi::Error CudaWindowAllocate(Window& w, std::string* handle);
 ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle);
 ffi::Error CudaEnablePeer(int32_t device, int32_t peer_device);
 int64_t CudaWindowPending();
+void CudaWindowForget(int64_t family);
 #endif
 
 }  // namespace ficco

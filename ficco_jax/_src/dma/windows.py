@@ -118,6 +118,8 @@ def _lib():
   lib.FiccoWindowCount.restype = i64
   lib.FiccoWindowPending.argtypes = [ctypes.c_int]
   lib.FiccoWindowPending.restype = i64
+  lib.FiccoWindowForget.argtypes = [ctypes.c_int, i64]
+  lib.FiccoWindowForget.restype = None
   return lib
 
 
@@ -212,18 +214,25 @@ def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
 
   Distinct sites of one program get distinct families: XLA may interleave
   the custom calls of two independent ops of one program, and two epochs in
-  flight on one window would land in each other's halves. But a device
+  flight on one window would land in each other's halves. But each device
   runs one program's custom calls before the next program's (its host
   thread launches them in dispatch order, its stream runs them so), so the
-  k-th site of every program shares the k-th pooled family. Memory is then
-  the most sites of any one program times the largest slot each needed
-  (a family outgrown by a later program stays, for the programs that
-  use it), not one family per site ever lowered.
+  k-th site of every program shares the k-th pooled family. This assumes
+  one thread dispatches the programs that share devices: two threads
+  dispatching at once could order them differently on two devices.
+
+  A family too small for a later program is replaced by one of at least
+  twice its slot (the outgrown one stays, for the programs compiled against
+  it), so the windows of an ordinal add up to at most twice the last; and a
+  failure anywhere in the pool (a poisoned family) replaces every family of
+  the group's pool, since the failed program may have left its other
+  windows with ranks at different epochs.
 
   Args:
     mesh, axis_name: the mesh and the axis whose groups share a window.
     site: the op's call site (`peer_copy.new_site`).
-    slot_bytes: the least slot the op needs.
+    slot_bytes: the least slot the op needs (a multiple of 512: two halves
+      of `push.half_bytes`).
     platform: `library.platform_id` of the lowering.
     program: a dict that lives exactly as long as the program being
       lowered (its sites' ordinals and families).
@@ -237,11 +246,15 @@ def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
     fam = sites.get(site)
     if fam is not None:  # The site lowered again in this program.
       return fam
+    mine = [k for k in _pool if k[:2] == (platform, sig)]
+    if not sites and any(_poisoned(_pool[k], groups, platform) for k in mine):
+      for k in mine:  # Checked once per program, before its first site.
+        _lib().FiccoWindowForget(platform, _pool.pop(k).id)
     key = (platform, sig, len(sites))
     fam = _pool.get(key)
-    if fam is None or fam.slot_bytes < slot_bytes or _poisoned(
-        fam, groups, platform):
-      fam = _new_family(groups, sig, axis_name, slot_bytes, platform)
+    if fam is None or fam.slot_bytes < slot_bytes:
+      grown = max(slot_bytes, 2 * fam.slot_bytes) if fam else slot_bytes
+      fam = _new_family(groups, sig, axis_name, grown, platform)
       _pool[key] = fam
     sites[site] = fam
     return fam
