@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Session 21, for the 2-GPU machine (nvidia-h200-x2). ~3 min.
+# Where push's GPU time goes at W=2 (call D: push 1-4% slower than the
+# rendezvous path, interleaved): jax's profiler (host_profile.py, CUPTI) on
+# the flagged c1 op at llama3-70b M4096 and llama3-8b M4096, once per
+# transport, for each stream's kernels and copies per call.
+set -u
+source "$(dirname "$0")/gpu_env.sh"
+R=/tmp/r99; rm -rf "$R"; mkdir -p "$R"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
+t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+for T in rendezvous push; do
+  t "profile $T"
+  FICCO_FLAGGED_TRANSPORT=$T timeout 150 python3 benchmarks/host_profile.py \
+    --cases=llama3-70b/M4096:4096x28672x8192,llama3-8b/M4096:4096x14336x4096 \
+    --schedules=direct/c1/dma/pallas/flagged --axis_sizes=2 --calls=50 \
+    --out_dir="$R" --tag=s21e_$T > "$R/profile_$T.log" 2>&1
+  echo "rc=$?"; ls "$R" | grep "s21e_$T" | head -3
+done
+tar czf "$OUT/r99.tgz" -C /tmp r99; ls -la "$OUT"
+t end
