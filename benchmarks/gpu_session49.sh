@@ -13,7 +13,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R="$OUT/r49"; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t pytest
 timeout 120 python3 -P -m pytest -q -rs -p no:cacheprovider tests/test_dma_protocol.py tests/test_ops.py -k "cuda or dma or async" \
   > "$R/pytest_dma_gpu.txt" 2>&1

@@ -12,7 +12,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R="$OUT/r53"; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t floor
 timeout 150 python3 benchmarks/host_floor.py --ops=rs --m=512 --k=4096 --n=4096 \
   --schedules=direct/c1/dma/pallas,direct/c1/xla/pallas,direct/c1/dma/pallas/step,direct/c2/dma/pallas \

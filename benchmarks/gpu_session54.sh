@@ -14,7 +14,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R="$OUT/r54"; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t pytest
 timeout 200 python3 -P -m pytest -q -rs -p no:cacheprovider tests/test_pallas_chunk_matmul.py tests/test_ops.py -k "pallas or cuda or dma or halving" \
   > "$R/pytest_gpu.txt" 2>&1

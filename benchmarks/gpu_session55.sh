@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R="$OUT/r55"; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t profile
 timeout 120 python3 benchmarks/profile_ops.py --calls=10 --out_dir="$R" \
   --specs=rs:4096x8192x8192:direct/c1/dma/pallas/halving,rs:4096x8192x8192:direct/c1/dma/pallas \

@@ -28,7 +28,7 @@ read NEAR FAR < <(python3 -c "
 import os; a = sorted(os.sched_getaffinity(0))
 print(','.join(map(str, a[8:12])), ','.join(map(str, a[-4:])))")
 echo "near=$NEAR far=$FAR"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 TL="--schedules=default --rounds=24 --iters=80 --warmup=3"
 L8="--m=4096 --k=14336 --n=4096"
 run_tl() {  # name, env assignment (or -), then flags

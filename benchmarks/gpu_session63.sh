@@ -15,7 +15,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r63; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 L8="--m=4096 --k=14336 --n=4096"
 run_tl() {  # name, then flags
   local name=$1; shift

@@ -7,7 +7,7 @@ set -u
 source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r67; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t tests
 (cd /tmp && timeout 300 python3 -P -m pytest -q "$OLDPWD/tests/test_dma_protocol.py" -k "cuda" \
   > "$R/pytest_gpu.txt" 2>&1); echo "pytest rc=$?"; tail -3 "$R/pytest_gpu.txt"

@@ -9,7 +9,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r69; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t tests
 (cd /tmp && timeout 200 python3 -P -m pytest -q "$OLDPWD/tests/test_dma_protocol.py" "$OLDPWD/tests/test_ops.py" -k "flagged or pallas_compute" \
   > "$R/pytest_flagged.txt" 2>&1); echo "pytest rc=$?"; tail -3 "$R/pytest_flagged.txt"

@@ -8,7 +8,7 @@ set -u
 source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r71; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t kernels
 timeout 420 python3 benchmarks/flag_kernel_bench.py --out_dir="$R" --tag=h200_s17b > "$R/flag_kernel.log" 2>&1
 echo "bench rc=$?"; grep -v "^I1\|^W1" "$R/flag_kernel.log" | tail -25

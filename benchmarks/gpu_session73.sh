@@ -12,7 +12,7 @@ set -u
 source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r73; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 run() {  # tag, then env assignments
   local tag=$1; shift
   t "$tag"

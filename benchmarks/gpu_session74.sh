@@ -9,7 +9,7 @@ set -u
 source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r74; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t profile
 SQ=rs:16384x8192x8192; L8=rs:8192x14336x4096
 timeout 200 python3 benchmarks/profile_ops.py --out_dir=/tmp/prof_e \

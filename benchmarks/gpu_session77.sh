@@ -10,7 +10,7 @@ R=/tmp/r77; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
 nproc; grep -m1 "model name" /proc/cpuinfo
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t probe
 timeout 260 python3 benchmarks/stall_watch.py --out="$R/stall_probe.txt" --stall_s=40 -- \
   benchmarks/host_bound_probe.py --cases=4096x14336x4096,4096x8192x8192 \

@@ -9,7 +9,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r78; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t probe
 CASES=llama3-8b/M4096:4096x14336x4096,llama3-8b/M8192:8192x14336x4096,llama3-70b/M4096:4096x28672x8192,llama3-70b/M8192:8192x28672x8192,qwen2-72b/M4096:4096x29568x8192,qwen2-72b/M8192:8192x29568x8192,gpt3-175b/M4096:4096x49152x12288,gpt3-175b/M8192:8192x49152x12288,square/4096:4096x8192x8192,square/16384:16384x8192x8192
 timeout 480 python3 benchmarks/stall_watch.py --out="$R/stall.txt" --stall_s=60 -- \

@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r79; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t host_floor
 timeout 150 python3 benchmarks/host_floor.py --ops=rs --m=512 --k=4096 --n=4096 \
   --schedules=direct/c1/dma/pallas/flagged@async,direct/c1/dma/pallas/flagged@parallel,direct/c1/dma/pallas@async,direct/c1/dma/pallas@parallel,direct/c1/dma/pallas/step@async \

@@ -7,7 +7,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r80; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t rs
 timeout 200 python3 benchmarks/stall_watch.py --out="$R/stall.txt" --stall_s=40 -- \
   benchmarks/rs_bench.py --axis_sizes=4 \

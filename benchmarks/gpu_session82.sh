@@ -14,7 +14,7 @@ python3 -c "import jax; print('jax', jax.__version__)"
   for c in 0 1 2 31 32 33 63; do echo "cpu$c siblings: $(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list 2>/dev/null)"; done
   nvidia-smi topo -m; } > "$R/topology.txt" 2>&1
 head -12 "$R/topology.txt"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 for i in 1 2; do
   for pin in none cores; do
     t "probe $pin $i"

@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r83; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 n=0
 for pin in none cores xla main issuers main,xla none cores; do
   n=$((n + 1)); tag="s18g_${n}_$(echo $pin | tr , +)"

@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r84; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 CASE=llama3-8b/M4096:4096x14336x4096
 for n in 1 2 3 4 5 6; do
   t "profile $n"

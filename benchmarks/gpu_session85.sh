@@ -28,7 +28,7 @@ python3 -c "import jax; print('jax', jax.__version__)"
   cat /proc/cmdline
 } > "$R/host_idle.txt" 2>&1
 cat "$R/host_idle.txt"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 probe() {  # tag
   timeout 80 python3 benchmarks/host_bound_probe.py \
     --cases=llama3-8b/M4096:4096x14336x4096,square/4096:4096x4096x4096 \

@@ -15,7 +15,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r86; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t "install old"
 rm -rf /tmp/ab_old /tmp/old_site; mkdir -p /tmp/ab_old
 tar xzf ab_old_7a6612c.tgz -C /tmp/ab_old

@@ -12,7 +12,7 @@ R=/tmp/r92; rm -rf "$R"; mkdir -p "$R"
 W=${W:-4}; PAIRS=${PAIRS:-4}
 if [ "$W" = 4 ]; then L=default; else L=direct/c1/dma/pallas/flagged; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t tests
 (cd /tmp && timeout 240 python3 -m pytest -q -x "$OLDPWD/tests/test_push_transport.py" \
   "$OLDPWD/tests/test_ops.py" -k "push or flagged or pads_k" ) > "$R/tests.log" 2>&1

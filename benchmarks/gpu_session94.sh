@@ -7,7 +7,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r94; rm -rf "$R"; mkdir -p "$R"
 W=${W:-2}; N=${N:-5}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 for n in $(seq 1 "$N"); do
   t "floor $n"
   timeout 60 python3 benchmarks/host_bound_probe.py --cases=512x4096x4096 \

@@ -11,7 +11,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r96; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t "mp worker push"
 timeout 180 python3 -m ficco_jax.launch -n 2 --timeout_s=170 tests/mp_worker.py push > "$R/mp_worker_push.log" 2>&1
 echo "mp worker push rc=$?"; tail -3 "$R/mp_worker_push.log"

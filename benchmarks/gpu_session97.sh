@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r97; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "import jax; print('jax', jax.__version__)"
-t install; python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+install_ficco
 t tests
 (cd /tmp && timeout 240 python3 -m pytest -q "$OLDPWD/tests/test_push_transport.py" "$OLDPWD/tests/test_window_transport.py") > "$R/tests.log" 2>&1
 echo "tests rc=$?"; tail -3 "$R/tests.log"
