@@ -33,6 +33,8 @@ from ficco_jax._src import vma
 from ficco_jax._src.dma import library
 from ficco_jax._src.dma import peer_copy
 
+import util
+
 TIMEOUT_S = 30.0
 SHARD_ROWS = 6  # divisible by 1 and 3 chunks, not a power of two
 
@@ -450,14 +452,11 @@ def test_peer_that_never_arrives_times_out_then_recovers(platform):
   x = _input(mesh, (5,))
   f(x)[0].block_until_ready()  # Compiled and warm: time only the stall.
   missing = mesh.devices.flat[2].local_hardware_id
-  library.set_never_arrive(missing)
-  try:
+  with util.never_arriving(missing):
     t0 = time.monotonic()
     with pytest.raises(Exception) as info:
       f(x)[0].block_until_ready()
     elapsed = time.monotonic() - t0
-  finally:
-    library.clear_never_arrive()
   message = str(info.value)
   assert "stalled_op" in message
   assert f"device {missing}" in message
@@ -476,12 +475,8 @@ def test_timeout_message_names_missing_rank(platform):
       mesh, lambda x: (_gather(x, plan, op_name="ring_op", timeout_s=0.5),), 1)
   x = _input(mesh, (5,))
   missing = mesh.devices.flat[1].local_hardware_id
-  library.set_never_arrive(missing)
-  try:
-    with pytest.raises(Exception) as info:
-      f(x)[0].block_until_ready()
-  finally:
-    library.clear_never_arrive()
+  with util.never_arriving(missing), pytest.raises(Exception) as info:
+    f(x)[0].block_until_ready()
   # jax reports one device's error: the hooked device's own, or a peer's
   # timeout, which names the missing rank.
   message = str(info.value)

@@ -44,13 +44,18 @@ def _tp_mesh():
   return util.mesh((max(n, 2),), ("x",))
 
 
+def _op(num_chunks, timeout_s=TIMEOUT_S):
+  """The flagged matmul_reduce_scatter over axis "x", for shard_map."""
+  sched = Schedule(dataflow="direct", num_chunks=num_chunks, comm="dma",
+                   compute="pallas", compute_granularity="flagged")
+  return functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                           schedule=sched, timeout_s=timeout_s)
+
+
 def _rs(mesh, num_chunks, timeout_s=TIMEOUT_S):
   """jit(shard_map(flagged matmul_reduce_scatter)) over the mesh's last
   axis "x"; a leading "d" axis, if any, splits the rows (dp x tp)."""
-  sched = Schedule(dataflow="direct", num_chunks=num_chunks, comm="dma",
-                   compute="pallas", compute_granularity="flagged")
-  op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                         schedule=sched, timeout_s=timeout_s)
+  op = _op(num_chunks, timeout_s)
   rows = tuple(mesh.axis_names)  # ("x",) or ("d", "x")
   lead = rows[:-1] or (None,)
   return jax.jit(jax.shard_map(
@@ -126,13 +131,9 @@ def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover():
   jax.block_until_ready(f(h, w))
   platform = library.platform_id(_platform())
   missing = windows.handler_ordinal(mesh.devices.flat[last], platform)
-  library.set_never_arrive(missing)
   t0 = time.monotonic()
-  try:
-    with pytest.raises(Exception) as info:
-      jax.block_until_ready(f(h, w))
-  finally:
-    library.clear_never_arrive()
+  with util.never_arriving(missing), pytest.raises(Exception) as info:
+    jax.block_until_ready(f(h, w))
   assert time.monotonic() - t0 < timeout_s + 10
   message = str(info.value)
   # jax reports one device's error: the hooked device's own, or a peer's
@@ -206,10 +207,7 @@ def _two_sites(mesh, timeout_s=TIMEOUT_S):
   """One program with two independent flagged reduce-scatters: two traces
   of the op in one body, so two sites (one traced function called twice
   would be one site, lowered once)."""
-  sched = Schedule(dataflow="direct", num_chunks=1, comm="dma",
-                   compute="pallas", compute_granularity="flagged")
-  op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                         schedule=sched, timeout_s=timeout_s)
+  op = _op(1, timeout_s)
   return jax.jit(jax.shard_map(
       lambda h, w, h2, w2: (op(h, w), op(h2, w2)), mesh=mesh,
       in_specs=(P(None, "x"), P("x")) * 2, out_specs=(P("x"), P("x")),
@@ -250,14 +248,10 @@ def test_one_clear_caches_recovers_a_failed_two_site_program():
   a, b = _args(mesh, rng, dtype, m, k, n), _args(mesh, rng, dtype, m, k, n)
   before = _arm_windows(two, a[0], a[1], b[0], b[1])
   jax.block_until_ready(two(a[0], a[1], b[0], b[1]))
-  platform = library.platform_id(_platform())
-  library.set_never_arrive(windows.handler_ordinal(mesh.devices.flat[last],
-                                                   platform))
-  try:
-    with pytest.raises(Exception):
-      jax.block_until_ready(two(a[0], a[1], b[0], b[1]))
-  finally:
-    library.clear_never_arrive()
+  missing = windows.handler_ordinal(mesh.devices.flat[last],
+                                    library.platform_id(_platform()))
+  with util.never_arriving(missing), pytest.raises(Exception):
+    jax.block_until_ready(two(a[0], a[1], b[0], b[1]))
   time.sleep(timeout_s + 1)  # Every peer's wait has timed out by now.
   jax.clear_caches()
   after = _arm_windows(two, a[0], a[1], b[0], b[1])
@@ -269,7 +263,4 @@ def test_one_clear_caches_recovers_a_failed_two_site_program():
       out_b, util.ref_matmul_reduce_scatter(b[2], b[3])) < util.tol(dtype)
   # The failed execution's leftover arm entries went with its windows.
   jax.block_until_ready((out_a, out_b))
-  deadline = time.monotonic() + 10
-  while windows.pending_entries(platform) and time.monotonic() < deadline:
-    time.sleep(0.01)
-  assert windows.pending_entries(platform) == 0
+  assert util.window_entries_after(_platform()) == 0

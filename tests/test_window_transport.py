@@ -152,11 +152,7 @@ def test_scan_runs_one_site_many_times_and_leaves_nothing_pending(platform):
     out = f(_put(mesh, P("x"), x), _put(mesh, P(None, None, "x"), ws))
   out.block_until_ready()
   assert windows.window_count(library.platform_id(platform)) - before == 4
-  deadline = time.monotonic() + 10
-  while windows.pending_entries(library.platform_id(platform)) and (
-      time.monotonic() < deadline):
-    time.sleep(0.01)
-  assert windows.pending_entries(library.platform_id(platform)) == 0
+  assert util.window_entries_after(platform) == 0
 
 
 def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover(
@@ -172,13 +168,9 @@ def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover(
   f(x, w).block_until_ready()
   missing = windows.handler_ordinal(mesh.devices.flat[last],
                                     library.platform_id(platform))
-  library.set_never_arrive(missing)
   t0 = time.monotonic()
-  try:
-    with pytest.raises(Exception) as info:
-      f(x, w).block_until_ready()
-  finally:
-    library.clear_never_arrive()
+  with util.never_arriving(missing), pytest.raises(Exception) as info:
+    f(x, w).block_until_ready()
   assert time.monotonic() - t0 < timeout_s + 10
   message = str(info.value)
   # jax reports one device's error: the hooked device's own, or a peer's

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -56,3 +59,30 @@ def ref_all_gather_matmul(x_global, w_global, gather_axis=0):
 
 def ref_matmul_reduce_scatter(h_global, w_global):
   return np.asarray(h_global, np.float64) @ np.asarray(w_global, np.float64)
+
+
+@contextlib.contextmanager
+def never_arriving(device_ordinal: int):
+  """Within the block, ficco's handlers on ``device_ordinal`` refuse to run
+  (the library's never-arrive test hook), as a peer that never arrives."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+
+  library.set_never_arrive(device_ordinal)
+  try:
+    yield
+  finally:
+    library.clear_never_arrive()
+
+
+def window_entries_after(platform: str, timeout_s: float = 10.0) -> int:
+  """The window invocations' wait/done and push entries still pending on
+  ``platform`` once they drain or ``timeout_s`` passes (0: all drained)."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+  from ficco_jax._src.dma import windows  # pylint: disable=g-import-not-at-top
+
+  pid = library.platform_id(platform)
+  deadline = time.monotonic() + timeout_s
+  while windows.pending_entries(pid) and time.monotonic() < deadline:
+    time.sleep(0.01)
+  return windows.pending_entries(pid)
+
