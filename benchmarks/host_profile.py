@@ -185,6 +185,14 @@ def _case(case: common.Case, w: int) -> dict:
   return rec
 
 
+def _events(events, name_chars=None) -> list[str]:
+  """A thread's or stream's events as a markdown table, then a blank line."""
+  return (["| event | per call | median µs | µs per call |", "|---|---|---|---|"]
+          + [f"| {e['name'][:name_chars]} | {e['per_call']:.2f} |"
+             f" {e['median_us']:.1f} | {e['us_per_call']:.1f} |"
+             for e in events] + [""])
+
+
 def _markdown(data: dict) -> str:
   meta = data["meta"]
   lines = ["# Host profile: matmul_reduce_scatter per call, bf16", "",
@@ -204,23 +212,13 @@ def _markdown(data: dict) -> str:
         lines += [f"trace failed: {p['trace_error'][:300]}", ""]
         continue
       for t in p["threads"]:
-        lines += [f"thread `{t['thread']}`", "",
-                  "| event | per call | median µs | µs per call |",
-                  "|---|---|---|---|"]
-        lines += [f"| {e['name']} | {e['per_call']:.2f} |"
-                  f" {e['median_us']:.1f} | {e['us_per_call']:.1f} |"
-                  for e in t["events"]]
-        lines.append("")
+        lines += [f"thread `{t['thread']}`", ""] + _events(t["events"])
       for s in p["streams"]:
         lines += [f"{s['plane']} stream `{s['stream']}`: busy"
                   f" {s['busy_us_per_call']:.1f} µs per call over a span of"
-                  f" {s['span_us_per_call']:.1f}", "",
-                  "| event | per call | median µs | µs per call |",
-                  "|---|---|---|---|"]
-        lines += [f"| {e['name'][:80]} | {e['per_call']:.2f} |"
-                  f" {e['median_us']:.1f} | {e['us_per_call']:.1f} |"
-                  for e in s["events"]]
-        lines.append("")
+                  f" {s['span_us_per_call']:.1f}", ""]
+        # Kernel names carry their template arguments: cut them short.
+        lines += _events(s["events"], name_chars=80)
   return "\n".join(lines)
 
 
