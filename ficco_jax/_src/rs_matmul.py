@@ -321,8 +321,6 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
   result) and the ``(P - 1) m`` landing rows, as ``"piece"``'s ``2 (P - 1)
   m`` plus the own rows.
   """
-  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
-
   peer_copy, kw = _dma(st)
   p = st.axis_size
   num_chunks = st.schedule.num_chunks
@@ -359,11 +357,8 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
     # session 19 (two more steps of the program per call; the arm still
     # writes its rank, unused).
     rank = lax.axis_index(st.axis_name)
-  parts, flags, target = chunk_matmul.chunk_matmul_flagged(
-      h0, chunk_matmul.ByRank(rank, table), mc, w, flags,
-      num_sms=st.schedule.num_sms, preferred_element_type=out_dtype,
-      x_zero_padded_k=h0.shape[1] != w.shape[0])
-  parts = vma.vary_like(parts, h0, w)
+  parts, flags, target = _flagged_kernel(h0, w, st, mc, out_dtype, flags,
+                                         rank, table)
   landing = peer_copy.start(
       [parts], plan, site=site, flags=flags, landings=landings,
       flag_target=target, src_flags=tuple(range(len(slots))), **kw)[0]
@@ -374,6 +369,19 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
                      [(j, pulled[i * mc:(i + 1) * mc])
                       for i, (j, _) in enumerate(slots)],
                      num_chunks, mc, out_dtype)
+
+
+def _flagged_kernel(h0, w, st, mc, out_dtype, flags, rank, table):
+  """The flagged kernel of either transport: every piece of ``table``'s
+  rows for this ``rank``, bumping ``flags`` in place; returns (parts typed
+  varying as its inputs, flags, the flags' target)."""
+  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
+
+  parts, flags, target = chunk_matmul.chunk_matmul_flagged(
+      h0, chunk_matmul.ByRank(rank, table), mc, w, flags,
+      num_sms=st.schedule.num_sms, preferred_element_type=out_dtype,
+      x_zero_padded_k=h0.shape[1] != w.shape[0])
+  return vma.vary_like(parts, h0, w), flags, target
 
 
 def _flagged_push(h0, w, st, mc, out_dtype, slots, table):
@@ -388,7 +396,6 @@ def _flagged_push(h0, w, st, mc, out_dtype, slots, table):
   device (xla_ffi/WINDOWS.md, "Push"), instead of the landing buffers.
   """
   from ficco_jax._src.dma import push  # Loads the FFI library lazily.
-  from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
 
   peer_copy, kw = _dma(st)
   kw["site"] = peer_copy.new_site()
@@ -396,11 +403,8 @@ def _flagged_push(h0, w, st, mc, out_dtype, slots, table):
   row_bytes = w.shape[1] * jnp.dtype(out_dtype).itemsize
   half = push.half_bytes(len(slots) * mc, row_bytes)
   flags, rank = push.arm(h0, len(table[0]), half, **_arm_kw(kw))
-  parts, flags, target = chunk_matmul.chunk_matmul_flagged(
-      h0, chunk_matmul.ByRank(rank, table), mc, w, flags,
-      num_sms=st.schedule.num_sms, preferred_element_type=out_dtype,
-      x_zero_padded_k=h0.shape[1] != w.shape[0])
-  parts = vma.vary_like(parts, h0, w)
+  parts, flags, target = _flagged_kernel(h0, w, st, mc, out_dtype, flags,
+                                         rank, table)
   # Piece i (chunk j, shift s) goes to rank r + s, at the row where that
   # rank's finish expects chunk j's piece from rank (r + s) - s.
   pieces = [(s, i * mc, i * mc, mc, i) for i, (_, s) in enumerate(slots)]
