@@ -407,6 +407,9 @@ def env_info(op: str) -> dict[str, Any]:
       "XLA_FLAGS", "JAX_PLATFORMS", "NCCL_NVLS_ENABLE",
       "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
       "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUDA_VISIBLE_DEVICES")}
+  # The library's switches (e.g. FICCO_FLAGGED_TRANSPORT) change what runs.
+  info["env"].update({k: v for k, v in os.environ.items()
+                      if k.startswith("FICCO_")})
   info["timing"] = {"warmup": FLAGS.warmup, "rounds": FLAGS.rounds,
                     "iters": FLAGS.iters, "min_round_ms": FLAGS.min_round_ms,
                     "settle_ms": FLAGS.settle_ms, "order": FLAGS.order,

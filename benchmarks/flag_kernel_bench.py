@@ -19,6 +19,11 @@ its cause:
                Session 17's call B ran an earlier "complete" (= "tile") and
                "boundary" (per-tile bumps, deferred a tile).
 
+Any kernel variant may end in "@key=value+..." to change the tile config the
+kernel would pick (chunk_matmul.default_config) in one field: w
+(grid_tile_width), minor (grid_minor_dim), dr (delay_release), steps
+(max_concurrent_steps). E.g. "one@w=8+minor=m" or "flag/piece/piece_end@dr=1".
+
 The flags are zeroed by the jitted call itself (no copy protocol here), and
 each flagged variant's flags are checked against flag_target once. Timing:
 benchmarks/timing.py, interleaved per shape. Writes
@@ -51,6 +56,7 @@ flags.DEFINE_string("variants",
                     "flag/piece/piece_end",
                     "Comma-separated variants (module docstring).")
 flags.DEFINE_string("shapes", "", "Comma-separated case names (default: all).")
+flags.DEFINE_string("base", "pieces4", "The variant the speeds are relative to.")
 flags.DEFINE_integer("rounds", 7, "Timed rounds.")
 flags.DEFINE_integer("iters", 20, "Calls per round (raised by min_round_ms).")
 flags.DEFINE_float("min_round_ms", 25.0, "Shortest round.")
@@ -69,13 +75,39 @@ def _cases() -> dict[str, tuple[int, int, int]]:
   return {c.name: (c.m, c.k, c.n) for c in cases}
 
 
+_CONFIG_KEYS = {"w": ("grid_tile_width", int), "minor": ("grid_minor_dim", str),
+                "dr": ("delay_release", int),
+                "steps": ("max_concurrent_steps", int)}
+
+
+def _config(spec, h, w, mc, rows):
+  """The config the kernel picks for mc rows in pieces of ``rows``, with the
+  fields ``spec`` ("w=8+dr=1") names replaced; None for an empty spec."""
+  import dataclasses
+  from ficco_jax._src.pallas import chunk_matmul as cm
+  if not spec:
+    return None
+  k, n = h.shape[1], w.shape[1]
+  cfg = cm.default_config(mc, k, n, h.dtype, h.dtype)
+  if rows % cfg.cta_tile_m:
+    cfg = cm.default_config(rows, k, n, h.dtype, h.dtype)
+  changes = {}
+  for item in spec.split("+"):
+    key, value = item.split("=")
+    field, kind = _CONFIG_KEYS[key]
+    changes[field] = kind(value)
+  return dataclasses.replace(cfg, **changes)
+
+
 def _build(variant, h, w, rows, pieces, padded):
   import jax
   import jax.numpy as jnp
   from ficco_jax._src.pallas import chunk_matmul as cm
 
+  variant, _, spec = variant.partition("@")
   x_rows = [i * rows for i in range(pieces)]
-  kw = dict(x_zero_padded_k=padded)
+  mc = rows if variant == "pieces4" else rows * pieces
+  kw = dict(x_zero_padded_k=padded, config=_config(spec, h, w, mc, rows))
   if variant == "xla":
     k = w.shape[0]
     return jax.jit(lambda h, w: jnp.dot(h[:, :k], w)), None
@@ -141,10 +173,10 @@ def bench_case(name, shape, variants):
       except Exception as e:  # pylint: disable=broad-except
         rec["methods"][v] = {"error": f"{type(e).__name__}: {e}"[:1500]}
         print(f"  {v}: {rec['methods'][v]['error'][:300]}", flush=True)
-  base = rec["methods"].get("pieces4", {}).get("median_ms")
+  base = rec["methods"].get(FLAGS.base, {}).get("median_ms")
   for v, m_rec in rec["methods"].items():
     if base and m_rec.get("median_ms"):
-      m_rec["vs_pieces4"] = base / m_rec["median_ms"]
+      m_rec["vs_base"] = base / m_rec["median_ms"]
   print(name, " ".join(
       f"{v}={r.get('median_ms', float('nan')):.4f}"
       + ("" if r.get("flags_ok", True) else "(FLAGS WRONG)")
@@ -152,20 +184,8 @@ def bench_case(name, shape, variants):
   return rec
 
 
-def main(argv):
-  del argv
-  import jax
-  timing.set_min_round_ms(FLAGS.min_round_ms)
-  variants = [v for v in FLAGS.variants.split(",") if v]
-  cases = _cases()
-  names = [s for s in FLAGS.shapes.split(",") if s] or list(cases)
-  out = {"meta": {
-      "date": datetime.datetime.now().isoformat(timespec="seconds"),
-      "jax": jax.__version__, "device": jax.devices()[0].device_kind,
-      "host": platform.node(), "argv": sys.argv, "w": FLAGS.w,
-      "timing": timing.settings()}, "cases": []}
-  for name in names:
-    out["cases"].append(bench_case(name, cases[name], variants))
+def _save(out, variants) -> list[str]:
+  """Writes --out_dir/flag_kernel_<tag>.{json,md}; returns the md table."""
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   stem = os.path.join(FLAGS.out_dir, f"flag_kernel_{FLAGS.tag}")
   with open(stem + ".json", "w") as f:
@@ -180,16 +200,35 @@ def main(argv):
         cells.append("error")
         continue
       cell = f"{r['median_ms']:.4f}"
-      if "vs_pieces4" in r:
-        cell += f" ({r['vs_pieces4']:.3f}x)"
+      if "vs_base" in r:
+        cell += f" ({r['vs_base']:.3f}x)"
       if not r.get("flags_ok", True):
         cell += " FLAGS WRONG"
       cells.append(cell)
     lines.append(f"| {c['name']} | " + " | ".join(cells) + " |")
   with open(stem + ".md", "w") as f:
-    f.write("Median ms per call (speed vs pieces4), "
+    f.write(f"Median ms per call (speed vs {FLAGS.base}), "
             f"{out['meta']['device']}, jax {out['meta']['jax']}\n\n"
             + "\n".join(lines) + "\n")
+  return lines
+
+
+def main(argv):
+  del argv
+  import jax
+  timing.set_min_round_ms(FLAGS.min_round_ms)
+  variants = [v for v in FLAGS.variants.split(",") if v]
+  cases = _cases()
+  names = [s for s in FLAGS.shapes.split(",") if s] or list(cases)
+  out = {"meta": {
+      "date": datetime.datetime.now().isoformat(timespec="seconds"),
+      "jax": jax.__version__, "device": jax.devices()[0].device_kind,
+      "host": platform.node(), "argv": sys.argv, "w": FLAGS.w,
+      "base": FLAGS.base,
+      "timing": timing.settings()}, "cases": []}
+  for name in names:
+    out["cases"].append(bench_case(name, cases[name], variants))
+    lines = _save(out, variants)  # After each case: a timeout keeps them.
   print("\n".join(lines))
 
 

@@ -10,10 +10,13 @@ interleaved (timing.interleaved), per shape:
   dispatch floor of a 4-device program;
 * ficco with each ``--schedules`` label; a ``#push`` suffix lowers a
   flagged schedule over the push protocol (``FICCO_FLAGGED_TRANSPORT=push``:
-  pieces pushed into the owners' windows), a ``#window`` suffix with the
-  window transport (``FICCO_DMA_TRANSPORT=window``: flags in mapped windows
-  and no per-call rendezvous of the devices' threads; xla_ffi/WINDOWS.md),
-  else the rendezvous transport;
+  pieces pushed into the owners' windows; the default since session 22), a
+  ``#rendezvous`` suffix over the rendezvous transport
+  (``FICCO_FLAGGED_TRANSPORT=rendezvous``: a host rendezvous and pulls per
+  call), a ``#window`` suffix the other granularities over the window
+  transport (``FICCO_DMA_TRANSPORT=window``: flags in mapped windows and no
+  per-call rendezvous of the devices' threads; xla_ffi/WINDOWS.md); without
+  a suffix, the library's defaults;
 * ``chainN``: ``--chain`` ops in one jitted program, each op's input made
   from the previous op's output (`_chained`), for XLA and each
   ``--chain_schedules`` label: the per-op time once Python's per-call
@@ -148,6 +151,7 @@ def _pin_busy_threads(groups) -> dict[str, int | str]:
 _SUFFIX_ENV = {
     "window": ("FICCO_DMA_TRANSPORT", "window"),
     "push": ("FICCO_FLAGGED_TRANSPORT", "push"),
+    "rendezvous": ("FICCO_FLAGGED_TRANSPORT", "rendezvous"),
 }
 
 

@@ -632,19 +632,22 @@ def test_arm_writes_the_rank_on_the_axis(layout):
   _assert_idle("cpu")
 
 
-@pytest.mark.parametrize("rank_from", ["arm", "axis_index", "typo"])
+@pytest.mark.parametrize("rank_from", ["arm", "axis_index", "typo", "push"])
 def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
                                                             monkeypatch):
   """The flagged program takes the kernel's rank from the arm: no
-  partition-id (and no fusion converting it) per call. The measurement
-  switch FICCO_FLAGGED_RANK=axis_index puts XLA's back."""
+  partition-id (and no fusion converting it) per call. On the rendezvous
+  transport the measurement switch FICCO_FLAGGED_RANK=axis_index puts XLA's
+  back; "push" is the default transport, whose arm writes the rank too."""
   import functools  # pylint: disable=g-import-not-at-top
   import ficco_jax  # pylint: disable=g-import-not-at-top
   if jax.default_backend() != "cpu":
     # The kernel picks interpret mode from the default backend, and this
     # compiles the CPU program (it checks the program, not the GPU's).
     pytest.skip("needs CPU as the default backend")
-  if rank_from != "arm":
+  if rank_from != "push":
+    monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "rendezvous")
+  if rank_from not in ("arm", "push"):
     monkeypatch.setenv("FICCO_FLAGGED_RANK", rank_from)
   mesh = _mesh("cpu", "4")
   op = functools.partial(
@@ -663,6 +666,8 @@ def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
     return
   text = f.lower(a, b).compile().as_text()
   assert text.count("partition-id") == (rank_from == "axis_index")
+  # The program runs the transport asked for.
+  assert ("ficco_push_start" in text) == (rank_from == "push"), rank_from
 
 
 def test_flagged_start_times_out_on_a_flag_never_set():

@@ -425,15 +425,14 @@ def _switch(var: str, default: str, other: str) -> str:
 
 
 def _flagged_transport() -> str:
-  """FICCO_FLAGGED_TRANSPORT: how the flagged pieces travel, "rendezvous"
-  (pulls after a host rendezvous per call) or "push" (pushes into the
-  owners' windows, no host rendezvous). Unset: "rendezvous" in a job of one
-  process (measured on 4 GPUs in every session since 16), "push" in a job
-  of several, where the rendezvous cannot reach a peer in another process
-  and the push protocol's windows can."""
-  if jax.process_count() > 1 and not os.environ.get("FICCO_FLAGGED_TRANSPORT"):
-    return "push"
-  return _switch("FICCO_FLAGGED_TRANSPORT", "rendezvous", "push")
+  """FICCO_FLAGGED_TRANSPORT: how the flagged pieces travel, "push" (pushes
+  into the owners' windows, no host rendezvous; the default) or "rendezvous"
+  (pulls after a host rendezvous per call; one process only, where every
+  device of the axis is). Push became the default in session 22: on 4 H200s
+  it cut the host floor of a call from 0.211 to 0.180 ms and lifted the
+  host-bound llama3-8b M4096 from 1.01-1.16x to 1.18-1.38x over XLA
+  (benchmarks/RESULTS.md, "Session 22")."""
+  return _switch("FICCO_FLAGGED_TRANSPORT", "push", "rendezvous")
 
 
 def _add_pulled(own, pulled, num_chunks, mc, out_dtype):

@@ -85,10 +85,10 @@ class Schedule:
         wait for its piece's flag (``cuStreamWaitValue32``), so each pull
         begins as soon as its piece is written, as with ``"piece"``, while
         the host runs one kernel launch and one start instead of one of
-        each per piece. In a job of one process the pieces travel over the
-        rendezvous transport (every device of the axis in this process);
-        in a job of several, over the push protocol's windows
-        (xla_ffi/WINDOWS.md, "Push"; ``FICCO_FLAGGED_TRANSPORT`` picks).
+        each per piece. The pieces travel over the push protocol's windows
+        (xla_ffi/WINDOWS.md, "Push": no per-call host rendezvous), in one
+        process or several; ``FICCO_FLAGGED_TRANSPORT=rendezvous`` pulls
+        them after a host rendezvous instead (one process only).
       * None: each op's own default: the all-gather ``"step"`` with
         ``compute="xla"`` and ``"piece"`` with ``compute="pallas"``; the
         reduce-scatter ``"piece"``.
