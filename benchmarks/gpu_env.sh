@@ -1,6 +1,6 @@
 # Sourced by the gpu_session*.sh scripts: the repo root, $OUT, the
-# environment every child inherits, a timestamped log helper `t` and
-# `install_ficco`.
+# environment every child inherits, a timestamped log helper `t`,
+# `install_ficco` and `flagged_gpu_tests`.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 # NVLink multicast must stay off on these machines (KINDS.md).
@@ -14,4 +14,16 @@ install_ficco() {
   t install
   python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 \
     || { echo "install FAILED"; grep -E "error" /tmp/install.log | head -20; exit 1; }
+}
+# The flagged reduce-scatter's tests on the GPUs (push protocol, flagged op
+# cases, the protocol's flagged and arm tests), run from /tmp against the
+# installed package; logs in $1/tests.log and $1/tests_protocol.log.
+flagged_gpu_tests() {
+  t tests
+  (cd /tmp && timeout 240 python3 -m pytest -q -x "$OLDPWD/tests/test_push_transport.py" \
+    "$OLDPWD/tests/test_ops.py" -k "push or flagged or pads_k" ) > "$1/tests.log" 2>&1
+  echo "tests rc=$?"; tail -1 "$1/tests.log"
+  (cd /tmp && timeout 120 python3 -m pytest -q "$OLDPWD/tests/test_dma_protocol.py" \
+    -k "flagged or arm" ) > "$1/tests_protocol.log" 2>&1
+  echo "protocol tests rc=$?"; tail -1 "$1/tests_protocol.log"
 }

@@ -11,12 +11,7 @@ R=/tmp/r102; rm -rf "$R"; mkdir -p "$R"
 PAIRS=${PAIRS:-4}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 install_ficco
-t tests
-(cd /tmp && timeout 240 python3 -m pytest -q -x "$OLDPWD/tests/test_push_transport.py" \
-  "$OLDPWD/tests/test_ops.py" -k "push or flagged or pads_k" ) > "$R/tests.log" 2>&1
-echo "tests rc=$?"; tail -1 "$R/tests.log"
-(cd /tmp && timeout 120 python3 -m pytest -q "$OLDPWD/tests/test_dma_protocol.py" -k "flagged or arm" ) > "$R/tests_protocol.log" 2>&1
-echo "protocol tests rc=$?"; tail -1 "$R/tests_protocol.log"
+flagged_gpu_tests "$R"
 for n in $(seq 1 "$PAIRS"); do
   t "pair $n"
   timeout 60 python3 benchmarks/host_bound_probe.py \

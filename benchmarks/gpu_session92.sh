@@ -13,12 +13,7 @@ W=${W:-4}; PAIRS=${PAIRS:-4}
 if [ "$W" = 4 ]; then L=default; else L=direct/c1/dma/pallas/flagged; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 install_ficco
-t tests
-(cd /tmp && timeout 240 python3 -m pytest -q -x "$OLDPWD/tests/test_push_transport.py" \
-  "$OLDPWD/tests/test_ops.py" -k "push or flagged or pads_k" ) > "$R/tests.log" 2>&1
-echo "tests rc=$?"; tail -3 "$R/tests.log"
-(cd /tmp && timeout 120 python3 -m pytest -q "$OLDPWD/tests/test_dma_protocol.py" -k "flagged or arm" ) > "$R/tests_protocol.log" 2>&1
-echo "protocol tests rc=$?"; tail -2 "$R/tests_protocol.log"
+flagged_gpu_tests "$R"
 t floor
 timeout 60 python3 benchmarks/host_bound_probe.py --cases=512x4096x4096 \
   --schedules=direct/c1/dma/pallas/flagged,direct/c1/dma/pallas/flagged#push \
