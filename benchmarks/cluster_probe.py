@@ -4,7 +4,7 @@ kernel's gap to cuBLAS?
 Session 22 call A: on the per-device sizes of issue 6's reduce-scatter
 shapes, ficco's Hopper kernel (128x256 CTA tile, no cluster) trails XLA's
 dot by 2-13% (most at K = 2048), and neither the tile order nor
-delay_release closes it. jax's own Hopper matmul
+delay_release (tried then, since removed) closes it. jax's own Hopper matmul
 (jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu) has the same
 structure plus ``cluster_dimension``: two CTAs of a cluster share one
 operand tile through TMA multicast, cutting L2 traffic per flop. This times

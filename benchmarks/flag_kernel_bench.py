@@ -21,8 +21,9 @@ its cause:
 
 Any kernel variant may end in "@key=value+..." to change the tile config the
 kernel would pick (chunk_matmul.default_config) in one field: w
-(grid_tile_width), minor (grid_minor_dim), dr (delay_release), steps
-(max_concurrent_steps). E.g. "one@w=8+minor=m" or "flag/piece/piece_end@dr=1".
+(grid_tile_width), minor (grid_minor_dim), steps (max_concurrent_steps).
+E.g. "one@w=8+minor=m" or "flag/piece/piece_end@w=8". Session 22's call A
+also ran "dr" (delay_release, a config field tried then and removed).
 
 The flags are zeroed by the jitted call itself (no copy protocol here), and
 each flagged variant's flags are checked against flag_target once. Timing:
@@ -76,13 +77,12 @@ def _cases() -> dict[str, tuple[int, int, int]]:
 
 
 _CONFIG_KEYS = {"w": ("grid_tile_width", int), "minor": ("grid_minor_dim", str),
-                "dr": ("delay_release", int),
                 "steps": ("max_concurrent_steps", int)}
 
 
 def _config(spec, h, w, mc, rows):
   """The config the kernel picks for mc rows in pieces of ``rows``, with the
-  fields ``spec`` ("w=8+dr=1") names replaced; None for an empty spec."""
+  fields ``spec`` ("w=8+minor=m") names replaced; None for an empty spec."""
   import dataclasses
   from ficco_jax._src.pallas import chunk_matmul as cm
   if not spec:
@@ -226,6 +226,7 @@ def main(argv):
       "host": platform.node(), "argv": sys.argv, "w": FLAGS.w,
       "base": FLAGS.base,
       "timing": timing.settings()}, "cases": []}
+  lines: list[str] = []
   for name in names:
     out["cases"].append(bench_case(name, cases[name], variants))
     lines = _save(out, variants)  # After each case: a timeout keeps them.

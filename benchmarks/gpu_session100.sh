@@ -5,7 +5,8 @@
 # config the kernel picks and XLA's dot, unflagged ("one") and flagged, on the
 # per-device sizes (W = 4) of issue 6's shapes where the kernel trails cuBLAS
 # most (session 17 call B); then the kernel tests on the GPU, new variants
-# among them.
+# among them. Ran at e0ab802; delay_release was removed afterwards, so the
+# dr variants now report an error (unknown key).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r100; rm -rf "$R"; mkdir -p "$R"

@@ -10,6 +10,8 @@
 # and deleted after the run), and this tree with
 # FICCO_FLAGGED_RANK=axis_index (the rank from XLA again: what the arm's
 # rank alone is worth). Then the new flagged program's compiled HLO.
+# Since e0ab802 (session 22) the flagged default is push, where
+# FICCO_FLAGGED_RANK is an error: run this with FICCO_FLAGGED_TRANSPORT=rendezvous.
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r86; rm -rf "$R"; mkdir -p "$R"

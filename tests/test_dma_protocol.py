@@ -632,23 +632,26 @@ def test_arm_writes_the_rank_on_the_axis(layout):
   _assert_idle("cpu")
 
 
-@pytest.mark.parametrize("rank_from", ["arm", "axis_index", "typo", "push"])
+@pytest.mark.parametrize("rank_from",
+                         ["arm", "axis_index", "typo", "push", "push_rank"])
 def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
                                                             monkeypatch):
   """The flagged program takes the kernel's rank from the arm: no
   partition-id (and no fusion converting it) per call. On the rendezvous
   transport the measurement switch FICCO_FLAGGED_RANK=axis_index puts XLA's
-  back; "push" is the default transport, whose arm writes the rank too."""
+  back; "push" is the default transport, whose arm writes the rank too, and
+  where the switch is an error ("push_rank"), not ignored."""
   import functools  # pylint: disable=g-import-not-at-top
   import ficco_jax  # pylint: disable=g-import-not-at-top
   if jax.default_backend() != "cpu":
     # The kernel picks interpret mode from the default backend, and this
     # compiles the CPU program (it checks the program, not the GPU's).
     pytest.skip("needs CPU as the default backend")
-  if rank_from != "push":
+  if not rank_from.startswith("push"):
     monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "rendezvous")
   if rank_from not in ("arm", "push"):
-    monkeypatch.setenv("FICCO_FLAGGED_RANK", rank_from)
+    monkeypatch.setenv("FICCO_FLAGGED_RANK",
+                       "axis_index" if rank_from == "push_rank" else rank_from)
   mesh = _mesh("cpu", "4")
   op = functools.partial(
       ficco_jax.matmul_reduce_scatter, axis_name="x",
@@ -660,8 +663,10 @@ def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
                            sharding=NamedSharding(mesh, P(None, "x")))
   b = jax.ShapeDtypeStruct((40, 28), jnp.float32,
                            sharding=NamedSharding(mesh, P("x")))
-  if rank_from == "typo":
-    with pytest.raises(ValueError, match="FICCO_FLAGGED_RANK='typo'"):
+  if rank_from in ("typo", "push_rank"):
+    match = ("FICCO_FLAGGED_RANK='typo'" if rank_from == "typo" else
+             "FICCO_FLAGGED_RANK is a switch of the rendezvous transport")
+    with pytest.raises(ValueError, match=match):
       f.lower(a, b)
     return
   text = f.lower(a, b).compile().as_text()

@@ -1,8 +1,10 @@
 """The flagged reduce-scatter over the push protocol (xla_ffi/WINDOWS.md,
-"Push"): FICCO_FLAGGED_TRANSPORT=push makes each rank push its pieces into
-the owners' windows, and each owner add them to its own rows with the
-finish's own sum. The CPU twin runs here; the CUDA handlers where there are
-4 GPUs.
+"Push"), the default transport of compute_granularity="flagged": each rank
+pushes its pieces into the owners' windows, and each owner adds them to its
+own rows with the finish's own sum. The fixture sets
+FICCO_FLAGGED_TRANSPORT=push anyway, so that these tests keep testing push
+whatever the default. The CPU twin runs here; the CUDA handlers where there
+are 4 GPUs.
 """
 
 import functools

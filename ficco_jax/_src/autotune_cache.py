@@ -46,8 +46,11 @@ class Key:
   ``processes`` is the job's process count: with one process driving every
   GPU the copy engines run the rendezvous transport, with several the
   window transport (xla_ffi/WINDOWS.md), whose costs differ, so a result
-  measured in one layout does not stand for the other. The shipped results
-  were all measured in one process. In JSON it is omitted when 1.
+  measured in one layout does not stand for the other (the flagged
+  granularity pushes in either). The shipped results were all measured in
+  one process; its flagged entries (sessions 16 and 18) were chosen over the
+  rendezvous transport, and session 22 measured them as shipped over push.
+  In JSON it is omitted when 1.
   """
 
   op: str

@@ -333,6 +333,11 @@ def _flagged_dma(h0, w, st, m, mc, out_dtype):
       + tuple(r * m + j * mc for j in range(num_chunks))
       for r in range(p))
   if _flagged_transport() == "push":
+    if os.environ.get("FICCO_FLAGGED_RANK"):
+      # Not ignored in silence: the push arm always writes the rank.
+      raise ValueError(
+          "FICCO_FLAGGED_RANK is a switch of the rendezvous transport; set"
+          " FICCO_FLAGGED_TRANSPORT=rendezvous with it, or unset it.")
     return _flagged_push(h0, w, st, mc, out_dtype, slots, table)
   # Every pull on one copy queue, in piece order: the pieces complete one
   # after another, and the P - 1 sources share this device's inbound links

@@ -84,13 +84,6 @@ class ChunkMatmulConfig:
     wg_dimension: which dimension the two compute warpgroups split.
     grid_minor_dim: the faster-moving dimension of the tile order.
     grid_tile_width: width of the bands of the snake tile order (L2 reuse).
-    delay_release: pipeline steps a warpgroup's wgmma may stay in flight
-      after it is issued (0: each step waits for its own before releasing
-      its stage; 1: a step waits for the previous step's, so the tensor
-      cores never idle between issues, and the stage is released one step
-      later). Must be smaller than ``max_concurrent_steps``. On an H200 it
-      moved the reduce-scatter's chunk sizes by -0.1% to +2.1%, within the
-      noise of those runs (session 22), so the default stays 0.
   """
 
   # Defaults: the 128x256 CTA tile (two 64x256 warpgroup tiles) that was best
@@ -104,7 +97,6 @@ class ChunkMatmulConfig:
   wg_dimension: Dim = "m"
   grid_minor_dim: Dim = "n"
   grid_tile_width: int = 1
-  delay_release: int = 0
 
   def __post_init__(self):
     for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
@@ -112,13 +104,6 @@ class ChunkMatmulConfig:
       v = getattr(self, name)
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive int.")
-    dr = self.delay_release
-    if isinstance(dr, bool) or not isinstance(dr, int) or dr < 0:
-      raise ValueError(f"delay_release={dr!r} must be an int >= 0.")
-    if dr >= self.max_concurrent_steps:
-      # The stage a step releases late must not be the one being refilled.
-      raise ValueError(f"delay_release={dr} must be smaller than"
-                       f" max_concurrent_steps={self.max_concurrent_steps}.")
     if self.tile_m % 64:
       raise ValueError(f"{self.tile_m=} must be a multiple of 64 (wgmma M).")
     if self.tile_n % 64 or self.tile_n > 256:
@@ -545,11 +530,9 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
         memory_registers=40,
         in_specs=[
             plgpu.BlockSpec((cta_tile_m, tile_k), lambda kk: (0, kk),
-                            transforms=transforms, memory_space=plgpu.SMEM,
-                            delay_release=c.delay_release),
+                            transforms=transforms, memory_space=plgpu.SMEM),
             plgpu.BlockSpec((tile_k, cta_tile_n), lambda kk: (kk, 0),
-                            transforms=transforms, memory_space=plgpu.SMEM,
-                            delay_release=c.delay_release),
+                            transforms=transforms, memory_space=plgpu.SMEM),
         ],
         wg_axis="wg",
         num_compute_wgs=2,
@@ -639,9 +622,6 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
             pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
         def _acc_scope(acc_ref):
           eval_pipeline(acc_ref)
-          if c.delay_release:
-            # The last steps' wgmmas may still be in flight.
-            plgpu.wgmma_wait(0)
           acc = acc_ref[...]
           if not addend_gmems:
             acc = acc.astype(out_dtype)
@@ -697,9 +677,7 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
 
       def mma_body(_, x_smem, w_smem, acc_ref):
         plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
-        # With delay_release the pipeline frees this step's stage only after
-        # the next step's wait, which covers this wgmma.
-        plgpu.wgmma_wait(c.delay_release)
+        plgpu.wgmma_wait(0)
         return acc_ref
 
       get_pipeline(mma_body, compute_context)(
