@@ -1,6 +1,6 @@
 # Sourced by the gpu_session*.sh scripts: the repo root, $OUT, the
 # environment every child inherits, a timestamped log helper `t`,
-# `install_ficco` and `flagged_gpu_tests`.
+# `install_ficco`, `flagged_gpu_tests` and `profile_transports`.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 # NVLink multicast must stay off on these machines (KINDS.md).
@@ -26,4 +26,17 @@ flagged_gpu_tests() {
   (cd /tmp && timeout 120 python3 -m pytest -q "$OLDPWD/tests/test_dma_protocol.py" \
     -k "flagged or arm" ) > "$1/tests_protocol.log" 2>&1
   echo "protocol tests rc=$?"; tail -1 "$1/tests_protocol.log"
+}
+# jax's profiler (host_profile.py) on one op, once per flagged transport,
+# each in its own process: profile_transports R TAG W CASES SCHEDULE writes
+# $R/host_profile_TAG_<transport>.{json,md} and $R/profile_<transport>.log.
+profile_transports() {
+  local T
+  for T in rendezvous push; do
+    t "profile $T"
+    FICCO_FLAGGED_TRANSPORT=$T timeout 150 python3 benchmarks/host_profile.py \
+      --cases="$4" --schedules="$5" --axis_sizes="$3" --calls=50 \
+      --out_dir="$1" --tag="$2_$T" > "$1/profile_$T.log" 2>&1
+    echo "rc=$?"; ls "$1" | grep "$2_$T" | head -3
+  done
 }

@@ -8,12 +8,6 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r103p; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 install_ficco
-for T in rendezvous push; do
-  t "profile $T"
-  FICCO_FLAGGED_TRANSPORT=$T timeout 150 python3 benchmarks/host_profile.py \
-    --cases=square/4096:4096x8192x8192 --schedules=default --axis_sizes=4 --calls=50 \
-    --out_dir="$R" --tag=s22i_$T > "$R/profile_$T.log" 2>&1
-  echo "rc=$?"; ls "$R" | grep "s22i_$T" | head -3
-done
+profile_transports "$R" s22i 4 square/4096:4096x8192x8192 default
 tar czf "$OUT/r103p.tgz" -C /tmp r103p; ls -la "$OUT"
 t end

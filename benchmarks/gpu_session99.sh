@@ -9,13 +9,8 @@ source "$(dirname "$0")/gpu_env.sh"
 R=/tmp/r99; rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 install_ficco
-for T in rendezvous push; do
-  t "profile $T"
-  FICCO_FLAGGED_TRANSPORT=$T timeout 150 python3 benchmarks/host_profile.py \
-    --cases=llama3-70b/M4096:4096x28672x8192,llama3-8b/M4096:4096x14336x4096 \
-    --schedules=direct/c1/dma/pallas/flagged --axis_sizes=2 --calls=50 \
-    --out_dir="$R" --tag=s21e_$T > "$R/profile_$T.log" 2>&1
-  echo "rc=$?"; ls "$R" | grep "s21e_$T" | head -3
-done
+profile_transports "$R" s21e 2 \
+  llama3-70b/M4096:4096x28672x8192,llama3-8b/M4096:4096x14336x4096 \
+  direct/c1/dma/pallas/flagged
 tar czf "$OUT/r99.tgz" -C /tmp r99; ls -la "$OUT"
 t end

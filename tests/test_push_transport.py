@@ -29,10 +29,8 @@ TIMEOUT_S = 30.0
 
 @pytest.fixture(autouse=True)
 def push_transport(monkeypatch):
-  monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "push")
-  jax.clear_caches()  # Lowerings made under another transport must go.
-  yield
-  jax.clear_caches()
+  with util.lowered_under(monkeypatch, "FICCO_FLAGGED_TRANSPORT", "push"):
+    yield
 
 
 def _platform():

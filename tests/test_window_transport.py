@@ -28,10 +28,8 @@ TIMEOUT_S = 30.0
 
 @pytest.fixture(autouse=True)
 def window_transport(monkeypatch):
-  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "window")
-  jax.clear_caches()  # Lowerings made under another transport must go.
-  yield
-  jax.clear_caches()
+  with util.lowered_under(monkeypatch, "FICCO_DMA_TRANSPORT", "window"):
+    yield
 
 
 @pytest.fixture(params=["cpu", "cuda"])

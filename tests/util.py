@@ -62,6 +62,19 @@ def ref_matmul_reduce_scatter(h_global, w_global):
 
 
 @contextlib.contextmanager
+def lowered_under(monkeypatch, var: str, value: str):
+  """Within the block, ``var=value``: ficco reads its transport switches
+  when an op is lowered, so lowerings cached under another value are cleared
+  on the way in and out."""
+  monkeypatch.setenv(var, value)
+  jax.clear_caches()
+  try:
+    yield
+  finally:
+    jax.clear_caches()
+
+
+@contextlib.contextmanager
 def never_arriving(device_ordinal: int):
   """Within the block, ficco's handlers on ``device_ordinal`` refuse to run
   (the library's never-arrive test hook), as a peer that never arrives."""
