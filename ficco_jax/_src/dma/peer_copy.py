@@ -373,11 +373,11 @@ def _arm_lowering(ctx, *likes, site: int, op_name: str, axis_name: str,
   mesh = _concrete_mesh(ctx, axis_name)
   if transport(mesh, axis_name) != "rendezvous":
     raise ValueError(
-        "Flagged starts (compute_granularity='flagged') over the rendezvous"
-        " transport need every device of the axis in this process (and its"
-        " devices' threads, with no window transport): unset"
-        " FICCO_FLAGGED_TRANSPORT (push, the default, runs across processes)"
-        " or use another compute_granularity.")
+        "FICCO_FLAGGED_TRANSPORT=rendezvous needs the rendezvous copy"
+        " transport (every device of the axis in this process, and"
+        " FICCO_DMA_TRANSPORT not 'window'): unset FICCO_FLAGGED_TRANSPORT"
+        " (push, the default, runs across processes) or use another"
+        " compute_granularity.")
   return jax.ffi.ffi_lowering("ficco_flags_arm", has_side_effect=True)(
       ctx, *likes, site=np.int64(site), op_name=op_name,
       devices=_devices_table(mesh, axis_name, local=True),
