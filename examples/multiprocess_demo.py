@@ -2,7 +2,7 @@
 
 The same API as in one process: jit(shard_map(...)) over a mesh whose
 tensor-parallel axis spans the processes. comm="dma" then uses the window
-transport (xla_ffi/WINDOWS.md): windows mapped once through CUDA IPC (or
+transport (docs/windows.md): windows mapped once through CUDA IPC (or
 shared memory on CPUs), handles exchanged through JAX's distributed
 key-value store. Start it with the launcher, which gives each process its
 GPUs (or virtual CPU devices) and stops them all if one fails:
@@ -22,6 +22,7 @@ from ficco_jax import launch
 launch.initialize_from_env()
 
 import jax  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from jax.experimental import multihost_utils
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -61,6 +62,13 @@ def main() -> int:
       print(f"all_gather_matmul {schedule.short():24s} over {p} devices in"
             f" {jax.process_count()} processes: max abs err {err:.1e}",
             flush=True)
+  # Every process checked its own shards: the verdict is all of theirs.
+  oks = multihost_utils.process_allgather(np.int32(ok))
+  if jax.process_index() == 0:
+    bad = [i for i, v in enumerate(np.ravel(oks)) if not v]
+    print("all results match the reference in every process" if not bad
+          else f"FAILED: results did not match in processes {bad}",
+          flush=True)
   return 0 if ok else 1
 
 

@@ -1,12 +1,26 @@
-"""ficco_jax: finer-grain compute-communication overlap for tensor-parallel matmuls."""
+"""ficco_jax: finer-grain compute-communication overlap for tensor-parallel matmuls.
+
+The public API (everything else lives in the private ``ficco_jax._src``):
+
+* `all_gather_matmul`, `matmul_reduce_scatter`: the overlapped collective
+  matmuls, inside ``jax.shard_map``; `ficco_jax.sharded` has their forms on
+  global arrays.
+* `Schedule`: how an op is decomposed and overlapped; ``schedule=None``
+  resolves through the autotune cache, then the cost-model heuristic.
+* `choose_schedule`, `explain`: which schedule ``schedule=None`` runs, and
+  why.
+* `autotune`, `set_autotune_cache`: measure the candidates on your devices
+  and cache the fastest.
+* `ficco_jax.launch`: one local process per GPU.
+"""
 
 from ficco_jax import sharded as sharded
-from ficco_jax._src.api import all_gather_matmul as all_gather_matmul
-from ficco_jax._src.api import matmul_reduce_scatter as matmul_reduce_scatter
-from ficco_jax._src.autotune import autotune as autotune
-from ficco_jax._src.autotune_cache import set_autotune_cache as set_autotune_cache
-from ficco_jax._src.explain import explain as explain
-from ficco_jax._src.heuristics import choose_schedule as choose_schedule
+from ficco_jax._src.ops.all_gather_matmul.api import all_gather_matmul as all_gather_matmul
+from ficco_jax._src.ops.matmul_reduce_scatter.api import matmul_reduce_scatter as matmul_reduce_scatter
+from ficco_jax._src.resolve import choose_schedule as choose_schedule
 from ficco_jax._src.schedule import Schedule as Schedule
+from ficco_jax._src.tuning.autotune import autotune as autotune
+from ficco_jax._src.tuning.autotune_cache import set_autotune_cache as set_autotune_cache
+from ficco_jax._src.tuning.explain import explain as explain
 
 __version__ = "0.1.0"

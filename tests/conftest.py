@@ -1,4 +1,12 @@
-"""Test setup: 8 virtual CPU devices, or the local GPUs where there are >= 2."""
+"""Test setup: 8 virtual CPU devices, or the local GPUs where there are >= 2.
+
+Markers (pyproject.toml): ``gpu`` tests need a GPU and are skipped without
+one; ``multigpu`` tests run their meshes on every local GPU where there are
+at least 2 (else on the virtual CPU devices, with the CPU twin of the
+copy-engine protocol), so ``pytest -m multigpu`` on a GPU host runs the GPU
+suite; ``slow`` tests take tens of seconds (``-m "not slow"`` for a quick
+run).
+"""
 
 import os
 
@@ -9,5 +17,16 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 import jax  # pylint: disable=g-import-not-at-top
+import pytest  # pylint: disable=g-import-not-at-top
 
 jax.config.update("jax_enable_x64", True)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  if jax.default_backend() == "gpu":
+    return
+  skip = pytest.mark.skip(reason="needs a GPU")
+  for item in items:
+    if "gpu" in item.keywords:
+      item.add_marker(skip)

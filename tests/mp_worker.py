@@ -7,10 +7,11 @@
                 key-value store), every dataflow, checked the same way; and
                 a dp x tp mesh whose tp groups span processes.
   mode "push":  the flagged reduce-scatter over such an axis (a job of
-                several processes pushes: xla_ffi/WINDOWS.md, "Push"); on
+                several processes pushes: docs/windows.md, "Push"); on
                 CPUs or one GPU per process.
   mode "otherhost": as if each process ran on a host of its own
-                (FICCO_HOSTNAME): comm="dma" must be refused, naming
+                (`windows.hostname` replaced): comm="dma" must be refused,
+                naming
                 comm='xla'.
   mode "stall": process 1 lowers and runs once, then stops taking part
                 (it sleeps); process 0's next calls must fail with a
@@ -28,6 +29,7 @@ from ficco_jax import launch
 
 launch.initialize_from_env()
 
+import dataclasses  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import functools  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 import jax
@@ -38,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 import ficco_jax
 from ficco_jax import Schedule
+from ficco_jax._src.dma import windows
 
 
 def _global(mesh, spec, a):
@@ -109,10 +112,9 @@ def main(mode: str) -> int:
     return 0
   if mode == "push":
     # The flagged reduce-scatter over an axis spanning the processes: with
-    # FICCO_FLAGGED_TRANSPORT unset, a job of several processes pushes
-    # (windows and host words exchanged through the key-value store). Fresh
-    # data each call, so a piece read from the wrong landing half shows.
-    assert "FICCO_FLAGGED_TRANSPORT" not in os.environ
+    # transport=None it pushes (windows and host words exchanged through
+    # the key-value store). Fresh data each call, so a piece read from the
+    # wrong landing half shows.
     gpu = jax.default_backend() == "gpu"
     # GPU: bf16 pieces of whole Hopper tiles (768 rows per device, 3 chunks).
     m, k, n, dtype, tol = ((768, 256, 128, jnp.bfloat16, 2e-2) if gpu else
@@ -136,16 +138,21 @@ def main(mode: str) -> int:
         _check(f(*args), np.asarray(h_p, np.float64) @ np.asarray(
             w_p, np.float64), tol)
     # The rendezvous transport cannot reach the other process: asked for,
-    # it is a clear error naming the switch.
-    os.environ["FICCO_FLAGGED_TRANSPORT"] = "rendezvous"
-    jax.clear_caches()
+    # it is a clear error naming the schedule's field.
+    schedule = dataclasses.replace(schedule, transport="rendezvous")
+    f = jax.jit(jax.shard_map(
+        functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                          schedule=schedule),
+        mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x"),
+        check_vma=gpu))
     try:
       f(*args)
     except ValueError as e:
-      return 0 if "FICCO_FLAGGED_TRANSPORT" in str(e) else 8
+      return 0 if "transport='rendezvous'" in str(e) else 8
     return 9
   if mode == "otherhost":
-    os.environ["FICCO_HOSTNAME"] = f"host{jax.process_index()}"
+    # Each process claims a host of its own.
+    windows.hostname = lambda: f"host{jax.process_index()}"
     try:
       _run(ficco_jax.all_gather_matmul, mesh, x, w, P("x"), P(None, "x"),
            P(None, "x"), Schedule(dataflow="ring", comm="dma"))

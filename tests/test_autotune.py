@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 import ficco_jax
 from ficco_jax import Schedule
-from ficco_jax._src import autotune_cache
+from ficco_jax._src.tuning import autotune_cache
 from ficco_jax._src import plan as plan_lib
 import util
 
@@ -206,7 +206,7 @@ def test_shipped_h200_cache_is_what_schedule_none_uses(tmp_path):
   """Every entry shipped for the H200 resolves, for its own shapes, to itself."""
   import json
   import pathlib
-  from ficco_jax._src import api
+  from ficco_jax._src import resolve as resolve_lib
   path = (pathlib.Path(ficco_jax.__file__).parent / "data" / "autotune" /
           "nvidia_h200.json")
   entries = json.loads(path.read_text())["entries"]
@@ -215,10 +215,11 @@ def test_shipped_h200_cache_is_what_schedule_none_uses(tmp_path):
   try:
     for e in entries:
       k = e["key"]
-      got, source = api.default_schedule(
+      r = resolve_lib.default_schedule(
           k["op"], x_shape=tuple(k["x_shape"]), w_shape=tuple(k["w_shape"]),
           dtype=k["dtype"], axis_size=k["axis_size"], axis=k["axis"],
           device_kind=k["device_kind"])
+      got, source = r.schedule, r.source
       assert source == "autotune cache", k
       assert got == autotune_cache.schedule_from_json(e["schedule"]), k
       # The shipped winner is never slower than XLA's collective + dot.
@@ -231,16 +232,17 @@ def test_shipped_h200_cache_is_what_schedule_none_uses(tmp_path):
 def test_rank3_operand_with_unit_leading_dims_uses_the_2d_entry():
   """A sequence-parallel [1, S/P, d] shard resolves through the [S/P, d] entry
   (the same dots and bytes), only where its chunk count divides the axis."""
-  from ficco_jax._src import api
+  from ficco_jax._src import resolve as resolve_lib
   kind = util.test_devices()[0].device_kind
   autotune_cache.store(_key(x_shape=(12, 10)), RING)
   autotune_cache.store(_key(x_shape=(24, 10)),
                        Schedule(dataflow="direct", num_chunks=8))
 
   def resolve(x_shape, axis):
-    return api.default_schedule("all_gather_matmul", x_shape=x_shape,
-                                w_shape=W_LOCAL, dtype=np.float32,
-                                axis_size=4, axis=axis, device_kind=kind)
+    r = resolve_lib.default_schedule(
+        "all_gather_matmul", x_shape=x_shape, w_shape=W_LOCAL,
+        dtype=np.float32, axis_size=4, axis=axis, device_kind=kind)
+    return r.schedule, r.source
 
   assert resolve((1, 12, 10), 1) == (RING, "autotune cache")
   assert resolve((12, 1, 10), 0) == (RING, "autotune cache")
@@ -256,8 +258,8 @@ def test_entries_are_keyed_by_the_process_layout(monkeypatch, caplog):
   """A result measured in one process does not stand for a job of several
   (the copy engines run another transport there), and the reverse; the
   heuristic that answers instead says so."""
-  from ficco_jax._src import api
-  from ficco_jax._src import heuristics
+  from ficco_jax._src import resolve as resolve_lib
+  from ficco_jax._src.tuning import heuristics
   kind = util.test_devices()[0].device_kind
   autotune_cache.store(_key(), RING)
   key2 = autotune_cache.Key.of(
@@ -267,9 +269,10 @@ def test_entries_are_keyed_by_the_process_layout(monkeypatch, caplog):
   assert "processes" not in _key().to_json()  # Shipped files stay as they are.
 
   def resolve():
-    return api.default_schedule("all_gather_matmul", x_shape=X_LOCAL,
-                                w_shape=W_LOCAL, dtype=np.float32,
-                                axis_size=4, axis=0, device_kind=kind)
+    r = resolve_lib.default_schedule(
+        "all_gather_matmul", x_shape=X_LOCAL, w_shape=W_LOCAL,
+        dtype=np.float32, axis_size=4, axis=0, device_kind=kind)
+    return r.schedule, r.source
 
   assert resolve() == (RING, "autotune cache")
   monkeypatch.setattr(jax, "process_count", lambda: 2)
@@ -296,8 +299,8 @@ def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
   # The shipped H200 cache holds Pallas and flagged schedules, so a user's
   # autotune must time them too where ficco's kernel runs (sm_90, 2-byte
   # operands, copy engines available), and never elsewhere.
-  from ficco_jax._src import autotune as autotune_lib
-  from ficco_jax._src import heuristics
+  from ficco_jax._src.tuning import autotune as autotune_lib
+  from ficco_jax._src.tuning import heuristics
   monkeypatch.setattr(heuristics, "dma_available", lambda platform: True)
   args = (op, (4096, 3584), (3584, 4096), jax.numpy.bfloat16, 4, 0, "gpu")
   hopper = autotune_lib._default_candidates(*args, _FakeDevice())
@@ -322,7 +325,7 @@ def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
 
 def _fixed_medians(monkeypatch, by_label):
   """autotune's timing replaced by fixed medians per schedule label."""
-  from ficco_jax._src import autotune as autotune_lib
+  from ficco_jax._src.tuning import autotune as autotune_lib
   order = []
 
   def fake(fns, args, *, rounds, iters):
@@ -382,7 +385,7 @@ def test_autotune_accepts_numpy_margin():
 
 
 def test_time_interleaved_rotates_candidates_each_round():
-  from ficco_jax._src import autotune as autotune_lib
+  from ficco_jax._src.tuning import autotune as autotune_lib
   calls = []
 
   def fake(i):
@@ -403,7 +406,7 @@ def test_time_interleaved_rotates_candidates_each_round():
 
 def test_time_interleaved_medians_belong_to_their_function():
   import time
-  from ficco_jax._src import autotune as autotune_lib
+  from ficco_jax._src.tuning import autotune as autotune_lib
 
   def sleeper(ms):
     def fn():
@@ -418,7 +421,7 @@ def test_time_interleaved_medians_belong_to_their_function():
 
 
 def test_time_interleaved_drops_a_failing_function_and_goes_on():
-  from ficco_jax._src import autotune as autotune_lib
+  from ficco_jax._src.tuning import autotune as autotune_lib
   state = {"calls": 0}
 
   def flaky():

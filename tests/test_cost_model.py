@@ -8,9 +8,9 @@ import pytest
 
 import ficco_jax
 from ficco_jax import Schedule
-from ficco_jax._src import cost_model
-from ficco_jax._src import device_params
-from ficco_jax._src import heuristics
+from ficco_jax._src.tuning import cost_model
+from ficco_jax._src.tuning import device_params
+from ficco_jax._src.tuning import heuristics
 from ficco_jax._src import plan as plan_lib
 from ficco_jax._src import schedule as schedule_lib
 
@@ -207,14 +207,14 @@ def test_a_lone_queue_gets_the_whole_receive_bandwidth():
 
 def test_measured_small_gather_is_not_overlapped_on_h200(gpu_with_dma):
   # 2048 x 8192 x 8192 on 4 GPUs: XLA's all-gather + dot was the fastest
-  # measured schedule in runs 2-4 (benchmarks/results); above the tiny gate,
+  # measured schedule on 4xH200; above the tiny gate,
   # so the model's fixed costs must decline it.
   kw = dict(x_shape=(512, 8192), w_shape=(8192, 2048), dtype=BF16,
             axis_size=4, platform="gpu", device_kind="NVIDIA H200")
   assert heuristics.gate("all_gather_matmul", x_shape=kw["x_shape"],
                          dtype=BF16, axis_size=4, axis=0,
                          platform="gpu") is None
-  assert ficco_jax.choose_schedule("all_gather_matmul", **kw) == Schedule(
+  assert heuristics.heuristic_schedule("all_gather_matmul", **kw) == Schedule(
       dataflow="none")
 
 
@@ -261,7 +261,7 @@ def test_candidates_are_valid(split, op):
 
 @pytest.mark.parametrize("rows", [2048, 6144, 3 * 1000, 8191])
 def test_choice_is_valid_for_odd_sizes(gpu_with_dma, rows):
-  s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(rows, 8192),
+  s = heuristics.heuristic_schedule("all_gather_matmul", x_shape=(rows, 8192),
                                 w_shape=(8192, 7168), dtype=BF16, axis_size=4,
                                 platform="gpu", device_kind="NVIDIA H200")
   assert rows % s.num_chunks == 0
@@ -269,7 +269,7 @@ def test_choice_is_valid_for_odd_sizes(gpu_with_dma, rows):
 
 def test_tiny_ops_are_not_overlapped(gpu_with_dma):
   for shape in [(6, 10), (64, 1024), (256, 2048)]:
-    s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=shape,
+    s = heuristics.heuristic_schedule("all_gather_matmul", x_shape=shape,
                                   w_shape=(shape[1], 7), dtype=BF16,
                                   axis_size=4, platform="gpu",
                                   device_kind="NVIDIA H200")
@@ -280,7 +280,7 @@ def test_large_ops_on_gpu_params_overlap(gpu_with_dma):
   for kind in ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]:
     # llama3-70b, 8192 tokens, 4 GPUs; and the square 16384 case.
     for x, w in [((2048, 8192), (8192, 7168)), ((4096, 8192), (8192, 2048))]:
-      s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=x, w_shape=w,
+      s = heuristics.heuristic_schedule("all_gather_matmul", x_shape=x, w_shape=w,
                                     dtype=BF16, axis_size=4, platform="gpu",
                                     device_kind=kind)
       assert s.overlapped and s.comm == "dma", (kind, x, s)
@@ -308,7 +308,7 @@ def test_uncalibrated_axis_sizes_need_the_wider_margin(gpu_with_dma):
 
 
 def test_non_gpu_platforms_do_not_overlap(gpu_with_dma):
-  s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(2048, 8192),
+  s = heuristics.heuristic_schedule("all_gather_matmul", x_shape=(2048, 8192),
                                 w_shape=(8192, 7168), dtype=BF16, axis_size=4,
                                 platform="cpu", device_kind="NVIDIA H200")
   assert not s.overlapped
@@ -318,9 +318,9 @@ def test_reduce_scatter_switch(gpu_with_dma, monkeypatch):
   kw = dict(x_shape=(8192, 7168), w_shape=(7168, 8192), dtype=BF16,
             axis_size=4, platform="gpu", device_kind="NVIDIA H200")
   monkeypatch.setattr(heuristics, "OVERLAP_REDUCE_SCATTER", False)
-  assert not ficco_jax.choose_schedule("matmul_reduce_scatter", **kw).overlapped
+  assert not heuristics.heuristic_schedule("matmul_reduce_scatter", **kw).overlapped
   monkeypatch.setattr(heuristics, "OVERLAP_REDUCE_SCATTER", True)
-  s = ficco_jax.choose_schedule("matmul_reduce_scatter", **kw)
+  s = heuristics.heuristic_schedule("matmul_reduce_scatter", **kw)
   assert s.overlapped and (8192 // 4) % s.num_chunks == 0
 
 
@@ -337,13 +337,13 @@ def test_reduce_scatter_switch(gpu_with_dma, monkeypatch):
 def test_reduce_scatter_pieces_run_on_pallas_where_it_measured_faster(
     gpu_with_dma, x_shape, w_shape, dtype, compute):
   axis = len(x_shape) - 2
-  s = ficco_jax.choose_schedule("matmul_reduce_scatter", x_shape=x_shape,
+  s = heuristics.heuristic_schedule("matmul_reduce_scatter", x_shape=x_shape,
                                 w_shape=w_shape, dtype=dtype, axis_size=4,
                                 axis=axis, platform="gpu",
                                 device_kind="NVIDIA H200")
   assert s.overlapped and s.comm == "dma" and s.compute == compute
   # Only where a device kind's params say so (the H100 was never measured).
-  h100 = ficco_jax.choose_schedule("matmul_reduce_scatter", x_shape=x_shape,
+  h100 = heuristics.heuristic_schedule("matmul_reduce_scatter", x_shape=x_shape,
                                    w_shape=w_shape, dtype=dtype, axis_size=4,
                                    axis=axis, platform="gpu",
                                    device_kind="NVIDIA H100 80GB HBM3")
@@ -365,7 +365,7 @@ def test_gpu_without_library_warns_and_does_not_overlap(monkeypatch, caplog):
   monkeypatch.setattr(heuristics, "dma_available", lambda platform: False)
   heuristics.warn_once.cache_clear()
   with caplog.at_level(logging.WARNING, logger="ficco_jax"):
-    s = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(2048, 8192),
+    s = heuristics.heuristic_schedule("all_gather_matmul", x_shape=(2048, 8192),
                                   w_shape=(8192, 7168), dtype=BF16,
                                   axis_size=4, platform="gpu",
                                   device_kind="NVIDIA H200")

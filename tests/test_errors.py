@@ -42,7 +42,13 @@ RS = ficco_jax.matmul_reduce_scatter
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", compute="pallas", compute_granularity="flagged")), ValueError, r"compute_granularity='flagged' is the reduce-scatter's"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), dtype=np.int32), TypeError, r"x has dtype int32"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule="direct"), TypeError, r"schedule must be a ficco_jax.Schedule"),
-    (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=0), ValueError, r"timeout_s=0 must be positive"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=0), ValueError, r"timeout_s=0 must be a finite number of seconds"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=float("inf")), ValueError, r"timeout_s=inf must be a finite number of seconds"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=1e30), ValueError, r"timeout_s=1e\+30 must be a finite number of seconds in \(0, 604800\]"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s="5"), TypeError, r"timeout_s must be a number of seconds, got '5' \(str\)"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=True), TypeError, r"timeout_s must be a number of seconds"),
+    (dict(a_shape=(24, 0), w_shape=(0, 8)), ValueError, r"x has shape \(6, 0\): every dimension must be at least 1"),
+    (dict(a_shape=(0, 10), w_shape=(10, 8)), ValueError, r"x has shape \(0, 10\): every dimension must be at least 1"),
 ])
 def test_all_gather_matmul_errors(kwargs, exc, match):
   with pytest.raises(exc, match=match):
@@ -54,6 +60,10 @@ def test_all_gather_matmul_errors(kwargs, exc, match):
     (dict(a_shape=(24, 20), w_shape=(24, 3), in_specs=(P(None, "x"), P("x"))), ValueError, r"contraction size 5"),
     (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", num_chunks=4)), ValueError, r"must be divisible by schedule.num_chunks \(4\)"),
     (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), scatter_axis=-1), ValueError, r"scatter_axis=-1 is invalid"),
+    # Zero-size K or rows: the same clear error on every engine.
+    (dict(a_shape=(24, 0), w_shape=(0, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", comm="dma")), ValueError, r"h has shape \(24, 0\): every dimension must be at least 1"),
+    (dict(a_shape=(0, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", num_chunks=2, comm="dma")), ValueError, r"h has shape \(0, 5\): every dimension must be at least 1"),
+    (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), timeout_s=float("nan")), ValueError, r"timeout_s=nan must be a finite"),
 ])
 def test_matmul_reduce_scatter_errors(kwargs, exc, match):
   with pytest.raises(exc, match=match):
@@ -82,6 +92,15 @@ def test_outside_shard_map_explains_how_to_call():
      r".*compute='xla'"),
     (dict(dataflow="ring", compute="pallas", reduce_in_epilogue=True),
      ValueError, r"got dataflow='ring'"),
+    (dict(comm="dma", transport="nvshmem"), ValueError,
+     r"transport='nvshmem' must be None or one of"),
+    (dict(transport="window"), ValueError,
+     r"transport='window' applies to comm='dma' only, got comm='xla'"),
+    (dict(comm="dma", transport="push"), ValueError,
+     r"transport='push' needs compute_granularity='flagged'"),
+    (dict(comm="dma", compute="pallas", compute_granularity="flagged",
+          transport="window"), ValueError,
+     r"'flagged' travels by transport='push' or 'rendezvous'"),
 ])
 def test_schedule_validation(kwargs, exc, match):
   with pytest.raises(exc, match=match):
@@ -102,6 +121,9 @@ def test_schedule_validation(kwargs, exc, match):
              compute_granularity="halving"),
     Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
              compute_granularity="flagged"),
+    Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
+             compute_granularity="flagged", transport="rendezvous"),
+    Schedule(dataflow="ring", num_chunks=3, comm="dma", transport="window"),
 ])
 def test_schedule_label_round_trips(schedule):
   assert Schedule.from_short(schedule.short()) == schedule
@@ -134,6 +156,29 @@ def test_peer_groups(peers, groups):
       rs, peers + 1) == (peers,)
 
 
+@pytest.mark.parametrize("schedule, spans, want", [
+    (Schedule(), False, None),
+    (Schedule(comm="dma"), False, "rendezvous"),
+    (Schedule(comm="dma"), True, "window"),
+    (Schedule(comm="dma", transport="window"), False, "window"),
+    (Schedule(comm="dma", compute="pallas", compute_granularity="flagged"),
+     False, "push"),
+    (Schedule(comm="dma", compute="pallas", compute_granularity="flagged"),
+     True, "push"),
+    (Schedule(comm="dma", compute="pallas", compute_granularity="flagged",
+              transport="rendezvous"), False, "rendezvous"),
+])
+def test_transport_resolution(schedule, spans, want):
+  assert schedule.resolved_transport(spans_processes=spans) == want
+
+
+def test_rendezvous_across_processes_is_refused_naming_the_field():
+  s = Schedule(comm="dma", transport="rendezvous")
+  with pytest.raises(ValueError, match=r"Schedule\(transport='rendezvous'\)"
+                     r".*spans processes"):
+    s.resolved_transport(spans_processes=True)
+
+
 def test_schedule_is_hashable_and_frozen():
   s = Schedule(dataflow="ring", num_chunks=2)
   assert {s: 1}[Schedule(dataflow="ring", num_chunks=2)] == 1
@@ -156,3 +201,54 @@ def test_flagged_granularity_needs_direct_dma_pallas(kw):
               compute_granularity="flagged")
   with pytest.raises(ValueError, match="compute_granularity='flagged' needs"):
     Schedule(**{**base, **kw})
+
+
+def _ag_args(mesh):
+  rng = np.random.default_rng(0)
+  x = util.put(mesh, P("x"), util.rand(rng, (24, 10), np.float32))
+  w = util.put(mesh, P(None, "x"), util.rand(rng, (10, 28), np.float32))
+  return x, w
+
+
+def test_eager_copy_engine_call_is_one_clear_error():
+  """Un-jitted shard_map (and the sharded form called eagerly) would run
+  each copy-engine step as a program of its own: refused, naming jax.jit;
+  comm="xla" runs eagerly."""
+  mesh = util.mesh((4,), ("x",))
+  x, w = _ag_args(mesh)
+  dma = Schedule(dataflow="direct", num_chunks=2, comm="dma")
+
+  def eager(schedule):
+    return jax.shard_map(functools.partial(AG, axis_name="x",
+                                           schedule=schedule),
+                         mesh=mesh, in_specs=(P("x"), P(None, "x")),
+                         out_specs=P(None, "x"))(x, w)
+
+  with pytest.raises(ValueError, match=r"comm='dma' must be traced under"
+                     r" jax.jit.*Schedule\(comm='xla'\)"):
+    eager(dma)
+  with pytest.raises(ValueError, match="must be traced under jax.jit"):
+    ficco_jax.sharded.all_gather_matmul(x, w, mesh=mesh, axis_name="x",
+                                        schedule=dma)
+  ref = util.ref_all_gather_matmul(x, w)
+  xla = Schedule(dataflow="direct", num_chunks=2)
+  assert util.rel_err(eager(xla), ref) < util.tol(np.float32)
+  assert util.rel_err(jax.jit(eager, static_argnums=0)(dma), ref) < util.tol(
+      np.float32)
+
+
+@pytest.mark.parametrize("where", ["inside_jit", "outside_jit"])
+def test_vmap_of_a_copy_engine_op_is_one_clear_error(where):
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(1)
+  xs = util.put(mesh, P(None, "x"), util.rand(rng, (3, 24, 10), np.float32))
+  w = util.put(mesh, P(None, "x"), util.rand(rng, (10, 28), np.float32))
+  op = jax.shard_map(
+      functools.partial(AG, axis_name="x",
+                        schedule=Schedule(dataflow="ring", comm="dma")),
+      mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x"))
+  f = (jax.jit(jax.vmap(op, in_axes=(0, None))) if where == "inside_jit"
+       else jax.vmap(jax.jit(op), in_axes=(0, None)))
+  with pytest.raises(NotImplementedError,
+                     match="comm='dma' does not support jax.vmap"):
+    f(xs, w)

@@ -1,6 +1,8 @@
 """ficco_jax.explain: the schedule schedule=None runs, where it came from, why."""
 
 import dataclasses
+import json
+import pathlib
 
 import jax
 import numpy as np
@@ -8,8 +10,8 @@ import pytest
 
 import ficco_jax
 from ficco_jax import Schedule
-from ficco_jax._src import autotune_cache
-from ficco_jax._src import heuristics
+from ficco_jax._src.tuning import autotune_cache
+from ficco_jax._src.tuning import heuristics
 
 H200 = "NVIDIA H200"
 BIG = dict(x_shape=(2048, 8192), w_shape=(8192, 7168), dtype="bfloat16",
@@ -49,13 +51,12 @@ def test_large_op_on_h200_explains_an_overlapped_choice():
     e.source = "x"
 
 
-def test_same_choice_as_choose_schedule(monkeypatch):
-  monkeypatch.setattr(heuristics, "dma_available", lambda platform: True)
+def test_same_choice_as_choose_schedule():
   for x in [(2048, 8192), (512, 8192), (4096, 4096)]:
     kw = dict(BIG, x_shape=x, w_shape=(x[1], 2048))
     e = ficco_jax.explain("all_gather_matmul", device_kind=H200, **kw)
     assert e.chosen == ficco_jax.choose_schedule(
-        "all_gather_matmul", platform="gpu", device_kind=H200, **kw)
+        "all_gather_matmul", device_kind=H200, **kw)
 
 
 def test_comm_bound_runner_up_names_its_links():
@@ -114,5 +115,47 @@ def test_reduce_scatter_is_explained(monkeypatch):
 
 
 def test_unknown_op_is_rejected():
-  with pytest.raises(ValueError, match="Unknown op"):
+  with pytest.raises(ValueError, match="op='all_to_all_matmul' must be one"):
     ficco_jax.explain("all_to_all_matmul", **BIG)
+  with pytest.raises(ValueError, match="op='all_to_all_matmul' must be one"):
+    ficco_jax.choose_schedule("all_to_all_matmul", **BIG)
+
+
+def _shipped_entries():
+  """Every entry of every autotune cache the package ships."""
+  data = pathlib.Path(ficco_jax.__file__).parent / "data" / "autotune"
+  files = sorted(data.glob("*.json"))
+  assert files, f"no shipped autotune cache under {data}"
+  return [(f.name, e) for f in files
+          for e in json.loads(f.read_text())["entries"]]
+
+
+@pytest.mark.parametrize("name,entry", _shipped_entries(),
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_every_shipped_cache_entry_is_explained(monkeypatch, name, entry):
+  """explain, choose_schedule and schedule=None's resolution agree on every
+  shipped entry, from a machine of another kind (this one)."""
+  del name
+  monkeypatch.undo()  # The shipped caches are the point here.
+  ficco_jax.set_autotune_cache(None)
+  k = entry["key"]
+  kw = dict(x_shape=tuple(k["x_shape"]), w_shape=tuple(k["w_shape"]),
+            dtype=k["dtype"], axis_size=k["axis_size"], axis=k["axis"],
+            device_kind=k["device_kind"])
+  want = autotune_cache.schedule_from_json(entry["schedule"])
+  e = ficco_jax.explain(k["op"], **kw)
+  assert e.source == "autotune cache" and e.chosen == want, (k, e.chosen)
+  assert ficco_jax.choose_schedule(k["op"], **kw) == want
+  assert e.chosen.short() in str(e)
+  if want.compute_granularity == "flagged":
+    assert e.transport == "push"
+
+
+def test_explain_and_choose_schedule_for_another_kind_plan_for_its_gpu():
+  """Naming a device kind that is not this host's plans for that GPU (copy
+  engines and all), the same in both."""
+  kw = dict(x_shape=(4096, 2048), w_shape=(2048, 8192), dtype="bfloat16",
+            axis_size=4, device_kind=H200)
+  e = ficco_jax.explain("matmul_reduce_scatter", **kw)
+  assert "platform" not in e.reason
+  assert e.chosen == ficco_jax.choose_schedule("matmul_reduce_scatter", **kw)

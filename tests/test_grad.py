@@ -13,6 +13,8 @@ import ficco_jax
 from ficco_jax import Schedule
 import util
 
+pytestmark = pytest.mark.multigpu
+
 CASES = [Schedule(dataflow="none"),
          Schedule(dataflow="direct", num_chunks=3),
          Schedule(dataflow="ring", num_chunks=2),

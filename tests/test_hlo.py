@@ -14,6 +14,8 @@ from ficco_jax import Schedule
 from ficco_jax._src import plan as plan_lib
 import util
 
+pytestmark = pytest.mark.multigpu
+
 
 def _count(text, op):
   return len(re.findall(rf"\b{op}(?:-start)?\(", text))

@@ -1,4 +1,8 @@
-"""Several JAX processes on one machine, started by ficco_jax.launch."""
+"""Several JAX processes on one machine, started by ficco_jax.launch.
+
+On a host with >= 2 GPUs, one process per GPU; elsewhere 2 processes of 2
+virtual CPU devices each.
+"""
 
 import os
 import time
@@ -6,16 +10,25 @@ import time
 import pytest
 
 from ficco_jax import launch
+from ficco_jax._src import launch as launch_lib
+
+pytestmark = [pytest.mark.multigpu, pytest.mark.slow]
 
 WORKER = os.path.join(os.path.dirname(__file__), "mp_worker.py")
-# Each worker is a fresh interpreter: it must not inherit this process's
-# 8-device flag (the launcher sizes it).
-ENV = {"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+GPUS = launch_lib.count_gpus()
+if GPUS >= 2:
+  LAYOUT = dict(num_processes=GPUS, devices_per_process=1, gpus=GPUS)
+  # Each worker is a fresh interpreter: it must not inherit this process's
+  # 8-device flag.
+  ENV = {"XLA_FLAGS": ""}
+else:
+  LAYOUT = dict(num_processes=2, devices_per_process=2, gpus=0)
+  ENV = {"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
 
 
-def _launch(mode, **kw):
-  return launch.launch([WORKER, mode], 2, devices_per_process=2, gpus=0,
-                       env=ENV, **kw)
+def _launch(mode, env=None, **kw):
+  return launch.launch([WORKER, mode], env=dict(ENV, **(env or {})),
+                       **LAYOUT, **kw)
 
 
 def test_ops_across_processes_with_comm_xla():
@@ -45,9 +58,8 @@ def test_a_stalled_peer_process_fails_the_others_by_timeout(tmp_path):
   # it then leaves a file that lets the stalled process 1 exit.
   start = time.monotonic()
   flag = str(tmp_path / "stalled")
-  assert launch.launch([WORKER, "stall"], 2, devices_per_process=2, gpus=0,
-                       env=dict(ENV, FICCO_TEST_STALL_FILE=flag),
-                       timeout_s=240) == 0
+  assert _launch("stall", env=dict(FICCO_TEST_STALL_FILE=flag),
+                 timeout_s=240) == 0
   assert time.monotonic() - start < 150
 
 

@@ -1,135 +1,212 @@
-"""Every schedule of both ops against a float64 reference, inside jit(shard_map)."""
+"""Both ops against a float64 reference, every schedule, engine and transport.
 
+One harness per op (`test_all_gather_matmul`, `test_matmul_reduce_scatter`)
+runs the whole design space inside ``jit(shard_map)`` on 4 devices (the
+virtual CPU devices with the CPU twin of the copy-engine protocol, or the
+GPUs): dataflows x chunk counts x comm engines x transports x compute
+engines x granularities. The tests after them cover what the harness does
+not vary: dtypes, ranks, meshes, the default schedule, issue modes.
+"""
+
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import ficco_jax
 from ficco_jax import Schedule
 import util
 
-OVERLAPPED = [Schedule(dataflow=d, num_chunks=c)
-              for d in ("direct", "ring", "bidirectional") for c in (1, 2, 3)]
-SCHEDULES = [ficco_jax.Schedule(dataflow="none")] + OVERLAPPED
+pytestmark = pytest.mark.multigpu
+
+AG, RS = "all_gather_matmul", "matmul_reduce_scatter"
+DATAFLOWS = ("direct", "ring", "bidirectional")
 
 
-def _ids(schedules):
-  return [s.short() for s in schedules]
+def _with_transports(schedules, transports):
+  """Each copy-engine schedule once per transport (None: automatic)."""
+  return [dataclasses.replace(s, transport=t)
+          for s in schedules for t in transports]
 
 
-def with_comm(schedules, comm):
-  return [Schedule(dataflow=s.dataflow, num_chunks=s.num_chunks, comm=comm)
-          for s in schedules if s.overlapped]
+def _cases(op):
+  """The schedules the op's harness runs."""
+  xla = [Schedule(dataflow=d, num_chunks=c) for d in DATAFLOWS
+         for c in (1, 2, 3)]
+  dma = _with_transports(
+      [dataclasses.replace(s, comm="dma") for s in xla], (None, "window"))
+  granular = [Schedule(dataflow="direct", num_chunks=c, comm=comm,
+                       compute_granularity=g)
+              for c, comm, g in ((1, "xla", "step"), (3, "xla", "step"),
+                                 (1, "dma", "step"), (3, "dma", "step"),
+                                 (2, "dma", "piece"), (3, "xla", "piece"))]
+  granular += _with_transports(
+      [Schedule(dataflow="direct", num_chunks=2, comm="dma",
+                compute_granularity="step")], ("window",))
+  pallas = [Schedule(dataflow=d, num_chunks=c, comm=comm, compute="pallas",
+                     compute_granularity=g)
+            for d, c, comm, g in (("direct", 2, "xla", None),
+                                  ("ring", 3, "xla", None),
+                                  ("bidirectional", 1, "xla", None),
+                                  ("direct", 3, "dma", None),
+                                  ("ring", 2, "dma", None),
+                                  # One launch per step: the reduce-scatter
+                                  # reads 3 peers' wrapped rows in place,
+                                  # the all-gather writes 3 owners' rows.
+                                  ("direct", 1, "dma", "step"),
+                                  ("direct", 3, "xla", "step"))]
+  cases = [Schedule(dataflow="none")] + xla + dma + granular + pallas
+  if op == RS:
+    halving = [Schedule(dataflow="direct", num_chunks=c, comm=comm,
+                        compute=compute, compute_granularity="halving")
+               for c, comm, compute in ((1, "dma", "xla"), (3, "dma", "xla"),
+                                        (2, "xla", "xla"),
+                                        (1, "dma", "pallas"),
+                                        (3, "dma", "pallas"))]
+    # The own rows add the peers' partials in the kernel's epilogue: one
+    # sync and one kernel per chunk, each writing its rows in place.
+    epilogue = [Schedule(dataflow="direct", num_chunks=c, comm=comm,
+                         compute="pallas", compute_granularity=g,
+                         reduce_in_epilogue=True)
+                for c, comm, g in ((1, "dma", None), (3, "dma", None),
+                                   (2, "dma", "step"), (2, "xla", None))]
+    # One kernel for every piece, a flag per piece that the copies wait
+    # for on the device, one start; pushed (the default) or pulled.
+    flagged = _with_transports(
+        [Schedule(dataflow="direct", num_chunks=c, comm="dma",
+                  compute="pallas", compute_granularity="flagged")
+         for c in (1, 3)], (None, "rendezvous"))
+    cases += halving + epilogue + flagged
+  return cases
 
 
-def run_ag(mesh, x, w, *, axis="x", gather_axis=0, x_spec=None,
-           check_vma=True, **kw):
-  x_spec = x_spec or P(*([None] * gather_axis), axis)
-  out_spec = list(x_spec) + [None] * (x.ndim - len(x_spec))
-  out_spec[gather_axis] = None
-  out_spec[-1] = axis
-  f = jax.jit(jax.shard_map(
-      functools.partial(ficco_jax.all_gather_matmul, axis_name=axis,
-                        gather_axis=gather_axis, **kw),
-      mesh=mesh, in_specs=(x_spec, P(None, axis)), out_specs=P(*out_spec),
-      check_vma=check_vma))
-  return f(jax.device_put(x, NamedSharding(mesh, x_spec)),
-           jax.device_put(w, NamedSharding(mesh, P(None, axis))))
+def _sizes(schedule):
+  """(dtype, m, k, n, check_vma): rows per device, contraction, columns per
+  device. Odd sizes on CPU; on GPUs the Hopper kernel needs bf16 and pieces
+  of whole tiles (768 rows = 3 chunks of 256). Pallas's CPU interpreter
+  does not type varying axes, so check_vma is off there."""
+  if schedule.compute == "pallas":
+    if util.on_gpu():
+      return jnp.bfloat16, 768, 256, 128, True
+    return np.float32, 6, 10, 7, False
+  return np.float32, 6, 10, 7, True
 
 
-def run_rs(mesh, h, w, *, axis="x", scatter_axis=0, h_spec=None,
-           check_vma=True, **kw):
-  h_spec = h_spec or P(*([None] * (h.ndim - 1)), axis)
-  out_spec = list(h_spec) + [None] * (h.ndim - len(h_spec))
-  out_spec[-1] = None
-  out_spec[scatter_axis] = axis
-  f = jax.jit(jax.shard_map(
-      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name=axis,
-                        scatter_axis=scatter_axis, **kw),
-      mesh=mesh, in_specs=(h_spec, P(axis, None)), out_specs=P(*out_spec),
-      check_vma=check_vma))
-  return f(jax.device_put(h, NamedSharding(mesh, h_spec)),
-           jax.device_put(w, NamedSharding(mesh, P(axis, None))))
+def _calls(schedule):
+  # Copy-engine programs run twice on fresh data: a second call reuses the
+  # first's windows, flags and landing halves.
+  return 2 if schedule.comm == "dma" else 1
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES + with_comm(OVERLAPPED, "dma"),
-                         ids=_ids(SCHEDULES + with_comm(OVERLAPPED, "dma")))
-def test_all_gather_matmul_f32(schedule):
+@pytest.mark.parametrize("schedule", _cases(AG), ids=Schedule.short)
+def test_all_gather_matmul(schedule):
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(0)
-  # Non-powers of two: 6 rows per device, K = 10, 7 columns per device.
-  x, w = util.rand(rng, (24, 10), np.float32), util.rand(rng, (10, 28), np.float32)
-  out = run_ag(mesh, x, w, schedule=schedule)
-  assert out.dtype == np.float32
-  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(np.float32)
+  dtype, m, k, n, check_vma = _sizes(schedule)
+  for _ in range(_calls(schedule)):
+    x, w = util.rand(rng, (4 * m, k), dtype), util.rand(rng, (k, 4 * n), dtype)
+    out = util.run_ag(mesh, x, w, schedule=schedule, check_vma=check_vma)
+    assert out.dtype == dtype
+    assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(dtype)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=_ids(SCHEDULES))
-def test_matmul_reduce_scatter_f32(schedule):
+@pytest.mark.parametrize("schedule", _cases(RS), ids=Schedule.short)
+def test_matmul_reduce_scatter(schedule):
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(1)
-  h, w = util.rand(rng, (24, 20), np.float32), util.rand(rng, (20, 9), np.float32)
-  out = run_rs(mesh, h, w, schedule=schedule)
-  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
+  dtype, m, k, n, check_vma = _sizes(schedule)
+  for _ in range(_calls(schedule)):
+    h = util.rand(rng, (4 * m, 4 * n), dtype)
+    w = util.rand(rng, (4 * n, k), dtype)
+    out = util.run_rs(mesh, h, w, schedule=schedule, check_vma=check_vma)
+    assert out.dtype == dtype
+    ref = util.ref_matmul_reduce_scatter(h, w)
+    assert util.rel_err(out, ref) < util.tol(dtype)
 
 
 BF16_CASES = [Schedule(dataflow="direct", num_chunks=2),
               Schedule(dataflow="ring", num_chunks=3),
               Schedule(dataflow="bidirectional", num_chunks=1),
               Schedule(dataflow="direct", num_chunks=3, comm="dma"),
-              Schedule(dataflow="ring", num_chunks=2, comm="dma")]
+              Schedule(dataflow="ring", num_chunks=2, comm="dma"),
+              Schedule(dataflow="ring", num_chunks=2, comm="dma",
+                       transport="window")]
 
 
-@pytest.mark.parametrize("schedule", BF16_CASES, ids=_ids(BF16_CASES))
+@pytest.mark.parametrize("schedule", BF16_CASES, ids=Schedule.short)
 def test_bf16_on_8_devices(schedule):
   mesh = util.mesh((8,), ("x",))
   rng = np.random.default_rng(2)
   x, w = util.rand(rng, (48, 40), jnp.bfloat16), util.rand(rng, (40, 24), jnp.bfloat16)
-  out = run_ag(mesh, x, w, schedule=schedule)
+  out = util.run_ag(mesh, x, w, schedule=schedule)
   assert out.dtype == jnp.bfloat16
   assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(jnp.bfloat16)
-  if schedule.comm == "xla":
-    h = util.rand(rng, (48, 40), jnp.bfloat16)
-    out = run_rs(mesh, h, util.rand(rng, (40, 16), jnp.bfloat16) * 0 + w[:, :16],
-                 schedule=schedule)
-    ref = util.ref_matmul_reduce_scatter(h, w[:, :16])
-    assert util.rel_err(out, ref) < util.tol(jnp.bfloat16)
+  h, w2 = util.rand(rng, (48, 40), jnp.bfloat16), util.rand(rng, (40, 16), jnp.bfloat16)
+  out = util.run_rs(mesh, h, w2, schedule=schedule)
+  ref = util.ref_matmul_reduce_scatter(h, w2)
+  assert util.rel_err(out, ref) < util.tol(jnp.bfloat16)
 
 
 def test_preferred_element_type_f32_from_bf16():
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(3)
   x, w = util.rand(rng, (24, 10), jnp.bfloat16), util.rand(rng, (10, 28), jnp.bfloat16)
-  out = run_ag(mesh, x, w, schedule=Schedule(dataflow="direct", num_chunks=2),
-               preferred_element_type=jnp.float32)
+  out = util.run_ag(mesh, x, w,
+                    schedule=Schedule(dataflow="direct", num_chunks=2),
+                    preferred_element_type=jnp.float32)
   assert out.dtype == np.float32
   # Products of bf16 values are exact in f32: only the f32 sums round.
   assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < 1e-5
 
 
-@pytest.mark.parametrize("schedule", OVERLAPPED[::2] + with_comm(OVERLAPPED[::3], "dma"),
-                         ids=_ids(OVERLAPPED[::2] + with_comm(OVERLAPPED[::3], "dma")))
-def test_rank3_gather_axis_1(schedule):
+RANK3 = [Schedule(dataflow=d, num_chunks=c) for d, c in
+         (("direct", 1), ("ring", 3), ("bidirectional", 2))]
+RANK3 += [dataclasses.replace(s, comm="dma") for s in RANK3]
+
+
+@pytest.mark.parametrize("schedule", RANK3, ids=Schedule.short)
+def test_rank3_operands_along_axis_1(schedule):
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(4)
   x, w = util.rand(rng, (3, 24, 5), np.float64), util.rand(rng, (5, 12), np.float64)
-  out = run_ag(mesh, x, w, gather_axis=1, schedule=schedule)
-  ref = np.einsum("bmk,kn->bmn", x, w)
-  assert util.rel_err(out, ref) < util.tol(np.float64)
+  out = util.run_ag(mesh, x, w, gather_axis=1, schedule=schedule)
+  assert util.rel_err(out, np.einsum("bmk,kn->bmn", x, w)) < util.tol(np.float64)
+  h, w2 = util.rand(rng, (3, 24, 8), np.float64), util.rand(rng, (8, 5), np.float64)
+  out = util.run_rs(mesh, h, w2, scatter_axis=1, schedule=schedule)
+  assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w2)) < util.tol(np.float64)
 
 
-@pytest.mark.parametrize("schedule", OVERLAPPED[::2], ids=_ids(OVERLAPPED[::2]))
-def test_rank3_scatter_axis_1(schedule):
+@pytest.mark.parametrize("num_chunks", [1, 3])
+def test_flagged_rank3_sequence_parallel_operand(num_chunks):
+  """A flagged reduce-scatter of a [b, S, F] activation (sequence-parallel
+  output, batch first), forward and gradient: the kernel folds the middle
+  dims into rows."""
   mesh = util.mesh((4,), ("x",))
-  rng = np.random.default_rng(5)
-  h, w = util.rand(rng, (3, 24, 8), np.float64), util.rand(rng, (8, 5), np.float64)
-  out = run_rs(mesh, h, w, scatter_axis=1, schedule=schedule)
-  assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)
+  rng = np.random.default_rng(18)
+  gpu = util.on_gpu()
+  dtype, s, f, n = ((jnp.bfloat16, 4 * 768, 4 * 64, 128) if gpu else
+                    (np.float32, 4 * 6, 4 * 5, 7))
+  schedule = Schedule(dataflow="direct", num_chunks=num_chunks, comm="dma",
+                      compute="pallas", compute_granularity="flagged")
+  h, w = util.rand(rng, (2, s, f), dtype), util.rand(rng, (f, n), dtype)
+  out = util.run_rs(mesh, h, w, scatter_axis=1, h_spec=P(None, None, "x"),
+                    schedule=schedule, check_vma=gpu)
+  ref = np.einsum("bsf,fn->bsn", np.asarray(h, np.float64),
+                  np.asarray(w, np.float64))
+  assert util.rel_err(out, ref) < util.tol(dtype)
+  op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                         scatter_axis=1, schedule=schedule)
+  loss = jax.jit(jax.grad(lambda h, w: jnp.sum(jax.shard_map(
+      op, mesh=mesh, in_specs=(P(None, None, "x"), P("x")),
+      out_specs=P(None, "x"), check_vma=gpu)(h, w).astype(jnp.float32))))
+  g = loss(util.put(mesh, P(None, None, "x"), h), util.put(mesh, P("x"), w))
+  # d sum(h @ w) / dh = 1 @ w^T, the same row for every token.
+  want = np.broadcast_to(np.asarray(w, np.float64).sum(1), h.shape)
+  assert util.rel_err(g, want) < util.tol(dtype)
 
 
 @pytest.mark.parametrize("comm", ["xla", "dma"])
@@ -139,41 +216,29 @@ def test_2d_mesh_dp_tp(comm):
   rng = np.random.default_rng(6)
   schedule = Schedule(dataflow="direct", num_chunks=2, comm=comm)
   x, w = util.rand(rng, (4, 24, 10), np.float32), util.rand(rng, (10, 28), np.float32)
-  out = run_ag(mesh, x, w, axis="tp", gather_axis=1, x_spec=P("dp", "tp"),
-               schedule=schedule)
+  out = util.run_ag(mesh, x, w, axis="tp", gather_axis=1, x_spec=P("dp", "tp"),
+                    schedule=schedule)
   ref = np.einsum("bmk,kn->bmn", x.astype(np.float64), w)
   assert util.rel_err(out, ref) < util.tol(np.float32)
-  if comm == "xla":
-    h = util.rand(rng, (4, 24, 20), np.float32)
-    w2 = util.rand(rng, (20, 9), np.float32)
-    out = run_rs(mesh, h, w2, axis="tp", scatter_axis=1,
-                 h_spec=P("dp", None, "tp"), schedule=schedule)
-    ref = np.einsum("bmf,fn->bmn", h.astype(np.float64), w2)
-    assert util.rel_err(out, ref) < util.tol(np.float32)
+  h = util.rand(rng, (4, 24, 20), np.float32)
+  w2 = util.rand(rng, (20, 9), np.float32)
+  out = util.run_rs(mesh, h, w2, axis="tp", scatter_axis=1,
+                    h_spec=P("dp", None, "tp"), schedule=schedule)
+  ref = np.einsum("bmf,fn->bmn", h.astype(np.float64), w2)
+  assert util.rel_err(out, ref) < util.tol(np.float32)
 
 
 def test_default_schedule_is_reported_and_correct():
   mesh = util.mesh((4,), ("x",))
   rng = np.random.default_rng(7)
   x, w = util.rand(rng, (24, 10), np.float32), util.rand(rng, (10, 28), np.float32)
-  out = run_ag(mesh, x, w)
+  out = util.run_ag(mesh, x, w)
   assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(np.float32)
-  chosen = ficco_jax.choose_schedule("all_gather_matmul", x_shape=(6, 10),
-                                     w_shape=(10, 7), dtype=np.float32,
-                                     axis_size=4)
+  chosen = ficco_jax.choose_schedule(AG, x_shape=(6, 10), w_shape=(10, 7),
+                                     dtype=np.float32, axis_size=4)
   assert isinstance(chosen, Schedule)
   # A 6x10 shard is far too small to be worth overlapping.
   assert chosen.dataflow == "none"
-
-
-@pytest.mark.parametrize("schedule", with_comm(OVERLAPPED, "dma"),
-                         ids=_ids(with_comm(OVERLAPPED, "dma")))
-def test_matmul_reduce_scatter_dma(schedule):
-  mesh = util.mesh((4,), ("x",))
-  rng = np.random.default_rng(8)
-  h, w = util.rand(rng, (24, 20), np.float32), util.rand(rng, (20, 9), np.float32)
-  out = run_rs(mesh, h, w, schedule=schedule)
-  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
 
 
 ASYNC = [Schedule(dataflow="direct", num_chunks=2, comm="dma"),
@@ -183,7 +248,7 @@ ASYNC = [Schedule(dataflow="direct", num_chunks=2, comm="dma"),
          Schedule(dataflow="bidirectional", num_chunks=1, comm="dma")]
 
 
-@pytest.mark.parametrize("schedule", ASYNC, ids=_ids(ASYNC))
+@pytest.mark.parametrize("schedule", ASYNC, ids=Schedule.short)
 def test_both_ops_dma_with_async_issue(schedule):
   """Both ops with async issue (each device's issuer thread waits for its
   peers and issues, start returns at once), on the CPU twin or the GPUs."""
@@ -193,12 +258,12 @@ def test_both_ops_dma_with_async_issue(schedule):
   rng = np.random.default_rng(10)
   h, w = util.rand(rng, (48, 20), np.float32), util.rand(rng, (20, 9), np.float32)
   x, wg = util.rand(rng, (24, 10), np.float32), util.rand(rng, (10, 20), np.float32)
-  platform = "cuda" if mesh.devices.flat[0].platform == "gpu" else "cpu"
+  platform = util.platform_name()
   previous = library.set_issue_mode("async", platform)
   try:
     for _ in range(3):  # Back to back: the issuers run behind the starts.
-      rs = run_rs(mesh, h, w, schedule=schedule)
-      ag = run_ag(mesh, x, wg, schedule=schedule)
+      rs = util.run_rs(mesh, h, w, schedule=schedule)
+      ag = util.run_ag(mesh, x, wg, schedule=schedule)
     jax.block_until_ready((rs, ag))
   finally:
     library.set_issue_mode(previous, platform)
@@ -211,35 +276,10 @@ def test_matmul_reduce_scatter_dma_rank3_8_devices(dataflow):
   mesh = util.mesh((8,), ("x",))
   rng = np.random.default_rng(9)
   h, w = util.rand(rng, (2, 48, 16), np.float64), util.rand(rng, (16, 5), np.float64)
-  out = run_rs(mesh, h, w, scatter_axis=1,
-               schedule=Schedule(dataflow=dataflow, num_chunks=3, comm="dma"))
+  out = util.run_rs(mesh, h, w, scatter_axis=1,
+                    schedule=Schedule(dataflow=dataflow, num_chunks=3,
+                                      comm="dma"))
   assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)
-
-
-GRANULAR = [Schedule(dataflow="direct", num_chunks=c, comm=comm,
-                    compute_granularity=g)
-            for c, comm, g in ((1, "xla", "step"), (3, "xla", "step"),
-                               (1, "dma", "step"), (3, "dma", "step"),
-                               (2, "dma", "piece"), (3, "xla", "piece"),
-                               (1, "dma", "halving"), (3, "dma", "halving"),
-                               (2, "xla", "halving"))]
-
-
-@pytest.mark.parametrize("schedule", GRANULAR, ids=_ids(GRANULAR))
-def test_compute_granularity_both_ops(schedule):
-  """Every granularity of the direct dataflow, both engines, on 4 devices
-  (a step gathers 3 peers' rows, which wrap around the own block on every
-  rank but the first; halving's first group 2 of them)."""
-  mesh = util.mesh((4,), ("x",))
-  rng = np.random.default_rng(12)
-  h, w = util.rand(rng, (2, 24, 12), np.float64), util.rand(rng, (12, 5), np.float64)
-  out = run_rs(mesh, h, w, scatter_axis=1, schedule=schedule)
-  assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w)) < util.tol(np.float64)
-  if schedule.compute_granularity == "halving":
-    return  # The reduce-scatter's only (test_errors checks the refusal).
-  x, w2 = util.rand(rng, (24, 11), np.float64), util.rand(rng, (11, 20), np.float64)
-  out = run_ag(mesh, x, w2, schedule=schedule)
-  assert util.rel_err(out, util.ref_all_gather_matmul(x, w2)) < util.tol(np.float64)
 
 
 @pytest.mark.parametrize("comm", ["dma", "xla"])
@@ -249,7 +289,7 @@ def test_halving_granularity_8_devices(comm):
   mesh = util.mesh((8,), ("x",))
   rng = np.random.default_rng(14)
   h, w = util.rand(rng, (80, 24), np.float64), util.rand(rng, (24, 7), np.float64)
-  out = run_rs(mesh, h, w, schedule=Schedule(
+  out = util.run_rs(mesh, h, w, schedule=Schedule(
       dataflow="direct", num_chunks=2, comm=comm,
       compute_granularity="halving"))
   assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float64)
@@ -271,74 +311,20 @@ def test_step_granularity_moves_the_same_bytes_in_fewer_starts():
                           schedule=s),
         mesh=mesh, in_specs=(P(None, "x"), P("x", None)),
         out_specs=P("x", None)))
-    args = (jax.device_put(h, NamedSharding(mesh, P(None, "x"))),
-            jax.device_put(w, NamedSharding(mesh, P("x", None))))
+    args = (util.put(mesh, P(None, "x"), h), util.put(mesh, P("x", None), w))
     texts[g] = f.lower(*args).as_text()
     assert util.rel_err(f(*args), util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
   starts = {g: t.count("ficco_peer_copy_start") for g, t in texts.items()}
   assert starts == {"step": 2, "piece": 6, "halving": 4}, starts
 
 
-PALLAS = [Schedule(dataflow=d, num_chunks=c, comm=comm, compute="pallas",
+PADS_K = [Schedule(dataflow=d, num_chunks=c, comm="dma", compute="pallas",
                    compute_granularity=g)
-          for d, c, comm, g in (("direct", 2, "xla", None),
-                                ("ring", 3, "xla", None),
-                                ("bidirectional", 1, "xla", None),
-                                ("direct", 3, "dma", None),
-                                ("ring", 2, "dma", None),
-                                # One launch per step: the reduce-scatter
-                                # reads 3 peers' wrapped rows in place, the
-                                # all-gather writes 3 owners' rows.
-                                ("direct", 1, "dma", "step"),
-                                ("direct", 3, "xla", "step"))]
-# The reduce-scatter's own rows add the peers' partials in the kernel's
-# epilogue (the all-gather ignores the flag): one sync and one kernel per
-# chunk, each chunk's kernel writing its rows of one result in place.
-PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm=comm,
-                    compute="pallas", compute_granularity=g,
-                    reduce_in_epilogue=True)
-           for c, comm, g in ((1, "dma", None), (3, "dma", None),
-                              (2, "dma", "step"), (2, "xla", None))]
-# The reduce-scatter's halving granularity: two launches per chunk on 4
-# devices, for 2 peers' wrapped rows, then 1 (the all-gather refuses it).
-PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm="dma",
-                    compute="pallas", compute_granularity="halving")
-           for c in (1, 3)]
-# The reduce-scatter's flagged granularity: one kernel for every piece of
-# the op, bumping a flag per piece that the copies wait for on the device,
-# and one start (the all-gather refuses it).
-PALLAS += [Schedule(dataflow="direct", num_chunks=c, comm="dma",
-                    compute="pallas", compute_granularity="flagged")
-           for c in (1, 3)]
+          for d, c, g in (("direct", 3, None), ("direct", 1, "step"),
+                          ("ring", 2, None), ("direct", 1, "flagged"))]
 
 
-@pytest.mark.parametrize("schedule", PALLAS, ids=_ids(PALLAS))
-def test_pallas_compute(schedule):
-  """Every dataflow with the Pallas chunk kernels (interpret mode on CPU).
-
-  On GPUs the Hopper kernel needs bf16/f16 and tile-sized pieces; on CPUs the
-  interpreter checks the offsets and in-place writes on small odd shapes.
-  The interpreter rejects check_vma=True (a jax limitation), the Hopper
-  kernel does not.
-  """
-  mesh = util.mesh((4,), ("x",))
-  rng = np.random.default_rng(13)
-  if util.on_gpu():
-    # Pieces must be whole Hopper tiles (multiples of 64 rows): 768 / 3.
-    dtype, (m, k, n) = jnp.bfloat16, (768, 256, 128)
-  else:
-    dtype, (m, k, n) = np.float32, (6, 10, 7)
-  x, w = util.rand(rng, (4 * m, k), dtype), util.rand(rng, (k, 4 * n), dtype)
-  if schedule.compute_granularity not in ("halving", "flagged"):
-    out = run_ag(mesh, x, w, schedule=schedule, check_vma=util.on_gpu())
-    assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(dtype)
-  h, w2 = util.rand(rng, (4 * m, 4 * n), dtype), util.rand(rng, (4 * n, k), dtype)
-  out = run_rs(mesh, h, w2, schedule=schedule, check_vma=util.on_gpu())
-  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w2)) < util.tol(dtype)
-
-
-@pytest.mark.parametrize("schedule", [PALLAS[3], PALLAS[5], PALLAS[1], PALLAS[8]],
-                         ids=_ids([PALLAS[3], PALLAS[5], PALLAS[1], PALLAS[8]]))
+@pytest.mark.parametrize("schedule", PADS_K, ids=Schedule.short)
 def test_pallas_reduce_scatter_pads_k_to_whole_steps(schedule):
   """K = 96 per device leaves half a 64-deep step: h is zero-padded once per
   op (qwen2-72b's 7392 is the case that matters), w is read as it is."""
@@ -347,5 +333,5 @@ def test_pallas_reduce_scatter_pads_k_to_whole_steps(schedule):
   m = 768 if util.on_gpu() else 6
   dtype = jnp.bfloat16
   h, w = util.rand(rng, (4 * m, 4 * 96), dtype), util.rand(rng, (4 * 96, 128), dtype)
-  out = run_rs(mesh, h, w, schedule=schedule, check_vma=util.on_gpu())
+  out = util.run_rs(mesh, h, w, schedule=schedule, check_vma=util.on_gpu())
   assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(dtype)

@@ -268,13 +268,12 @@ def test_hopper_kernel_in_mosaic_gpu_interpreter(monkeypatch, tile_m, tile_n,
   assert np.isnan(result[:mc]).all() and np.isnan(result[2 * mc:]).all()
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu",
-                    reason="the compiled Hopper kernel (the interpreter test"
-                    " above runs it on CPU, where TMA and wgmma are serial)")
+@pytest.mark.gpu  # The compiled Hopper kernel (the interpreter test above
+                  # runs it on CPU, where TMA and wgmma are serial).
 @pytest.mark.parametrize("minor,width", [("n", 1), ("n", 4), ("m", 8)])
 def test_hopper_kernel_tile_orders_on_gpu(minor, width):
-  # Tile orders other than the picked one (benchmarks/flag_kernel_bench.py
-  # times them): many steps (K = 1984, 31 of them) and more tiles than SMs,
+  # Tile orders other than the picked one (the kernel benchmark times
+  # them): many steps (K = 1984, 31 of them) and more tiles than SMs,
   # so every CTA runs the pipeline for several tiles, and band widths that
   # do not divide the 10 x 9 tile grid.
   cfg = dataclasses.replace(cm.default_config(1280, 1984, 2304),

@@ -1,10 +1,9 @@
-"""The flagged reduce-scatter over the push protocol (xla_ffi/WINDOWS.md,
+"""The flagged reduce-scatter over the push protocol (docs/windows.md,
 "Push"), the default transport of compute_granularity="flagged": each rank
 pushes its pieces into the owners' windows, and each owner adds them to its
-own rows with the finish's own sum. The fixture sets
-FICCO_FLAGGED_TRANSPORT=push anyway, so that these tests keep testing push
-whatever the default. The CPU twin runs here; the CUDA handlers where there
-are 4 GPUs.
+own rows with the finish's own sum. The schedules here name
+``transport="push"``, so that they keep testing push whatever the default.
+The CPU twin runs here; the CUDA handlers on the GPUs.
 """
 
 import functools
@@ -27,10 +26,7 @@ import util
 TIMEOUT_S = 30.0
 
 
-@pytest.fixture(autouse=True)
-def push_transport(monkeypatch):
-  with util.lowered_under(monkeypatch, "FICCO_FLAGGED_TRANSPORT", "push"):
-    yield
+pytestmark = pytest.mark.multigpu
 
 
 def _platform():
@@ -44,18 +40,19 @@ def _tp_mesh():
   return util.mesh((max(n, 2),), ("x",))
 
 
-def _op(num_chunks, timeout_s=TIMEOUT_S):
+def _op(num_chunks, timeout_s=TIMEOUT_S, transport="push"):
   """The flagged matmul_reduce_scatter over axis "x", for shard_map."""
   sched = Schedule(dataflow="direct", num_chunks=num_chunks, comm="dma",
-                   compute="pallas", compute_granularity="flagged")
+                   compute="pallas", compute_granularity="flagged",
+                   transport=transport)
   return functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
                            schedule=sched, timeout_s=timeout_s)
 
 
-def _rs(mesh, num_chunks, timeout_s=TIMEOUT_S):
+def _rs(mesh, num_chunks, timeout_s=TIMEOUT_S, transport="push"):
   """jit(shard_map(flagged matmul_reduce_scatter)) over the mesh's last
   axis "x"; a leading "d" axis, if any, splits the rows (dp x tp)."""
-  op = _op(num_chunks, timeout_s)
+  op = _op(num_chunks, timeout_s, transport)
   rows = tuple(mesh.axis_names)  # ("x",) or ("d", "x")
   lead = rows[:-1] or (None,)
   return jax.jit(jax.shard_map(
@@ -106,7 +103,7 @@ def test_push_matches_the_reference_call_after_call(layout, num_chunks, dtype):
   assert windows.pending_entries(platform) == 0
 
 
-def test_push_equals_the_rendezvous_path(monkeypatch):
+def test_push_equals_the_rendezvous_path():
   """Same kernel, same pieces, same order of f32 adds, one rounding: the
   push protocol's sum and the rendezvous path's XLA sum agree exactly."""
   mesh = _tp_mesh()
@@ -114,9 +111,7 @@ def test_push_equals_the_rendezvous_path(monkeypatch):
   rng = np.random.default_rng(3)
   h, w, _, _ = _args(mesh, rng, dtype, m, k, n)
   pushed = np.asarray(_rs(mesh, 3)(h, w), np.float32)
-  monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "rendezvous")
-  jax.clear_caches()
-  pulled = np.asarray(_rs(mesh, 3)(h, w), np.float32)
+  pulled = np.asarray(_rs(mesh, 3, transport="rendezvous")(h, w), np.float32)
   np.testing.assert_array_equal(pushed, pulled)
 
 
@@ -148,15 +143,6 @@ def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover():
   # ... and after it, fresh windows work.
   jax.clear_caches()
   assert util.rel_err(f(h, w), ref) < util.tol(dtype)
-
-
-def test_unknown_flagged_transport_is_a_clear_error(monkeypatch):
-  monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "nvshmem")
-  mesh = _tp_mesh()
-  dtype, m, k, n = _shapes(np.float32)
-  h, w, _, _ = _args(mesh, np.random.default_rng(0), dtype, m, k, n)
-  with pytest.raises(ValueError, match="FICCO_FLAGGED_TRANSPORT='nvshmem'"):
-    _rs(mesh, 1)(h, w)
 
 
 def _arm_windows(f, *args):

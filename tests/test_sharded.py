@@ -11,6 +11,8 @@ import ficco_jax
 from ficco_jax import Schedule
 import util
 
+pytestmark = pytest.mark.multigpu
+
 
 def _mlp(x, w1, w2, *, mesh, schedule):
   # Sequence-parallel in, column-parallel up, row-parallel down, sequence-

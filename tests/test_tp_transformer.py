@@ -11,6 +11,8 @@ import pytest
 from ficco_jax import Schedule
 import util
 
+pytestmark = pytest.mark.multigpu
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import tp_transformer as tpt  # pylint: disable=g-import-not-at-top
 

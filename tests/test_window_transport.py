@@ -1,11 +1,13 @@
-"""The window transport (xla_ffi/WINDOWS.md) in one process.
+"""The window transport (docs/windows.md) in one process.
 
-FICCO_DMA_TRANSPORT=window makes comm="dma" stage through symmetric windows
-and synchronise by flags, as it must across processes (tests/
+``Schedule(transport="window")`` makes comm="dma" stage through symmetric
+windows and synchronise by flags, as it must across processes (tests/
 test_multiprocess.py); here it runs between the virtual CPU devices of one
-process (the CPU twin) and, where there are >= 4 GPUs, between GPUs.
+process (the CPU twin) and between GPUs. test_ops.py checks its results
+for every dataflow; these tests check what is particular to it.
 """
 
+import dataclasses
 import functools
 import time
 
@@ -25,11 +27,7 @@ import util
 
 TIMEOUT_S = 30.0
 
-
-@pytest.fixture(autouse=True)
-def window_transport(monkeypatch):
-  with util.lowered_under(monkeypatch, "FICCO_DMA_TRANSPORT", "window"):
-    yield
+pytestmark = pytest.mark.multigpu
 
 
 @pytest.fixture(params=["cpu", "cuda"])
@@ -63,13 +61,6 @@ def _ag(mesh, schedule, timeout_s=TIMEOUT_S):
       mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
 
 
-def _rs(mesh, schedule):
-  return jax.jit(jax.shard_map(
-      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                        schedule=schedule, timeout_s=TIMEOUT_S),
-      mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x")))
-
-
 def _put(mesh, spec, a):
   return jax.device_put(a, jax.sharding.NamedSharding(mesh, spec))
 
@@ -80,33 +71,10 @@ def _tol(platform, dtype):
   return util.tol(dtype) if platform == "cpu" else max(util.tol(dtype), 3e-3)
 
 
-@pytest.mark.parametrize("dataflow,num_chunks", [
-    ("direct", 1), ("direct", 3), ("ring", 1), ("ring", 3),
-    ("bidirectional", 1), ("bidirectional", 3)])
-@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
-def test_both_ops_match_the_reference(platform, dataflow, num_chunks, dtype):
-  mesh = _mesh(platform)
-  rng = np.random.default_rng(num_chunks)
-  s = Schedule(dataflow=dataflow, num_chunks=num_chunks, comm="dma")
-  x = util.rand(rng, (4 * 6, 10), dtype)   # 6 rows per shard, 3 chunks of 2
-  w = util.rand(rng, (10, 4 * 7), dtype)
-  f = _ag(mesh, s)
-  for _ in range(3):  # Epochs advance; the slot is reused.
-    out = f(_put(mesh, P("x"), x), _put(mesh, P(None, "x"), w))
-  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
-  assert util.rel_err(out, ref) < _tol(platform, dtype)
-  h = util.rand(rng, (4 * 6, 4 * 5), dtype)
-  w2 = util.rand(rng, (4 * 5, 9), dtype)
-  g = _rs(mesh, s)
-  for _ in range(3):
-    out = g(_put(mesh, P(None, "x"), h), _put(mesh, P("x"), w2))
-  ref = np.asarray(h, np.float64) @ np.asarray(w2, np.float64)
-  assert util.rel_err(out, ref) < _tol(platform, dtype)
-
-
 def test_lowering_uses_window_targets_and_no_forwarding(platform):
   mesh = _mesh(platform)
-  f = _ag(mesh, Schedule(dataflow="ring", num_chunks=2, comm="dma"))
+  f = _ag(mesh, Schedule(dataflow="ring", num_chunks=2, comm="dma",
+                         transport="window"))
   x = jax.ShapeDtypeStruct((24, 10), np.float32,
                            sharding=jax.sharding.NamedSharding(mesh, P("x")))
   w = jax.ShapeDtypeStruct((10, 28), np.float32,
@@ -121,7 +89,7 @@ def test_lowering_uses_window_targets_and_no_forwarding(platform):
 
 def test_scan_runs_one_site_many_times_and_leaves_nothing_pending(platform):
   mesh = _mesh(platform)
-  s = Schedule(dataflow="ring", num_chunks=1, comm="dma")
+  s = Schedule(dataflow="ring", num_chunks=1, comm="dma", transport="window")
   rng = np.random.default_rng(1)
   ws = rng.standard_normal((5, 8, 8 * 4)).astype(np.float32) / 3
 
@@ -158,7 +126,8 @@ def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover(
   mesh = _mesh(platform, at_least=2)
   last = mesh.devices.size - 1
   timeout_s = 1.0
-  f = _ag(mesh, Schedule(dataflow="direct", comm="dma"), timeout_s=timeout_s)
+  f = _ag(mesh, Schedule(dataflow="direct", comm="dma", transport="window"),
+          timeout_s=timeout_s)
   rng = np.random.default_rng(2)
   x = _put(mesh, P("x"), rng.standard_normal((24, 10)).astype(np.float32))
   w = _put(mesh, P(None, "x"), rng.standard_normal((10, 28)).astype(np.float32))
@@ -185,16 +154,6 @@ def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover(
   assert util.rel_err(f(x, w), ref) < _tol(platform, np.float32)
 
 
-def test_unknown_transport_is_a_clear_error(monkeypatch):
-  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "nvshmem")
-  mesh = _mesh("cpu")
-  x = jnp.ones((8, 4))
-  w = jnp.ones((4, 8))
-  with pytest.raises(ValueError, match="FICCO_DMA_TRANSPORT='nvshmem'"):
-    _ag(mesh, Schedule(dataflow="ring", comm="dma"))(
-        _put(mesh, P("x"), x), _put(mesh, P(None, "x"), w))
-
-
 class _Dev:
   def __init__(self, i, process):
     self.id, self.process_index, self.local_hardware_id = i, process, i
@@ -207,17 +166,16 @@ class _Mesh:
     self.axis_names = ("x",)
 
 
-def test_transport_choice(monkeypatch):
-  from ficco_jax._src.dma import peer_copy  # pylint: disable=g-import-not-at-top
-
+def test_transport_choice():
+  """Automatic: the window transport exactly when the axis spans processes,
+  which the rendezvous transport cannot reach."""
   here = jax.process_index()
   local, split = _Mesh([here] * 4), _Mesh([here, here, here + 1, here + 1])
-  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "auto")
-  assert peer_copy.transport(local, "x") == "rendezvous"
-  assert peer_copy.transport(split, "x") == "window"
-  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "window")
-  assert peer_copy.transport(local, "x") == "window"
-  monkeypatch.setenv("FICCO_DMA_TRANSPORT", "rendezvous")
-  assert peer_copy.transport(local, "x") == "rendezvous"
+  assert not windows.spans_processes(local, "x")
+  assert windows.spans_processes(split, "x")
+  auto = Schedule(dataflow="ring", comm="dma")
+  assert auto.resolved_transport(spans_processes=False) == "rendezvous"
+  assert auto.resolved_transport(spans_processes=True) == "window"
+  pinned = dataclasses.replace(auto, transport="rendezvous")
   with pytest.raises(ValueError, match="spans processes.*comm='xla'"):
-    peer_copy.transport(split, "x")
+    pinned.resolved_transport(spans_processes=True)

@@ -1,13 +1,19 @@
-"""Shared test helpers: device meshes, random data, float64 references."""
+"""Shared test helpers: device meshes, random data, float64 references, and
+the two ops run under ``jit(shard_map)`` as a model would call them."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import ficco_jax
 
 
 def test_devices():
@@ -61,17 +67,45 @@ def ref_matmul_reduce_scatter(h_global, w_global):
   return np.asarray(h_global, np.float64) @ np.asarray(w_global, np.float64)
 
 
-@contextlib.contextmanager
-def lowered_under(monkeypatch, var: str, value: str):
-  """Within the block, ``var=value``: ficco reads its transport switches
-  when an op is lowered, so lowerings cached under another value are cleared
-  on the way in and out."""
-  monkeypatch.setenv(var, value)
-  jax.clear_caches()
-  try:
-    yield
-  finally:
-    jax.clear_caches()
+def put(mesh, spec, a):
+  return jax.device_put(a, NamedSharding(mesh, spec))
+
+
+def run_ag(mesh, x, w, *, axis="x", gather_axis=0, x_spec=None,
+           check_vma=True, **kw):
+  """``ficco_jax.all_gather_matmul`` of global ``x`` (rows sharded over
+  ``axis`` at ``gather_axis``) and ``w`` (columns sharded)."""
+  x_spec = x_spec or P(*([None] * gather_axis), axis)
+  out_spec = list(x_spec) + [None] * (x.ndim - len(x_spec))
+  out_spec[gather_axis] = None
+  out_spec[-1] = axis
+  f = jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name=axis,
+                        gather_axis=gather_axis, **kw),
+      mesh=mesh, in_specs=(x_spec, P(None, axis)), out_specs=P(*out_spec),
+      check_vma=check_vma))
+  return f(put(mesh, x_spec, x), put(mesh, P(None, axis), w))
+
+
+def run_rs(mesh, h, w, *, axis="x", scatter_axis=0, h_spec=None,
+           check_vma=True, **kw):
+  """``ficco_jax.matmul_reduce_scatter`` of global ``h`` (contraction
+  sharded over ``axis``) and ``w`` (rows sharded)."""
+  h_spec = h_spec or P(*([None] * (h.ndim - 1)), axis)
+  out_spec = list(h_spec) + [None] * (h.ndim - len(h_spec))
+  out_spec[-1] = None
+  out_spec[scatter_axis] = axis
+  f = jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name=axis,
+                        scatter_axis=scatter_axis, **kw),
+      mesh=mesh, in_specs=(h_spec, P(axis, None)), out_specs=P(*out_spec),
+      check_vma=check_vma))
+  return f(put(mesh, h_spec, h), put(mesh, P(axis, None), w))
+
+
+def platform_name() -> str:
+  """The ficco handlers' platform of the test devices."""
+  return "cuda" if on_gpu() else "cpu"
 
 
 @contextlib.contextmanager

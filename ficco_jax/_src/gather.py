@@ -18,6 +18,8 @@ from jax import lax
 import jax.numpy as jnp
 
 from ficco_jax._src import plan as plan_lib
+from ficco_jax._src.matmul import Static
+
 
 @dataclasses.dataclass(frozen=True)
 class Pending:
@@ -70,12 +72,12 @@ def _run_xla(x0, gplan, axis_name, consume, carry):
   return carry, ()
 
 
-def _run_dma(x0, gplan, axis_name, consume, carry, op_name, timeout_s):
+def _run_dma(x0, gplan, st: Static, consume, carry):
   from ficco_jax._src.dma import peer_copy  # Loads the FFI library lazily.
 
   site = peer_copy.new_site()
-  landings = peer_copy.start([x0], gplan, axis_name=axis_name, site=site,
-                             op_name=op_name, timeout_s=timeout_s)
+  kw = st.copy_kwargs()
+  landings = peer_copy.start([x0], gplan, site=site, **kw)
   # Tie the local matmul to start so XLA issues every copy first: the copies
   # then run on the copy engines while the local shard is multiplied.
   x0_ordered, landings = lax.optimization_barrier((x0, list(landings)))
@@ -87,8 +89,7 @@ def _run_dma(x0, gplan, axis_name, consume, carry, op_name, timeout_s):
     # would sit idle until the last piece landed. Waiting for piece b after
     # the work on piece b - 1 was issued keeps one piece of lookahead.
     carry, landing = lax.optimization_barrier((carry, landing))
-    buf = peer_copy.wait(landing, axis_name=axis_name, site=site,
-                         op_name=op_name, timeout_s=timeout_s)
+    buf = peer_copy.wait(landing, site=site, **kw)
     carry = consume(carry, buf, gplan.blocks_of(b))
     waited.append(buf)
   # Peers read our shard (and, in rings, the pieces we forward) until their
@@ -97,49 +98,37 @@ def _run_dma(x0, gplan, axis_name, consume, carry, op_name, timeout_s):
   return carry, Pending(arrays=keepalive, site=site)
 
 
-def run(
-    x0: jax.Array,
-    gplan: plan_lib.GatherPlan,
-    *,
-    axis_name: str,
-    comm: str,
-    consume: Consumer,
-    carry: Any,
-    op_name: str,
-    timeout_s: float,
-) -> tuple[Any, tuple[jax.Array, ...]]:
-  """Gathers the shards of ``axis_name`` piecewise into ``consume``.
+def run(x0: jax.Array, gplan: plan_lib.GatherPlan, st: Static, *,
+        consume: Consumer, carry: Any) -> tuple[Any, Pending]:
+  """Gathers the shards of ``st.axis_name`` piecewise into ``consume``.
 
   Args:
     x0: the local shard, rows first: ``[shard_rows, ...]``.
     gplan: the transfer plan (``gplan.shard_rows == x0.shape[0]``).
-    axis_name: the shard_map axis gathered over.
-    comm: ``"xla"`` (ppermute) or ``"dma"`` (copy engines via FFI).
+    st: the call's config: its schedule's ``comm`` picks ``lax.ppermute``
+      (``"xla"``) or the copy engines (``"dma"``, over its ``transport``).
     consume: called once for the local shard, then once per landing buffer
       in plan order.
     carry: the consumer's initial state.
-    op_name: for error messages.
-    timeout_s: DMA only, how long to wait for peers.
 
   Returns:
     ``(carry, pending)``. Pass the result that depends on every piece and
     ``pending`` to `finish` before using it.
   """
+  comm = st.schedule.comm
   if comm == "xla":
-    carry, _ = _run_xla(x0, gplan, axis_name, consume, carry)
+    carry, _ = _run_xla(x0, gplan, st.axis_name, consume, carry)
     return carry, Pending(arrays=(), site=None)
   if comm == "dma":
-    return _run_dma(x0, gplan, axis_name, consume, carry, op_name, timeout_s)
+    return _run_dma(x0, gplan, st, consume, carry)
   raise ValueError(f"Unknown {comm=}.")
 
 
-def finish(result: jax.Array, keepalive: "Pending", *, comm: str,
-           axis_name: str, op_name: str, timeout_s: float) -> jax.Array:
+def finish(result: jax.Array, pending: Pending, st: Static) -> jax.Array:
   """Returns ``result`` once no peer reads this device's buffers any more."""
-  if comm != "dma":
+  if st.schedule.comm != "dma":
     return result
-  from ficco_jax._src.dma import peer_copy
+  from ficco_jax._src.dma import peer_copy  # pylint: disable=g-import-not-at-top
 
-  return peer_copy.done(result, keepalive.arrays, axis_name=axis_name,
-                        site=keepalive.site, op_name=op_name,
-                        timeout_s=timeout_s)
+  return peer_copy.done(result, pending.arrays, site=pending.site,
+                        **st.copy_kwargs())

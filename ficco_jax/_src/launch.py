@@ -58,7 +58,7 @@ def launch(argv: Sequence[str], num_processes: int, *,
   if num_processes < 1:
     raise ValueError(f"{num_processes=} must be >= 1.")
   if gpus is None:
-    gpus = _count_gpus()
+    gpus = count_gpus()
   if devices_per_process is None:
     devices_per_process = gpus // num_processes if gpus else 1
   if devices_per_process < 1:
@@ -112,7 +112,8 @@ def _supervise(procs, timeout_s: float) -> int:
   return code
 
 
-def _count_gpus() -> int:
+def count_gpus() -> int:
+  """GPUs on this host (``nvidia-smi -L``; 0 without it)."""
   try:
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
                          timeout=30, check=True).stdout
@@ -146,13 +147,32 @@ def initialize_from_env() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """``python -m ficco_jax.launch``: parses the command line, runs `launch`."""
   parser = argparse.ArgumentParser(
       prog="python -m ficco_jax.launch",
-      description="Start N local JAX processes running one script.")
-  parser.add_argument("--num_processes", "-n", type=int, required=True)
-  parser.add_argument("--devices_per_process", type=int, default=None)
-  parser.add_argument("--timeout_s", type=float, default=600.0)
-  parser.add_argument("script", nargs=argparse.REMAINDER)
+      description=(
+          "Start N local JAX processes running one Python script, with the"
+          " coordinator address, process id and count in their environment"
+          " (the script calls ficco_jax.launch.initialize_from_env() first)."
+          " Each process gets its slice of the local GPUs; when one fails or"
+          " the time limit passes, the others are stopped."),
+      epilog=("example: python -m ficco_jax.launch -n 4 train.py --steps=10;"
+              " on CPUs: JAX_PLATFORMS=cpu python -m ficco_jax.launch -n 2"
+              " --devices_per_process=2 examples/multiprocess_demo.py"))
+  parser.add_argument(
+      "--num_processes", "-n", type=int, required=True,
+      help="processes to start (on a GPU host, usually one per GPU)")
+  parser.add_argument(
+      "--devices_per_process", type=int, default=None,
+      help="GPUs per process, consecutive in CUDA_VISIBLE_DEVICES (default:"
+      " the host's GPUs divided by N); on CPUs, the virtual devices of each"
+      " process (default 1)")
+  parser.add_argument(
+      "--timeout_s", type=float, default=600.0,
+      help="limit for the whole run in seconds, after which every process is"
+      " stopped and the exit code is 124 (default 600)")
+  parser.add_argument("script", nargs=argparse.REMAINDER,
+                      help="the script to run, then its own arguments")
   args = parser.parse_args(argv)
   if not args.script:
     parser.error("give the script to run and its arguments")

@@ -9,11 +9,13 @@ Dataflow = Literal["none", "ring", "bidirectional", "direct"]
 Comm = Literal["xla", "dma"]
 Compute = Literal["xla", "pallas"]
 Granularity = Literal["piece", "step", "halving", "flagged"]
+Transport = Literal["rendezvous", "window", "push"]
 
 DATAFLOWS: tuple[str, ...] = ("none", "ring", "bidirectional", "direct")
 COMMS: tuple[str, ...] = ("xla", "dma")
 COMPUTES: tuple[str, ...] = ("xla", "pallas")
 GRANULARITIES: tuple[str, ...] = ("piece", "step", "halving", "flagged")
+TRANSPORTS: tuple[str, ...] = ("rendezvous", "window", "push")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,10 +87,7 @@ class Schedule:
         wait for its piece's flag (``cuStreamWaitValue32``), so each pull
         begins as soon as its piece is written, as with ``"piece"``, while
         the host runs one kernel launch and one start instead of one of
-        each per piece. The pieces travel over the push protocol's windows
-        (xla_ffi/WINDOWS.md, "Push": no per-call host rendezvous), in one
-        process or several; ``FICCO_FLAGGED_TRANSPORT=rendezvous`` pulls
-        them after a host rendezvous instead (one process only).
+        each per piece. The pieces travel as ``transport`` says.
       * None: each op's own default: the all-gather ``"step"`` with
         ``compute="xla"`` and ``"piece"`` with ``compute="pallas"``; the
         reduce-scatter ``"piece"``.
@@ -102,11 +101,25 @@ class Schedule:
       waiting for chunk ``c``'s pulls before chunk ``c``'s own rows: with
       ``num_chunks=1`` the last pull is exposed; with more, chunk ``c``'s
       own rows hide chunk ``c + 1``'s pulls. Needs ``compute="pallas"``.
-      Measured slower on 4 H200s (benchmarks/RESULTS.md, session 12): the
-      kernel reads the partials with element-wise loads (Mosaic GPU has no
-      tiled GMEM-to-register transfer, and its stages fill shared memory),
-      which cost more than XLA's separate pass. Opt-in; the heuristic and
-      the autotune cache never pick it.
+      Slower than the separate pass on H200: the kernel reads the partials
+      with element-wise loads (Mosaic GPU has no tiled GMEM-to-register
+      transfer, and its stages fill shared memory). Opt-in; the heuristic
+      and the autotune cache never pick it.
+    transport: how ``comm="dma"`` pieces reach their peers
+      (docs/protocol.md, docs/windows.md). None picks automatically:
+      ``"push"`` for ``compute_granularity="flagged"``, else ``"window"``
+      when the axis spans processes and ``"rendezvous"`` when every device
+      of the axis is in this process (`resolved_transport`).
+      * ``"rendezvous"``: the ranks of an op meet on the host once per call
+        and copy between XLA's own buffers. One process only.
+      * ``"window"``: each rank stages its sources in a window of memory
+        every peer mapped once (peer access, or CUDA IPC across processes)
+        and ranks synchronise through flags in the windows, with no host
+        rendezvous. Works across the processes of one host.
+      * ``"push"`` (``compute_granularity="flagged"`` only): each rank's
+        copy engines push its pieces into the owners' pooled windows, so a
+        call needs no host rendezvous; one process or several.
+      Must be None with ``comm="xla"``.
   """
 
   dataflow: Dataflow = "direct"
@@ -116,6 +129,7 @@ class Schedule:
   num_sms: int | None = None
   compute_granularity: Granularity | None = None
   reduce_in_epilogue: bool = False
+  transport: Transport | None = None
 
   def __post_init__(self):
     if self.dataflow not in DATAFLOWS:
@@ -162,6 +176,25 @@ class Schedule:
           f" compute='pallas' (the sum is added by ficco's kernel), got"
           f" dataflow={self.dataflow!r}, compute={self.compute!r}.")
 
+    if self.transport is not None:
+      if self.transport not in TRANSPORTS:
+        raise ValueError(f"{self.transport=} must be None or one of"
+                         f" {TRANSPORTS}.")
+      if self.comm != "dma":
+        raise ValueError(
+            f"transport={self.transport!r} applies to comm='dma' only, got"
+            f" comm={self.comm!r}; leave transport=None.")
+      flagged = self.compute_granularity == "flagged"
+      if self.transport == "push" and not flagged:
+        raise ValueError(
+            "transport='push' needs compute_granularity='flagged' (the"
+            " push protocol carries the flagged kernel's pieces), got"
+            f" compute_granularity={self.compute_granularity!r}.")
+      if self.transport == "window" and flagged:
+        raise ValueError(
+            "compute_granularity='flagged' travels by transport='push' or"
+            " 'rendezvous', not 'window'.")
+
   @property
   def overlapped(self) -> bool:
     return self.dataflow != "none"
@@ -170,6 +203,10 @@ class Schedule:
     """``compute_granularity`` with None resolved for ``op`` (see above)."""
     if self.compute_granularity is not None:
       return self.compute_granularity
+    return self.default_granularity(op)
+
+  def default_granularity(self, op: str) -> str:
+    """What ``compute_granularity=None`` means for ``op`` (see above)."""
     if op == "all_gather_matmul" and self.compute == "xla":
       return "step"
     return "piece"
@@ -190,6 +227,15 @@ class Schedule:
       return halving_groups(peers)
     return (1,) * peers
 
+  def resolved_transport(self, *, spans_processes: bool) -> str | None:
+    """The transport ``comm="dma"`` runs (None for ``comm="xla"``); see
+    `resolve_transport`."""
+    if self.comm != "dma":
+      return None
+    return resolve_transport(
+        self.transport, flagged=self.compute_granularity == "flagged",
+        spans_processes=spans_processes)
+
   def short(self) -> str:
     """A compact label, e.g. ``direct/c4/dma/xla`` (`from_short` reads it)."""
     s = f"{self.dataflow}/c{self.num_chunks}/{self.comm}/{self.compute}"
@@ -199,13 +245,15 @@ class Schedule:
       s += f"/{self.compute_granularity}"
     if self.reduce_in_epilogue:
       s += "/epi"
+    if self.transport is not None:
+      s += f"/{self.transport}"
     return s
 
   @classmethod
   def from_short(cls, label: str) -> "Schedule":
     """The schedule of a `short` label; ``dataflow/cN[/comm[/compute]]``
-    then, in any order, ``smK``, a granularity and ``epi``
-    (``reduce_in_epilogue``).
+    then, in any order, ``smK``, a granularity, ``epi``
+    (``reduce_in_epilogue``) and a transport.
 
     Raises:
       ValueError: ``label`` is not such a label.
@@ -226,6 +274,8 @@ class Schedule:
           kw["compute_granularity"] = tok
         elif tok == "epi":
           kw["reduce_in_epilogue"] = True
+        elif tok in TRANSPORTS:
+          kw["transport"] = tok
         elif tok.startswith("sm"):
           kw["num_sms"] = int(tok[2:])
         else:
@@ -233,9 +283,40 @@ class Schedule:
     except ValueError as e:
       raise ValueError(
           f"label={label!r} is not a schedule label"
-          " (dataflow/cN[/comm[/compute[/smK][/piece|step|halving|flagged][/epi]]]):"
+          " (dataflow/cN[/comm[/compute[/smK][/piece|step|halving|flagged]"
+          "[/epi][/rendezvous|window|push]]]):"
           f" {e}") from e
     return cls(**kw)
+
+
+def resolve_transport(requested: str | None, *, flagged: bool,
+                      spans_processes: bool) -> str:
+  """The copy-engine transport an op runs.
+
+  Args:
+    requested: `Schedule.transport` (None: automatic).
+    flagged: whether the op is the flagged reduce-scatter.
+    spans_processes: whether the op's axis has devices in several processes
+      (known when the op is lowered over a concrete mesh).
+
+  Returns:
+    ``"rendezvous"``, ``"window"`` or ``"push"``.
+
+  Raises:
+    ValueError: ``"rendezvous"`` over an axis that spans processes, which
+      that transport cannot reach.
+  """
+  if requested == "rendezvous" and spans_processes:
+    raise ValueError(
+        "Schedule(transport='rendezvous') needs every device of the axis in"
+        " this process, but the axis spans processes; use transport=None"
+        " (automatic), 'window' (or 'push' for the flagged reduce-scatter),"
+        " or comm='xla'.")
+  if requested is not None:
+    return requested
+  if flagged:
+    return "push"
+  return "window" if spans_processes else "rendezvous"
 
 
 def halving_groups(peers: int) -> tuple[int, ...]:

@@ -13,8 +13,9 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ficco_jax._src import api
 from ficco_jax._src import validation
+from ficco_jax._src.ops.all_gather_matmul import api as ag_api
+from ficco_jax._src.ops.matmul_reduce_scatter import api as rs_api
 
 
 def _entries(spec: P | None, ndim: int, name: str) -> list[Any]:
@@ -99,8 +100,8 @@ def all_gather_matmul(
   x_spec, w_spec, out_spec = P(*entries), P(None, axis_name), P(*out_entries)
 
   def body(xl, wl):
-    return api.all_gather_matmul(xl, wl, axis_name=axis_name,
-                                 gather_axis=axis, **kwargs)
+    return ag_api.all_gather_matmul(xl, wl, axis_name=axis_name,
+                                    gather_axis=axis, **kwargs)
 
   f = jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec),
                     out_specs=out_spec)
@@ -154,8 +155,8 @@ def matmul_reduce_scatter(
   h_spec, w_spec, out_spec = P(*entries), P(axis_name, None), P(*out_entries)
 
   def body(hl, wl):
-    return api.matmul_reduce_scatter(hl, wl, axis_name=axis_name,
-                                     scatter_axis=axis, **kwargs)
+    return rs_api.matmul_reduce_scatter(hl, wl, axis_name=axis_name,
+                                        scatter_axis=axis, **kwargs)
 
   f = jax.shard_map(body, mesh=mesh, in_specs=(h_spec, w_spec),
                     out_specs=out_spec)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import jax
@@ -28,6 +30,50 @@ def check_array(name: str, a: Any, *, min_rank: int = 2) -> None:
         f"{name} has dtype {a.dtype}; supported dtypes are float16, bfloat16,"
         " float32 and float64."
     )
+
+
+# The longest wait for peers a copy-engine op takes (a week): the handlers
+# count it in int64 milliseconds, and anything longer is a hang by another
+# name.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def check_timeout(timeout_s: Any) -> float:
+  """``timeout_s`` as a float, or a TypeError/ValueError naming it."""
+  if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+    raise TypeError(f"timeout_s must be a number of seconds, got"
+                    f" {timeout_s!r} ({type(timeout_s).__name__}).")
+  t = float(timeout_s)
+  if not (math.isfinite(t) and 0 < t <= MAX_TIMEOUT_S):
+    raise ValueError(f"timeout_s={timeout_s!r} must be a finite number of"
+                     f" seconds in (0, {MAX_TIMEOUT_S:g}].")
+  return t
+
+
+def check_nonempty(name: str, a: Any) -> None:
+  """No zero-size dimension: there would be nothing to split or contract."""
+  if any(int(d) == 0 for d in a.shape):
+    raise ValueError(f"{name} has shape {tuple(a.shape)}: every dimension"
+                     " must be at least 1.")
+
+
+def check_traced_for_copy_engines(op_name: str, a: Any) -> None:
+  """``comm="dma"`` needs the whole op in one compiled program.
+
+  Eager ``shard_map`` runs each primitive as a program of its own, so a
+  copy-engine start and the wait and done that pair with it would never
+  meet. The operand's tracer says how the op is being run.
+  """
+  kind = type(a).__name__
+  if kind == "ShardMapTracer":
+    raise ValueError(
+        f"{op_name} with comm='dma' must be traced under jax.jit: eager"
+        " shard_map runs each step as its own program, and the copy-engine"
+        " protocol needs them in one. Wrap the shard_map (or the"
+        " ficco_jax.sharded call) in jax.jit, or use Schedule(comm='xla').")
+  if kind == "BatchTracer":
+    from ficco_jax._src.dma import primitives  # pylint: disable=g-import-not-at-top
+    raise NotImplementedError(primitives.VMAP_UNSUPPORTED)
 
 
 def check_weight(name: str, w: Any, k: int, k_name: str) -> None:

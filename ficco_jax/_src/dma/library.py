@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.metadata
 import pathlib
 import threading
 
@@ -34,14 +35,43 @@ _lock = threading.Lock()
 _registered = False
 
 
+def _installed_library() -> pathlib.Path | None:
+  """The compiled library of an installed ficco-jax distribution, if any
+  (it may be shadowed by a source tree earlier on sys.path)."""
+  try:
+    files = importlib.metadata.distribution("ficco-jax").files or ()
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  for f in files:
+    if f.name == _LIBRARY_NAME:
+      located = pathlib.Path(f.locate())
+      if located.exists():
+        return located
+  return None
+
+
+def _missing_library_message(path: pathlib.Path) -> str:
+  package = path.parents[2]  # .../ficco_jax/_src/dma/<lib> -> ficco_jax
+  installed = _installed_library()
+  if (package.parent / "pyproject.toml").exists() and (
+      installed is not None and installed != path):
+    # The usual cause: `PYTHONPATH=.` or running from the repository root
+    # puts the source tree, which is never compiled in place, first.
+    return (
+        f"ficco_jax was imported from its source tree ({package}), which"
+        f" has no compiled library; the installed copy's is {installed}."
+        " Run from outside the repository and without PYTHONPATH pointing"
+        " at it, so that `import ficco_jax` finds the installed package.")
+  return (f"ficco's native library {path} is missing: comm='dma' needs the"
+          " compiled XLA FFI handlers. Install ficco_jax from its source"
+          " tree with `pip install .` (or use Schedule(comm='xla')).")
+
+
 @functools.cache
 def _library() -> ctypes.CDLL:
   path = pathlib.Path(__file__).parent / _LIBRARY_NAME
   if not path.exists():
-    raise ImportError(
-        f"ficco's native library {path} is missing: comm='dma' needs the"
-        " compiled XLA FFI handlers. Reinstall ficco_jax from its source tree"
-        " with `pip install .` (or use Schedule(comm='xla')).")
+    raise ImportError(_missing_library_message(path))
   lib = ctypes.CDLL(str(path))
   lib.FiccoCudaCompiled.restype = ctypes.c_int
   lib.FiccoLiveInvocations.restype = ctypes.c_int64

@@ -7,28 +7,31 @@ does any number of both in one call (``wait`` and ``done`` are its one-buffer
 forms). Each is a JAX primitive lowered to XLA FFI custom calls of one of two
 transports; the same targets run on CPU (twins in xla_ffi/cpu_*.cc) and CUDA:
 
-* ``rendezvous`` (xla_ffi/PROTOCOL.md): ranks meet on the host per call and
+* ``rendezvous`` (docs/protocol.md): ranks meet on the host per call and
   copy straight between XLA's buffers. Every device of the axis must be in
   this process. A sync is one custom call.
-* ``window`` (xla_ffi/WINDOWS.md): each rank stages its sources in a window
+* ``window`` (docs/windows.md): each rank stages its sources in a window
   of memory every peer mapped once (peer access, CUDA IPC or shared memory)
   and ranks synchronise through flags in the windows, with no host wait. It
   works across the processes of one host. A sync lowers to one wait or done
   call per buffer or invocation.
 
-``FICCO_DMA_TRANSPORT`` picks: ``auto`` (default: window when the axis spans
-processes, else rendezvous), ``window`` or ``rendezvous``; lowering reads it.
+Each primitive takes the op's ``transport`` (`Schedule.transport`: None,
+``"rendezvous"`` or ``"window"``); None resolves when the op is lowered over
+its concrete mesh: the window transport when the axis spans processes, else
+rendezvous (`schedule.resolve_transport`).
 
 Usage (inside ``shard_map``, manual over ``axis_name``)::
 
   site = new_site()
-  landing = start([x], plan, axis_name="x", site=site, op_name=..., ...)
+  kw = dict(axis_name="x", op_name=..., timeout_s=..., transport=None)
+  landing = start([x], plan, site=site, **kw)
   bufs = []
   for b, buf in enumerate(landing):
-    buf = wait(buf, axis_name="x", site=site, ...)  # order waits with
-    bufs.append(buf)              # optimization_barrier; consume buf ...
+    buf = wait(buf, site=site, **kw)  # order waits with
+    bufs.append(buf)                  # optimization_barrier; consume buf ...
   out = done(out, [x, *(bufs[b] for b in plan.forwarded_landings)],
-             axis_name="x", site=site, ...)
+             site=site, **kw)
 
 Pass each landing buffer, unchanged, to exactly one ``wait``; keep alive in
 ``done`` the sources (``keepalive[0]`` must be ``sources[0]``) and the *wait
@@ -40,18 +43,18 @@ result must be used, or XLA drops the wait for the peers' copies.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 
 import jax
 from jax import lax
 import numpy as np
-from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from ficco_jax._src import plan as plan_lib
+from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import vma
 from ficco_jax._src.dma import library
+from ficco_jax._src.dma import primitives
 from ficco_jax._src.dma import windows
 from ficco_jax._src.plan import GatherPlan
 
@@ -62,17 +65,10 @@ _TARGETS = {
     "rendezvous": ("ficco_peer_copy_start", "ficco_peer_copy_sync"),
     "window": ("ficco_window_start", "ficco_window_wait", "ficco_window_done"),
 }
-TRANSPORTS = ("auto", "rendezvous", "window")
 
 # A fresh id per traced start: the rendezvous key tells apart call sites of
 # one program, and messages name it.
 _sites = itertools.count()
-
-
-def _timeout_ms(timeout_s: float) -> int:
-  if not timeout_s > 0:
-    raise ValueError(f"{timeout_s=} must be > 0.")
-  return max(1, int(round(timeout_s * 1000)))
 
 
 def new_site() -> int:
@@ -82,7 +78,7 @@ def new_site() -> int:
 
 def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
         axis_name: str, site: int, op_name: str, dtype,
-        row_shape: tuple[int, ...]
+        row_shape: tuple[int, ...], transport: str | None = None
         ) -> tuple[jax.Array, jax.Array, list[jax.Array]]:
   """Before a flagged start's kernel: zeroed flags, the rank, the landings.
 
@@ -91,7 +87,7 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
   target, not when the kernel ends. ``arm`` runs before that kernel, on the
   compute stream: it zeroes ``num_flags`` int32 flags and marks the point
   after which the landing buffers, which it returns, are free to be written
-  (PROTOCOL.md, "Flagged starts"). Pass the flags (through the kernel)
+  (docs/protocol.md, "Flagged starts"). Pass the flags (through the kernel)
   and the landing buffers, untouched, to the start of ``site``; the start
   checks that they are the same buffers. It also writes this device's rank
   along ``axis_name``, for the kernel: the handler knows it, and a
@@ -104,7 +100,8 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
       requires of a buffer a Pallas kernel writes in place.
     num_flags: flags the kernel bumps (one per piece it hands over).
     plan: the start's plan (its landing buffers).
-    axis_name, site, op_name: as for `start`.
+    axis_name, site, op_name, transport: as for `start` (flagged starts
+      run the rendezvous transport only).
     dtype, row_shape: the landing buffers' dtype and trailing dims.
 
   Returns:
@@ -118,7 +115,8 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
   out = _arm_p.bind(np.int32(0), like, num_flags=num_flags,
                     landing_rows=tuple(plan.landing_rows),
                     dtype=np.dtype(dtype), row_shape=tuple(row_shape),
-                    axis_name=axis_name, site=site, op_name=op_name)
+                    axis_name=axis_name, site=site, op_name=op_name,
+                    transport=transport)
   # The rank differs per device: typed varying over the axis whatever
   # `like` is typed (the abstract eval copies `like`'s type).
   rank = out[1]
@@ -129,6 +127,7 @@ def arm(like: jax.Array, num_flags: int, plan: GatherPlan, *,
 
 def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
           site: int, op_name: str, timeout_s: float,
+          transport: str | None = None,
           flags: jax.Array | None = None,
           landings: Sequence[jax.Array] | None = None,
           flag_target: int = 0,
@@ -144,6 +143,8 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
     site: this call site's id (`new_site`); its waits and done take it too.
     op_name: named in error messages.
     timeout_s: bound of every host wait for peers.
+    transport: `Schedule.transport` (None: automatic); its waits and done
+      take the same.
     flags: flagged starts only: ``arm``'s flags, as the kernel that writes
       the sources returned them (bumped in place). Transfer ``i`` then reads
       its source rows once the source rank's ``flags[src_flags[i]]`` reaches
@@ -206,26 +207,29 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
         f"{plan.axis_size=} differs from the size {axis_size} of axis"
         f" {axis_name!r}.")
   out = _start_p.bind(*sources, *extra, plan=plan, axis_name=axis_name,
-                      op_name=op_name, timeout_ms=_timeout_ms(timeout_s),
+                      op_name=op_name, timeout_ms=primitives.timeout_ms(timeout_s),
                       site=site, num_sources=len(sources),
+                      transport=transport,
                       flag_target=int(flag_target) if extra else 0,
                       src_flags=src_flags if extra else None)
   return list(out)
 
 
 def wait(buf: jax.Array, *, axis_name: str, site: int, op_name: str,
-         timeout_s: float) -> jax.Array:
+         timeout_s: float, transport: str | None = None) -> jax.Array:
   """Makes compute wait for the copies into one landing buffer.
 
-  ``axis_name`` and ``site`` are the start's (they pick its transport and
-  windows). Returns ``buf`` itself (aliased in place), complete.
+  ``axis_name``, ``site`` and ``transport`` are the start's (they pick its
+  transport and windows). Returns ``buf`` itself (aliased in place),
+  complete.
   """
   return sync([(buf, site)], [], axis_name=axis_name, op_name=op_name,
-              timeout_s=timeout_s)[0]
+              timeout_s=timeout_s, transport=transport)[0]
 
 
 def done(out: jax.Array, keepalive: Sequence[jax.Array], *, axis_name: str,
-         site: int, op_name: str, timeout_s: float) -> jax.Array:
+         site: int, op_name: str, timeout_s: float,
+         transport: str | None = None) -> jax.Array:
   """Ends an invocation: returns ``out`` (aliased) once every rank's copies
   have finished, so the buffers in ``keepalive`` may be reused afterwards.
 
@@ -236,12 +240,13 @@ def done(out: jax.Array, keepalive: Sequence[jax.Array], *, axis_name: str,
   if not keepalive:
     raise ValueError("done needs keepalive[0] = the sources[0] given to start.")
   return sync([], [(keepalive, site)], out=out, axis_name=axis_name,
-              op_name=op_name, timeout_s=timeout_s)[0]
+              op_name=op_name, timeout_s=timeout_s, transport=transport)[0]
 
 
 def sync(landings: Sequence[tuple[jax.Array, int]],
          ends: Sequence[tuple[Sequence[jax.Array], int]], *,
          axis_name: str, op_name: str, timeout_s: float,
+         transport: str | None = None,
          out: jax.Array | None = None) -> list[jax.Array]:
   """Several waits and dones in one call (one FFI call on the rendezvous
   transport, where each call costs the host ~10 us on a short op).
@@ -249,10 +254,15 @@ def sync(landings: Sequence[tuple[jax.Array, int]],
   Args:
     landings: ``(landing buffer, its start's site)`` pairs to wait for, each
       buffer given unchanged, as to `wait`.
-    ends: ``(keepalive, site)`` per invocation to end, as to `done`.
+    ends: ``(keepalive, site)`` per invocation to end, as to `done`. An
+      invocation must be ordered after its start by data, since runtimes
+      that run independent custom calls concurrently (XLA:CPU) see nothing
+      else: wait for one of its landing buffers in this same sync, or keep
+      alive a buffer computed from one.
     axis_name: the manual mesh axis of the starts.
     op_name: named in error messages.
     timeout_s: bound of every host wait for peers.
+    transport: the starts' transport.
     out: an extra array returned aliased after everything, as `done`'s
       ``out``; needed when ``landings`` is empty.
 
@@ -276,7 +286,8 @@ def sync(landings: Sequence[tuple[jax.Array, int]],
       *outs, *keep, num_wait=len(landings), keep_bounds=tuple(bounds),
       wait_sites=tuple(s for _, s in landings),
       done_sites=tuple(s for _, s in ends), axis_name=axis_name,
-      op_name=op_name, timeout_ms=_timeout_ms(timeout_s)))
+      op_name=op_name, timeout_ms=primitives.timeout_ms(timeout_s),
+      transport=transport))
 
 
 # --- abstract evaluation ----------------------------------------------------
@@ -297,16 +308,13 @@ def _arm_abstract_eval(flags_like, like, *, num_flags, landing_rows, dtype,
       for rows in landing_rows]
 
 
-_arm_p = Primitive("ficco_flags_arm")
-_arm_p.multiple_results = True
+_arm_p = primitives.primitive("ficco_flags_arm")
 _arm_p.def_abstract_eval(_arm_abstract_eval)
 
-_start_p = Primitive("ficco_peer_copy_start")
-_start_p.multiple_results = True
+_start_p = primitives.primitive("ficco_peer_copy_start")
 _start_p.def_abstract_eval(_start_abstract_eval)
 
-_sync_p = Primitive("ficco_peer_copy_sync")
-_sync_p.multiple_results = True
+_sync_p = primitives.primitive("ficco_peer_copy_sync")
 _sync_p.def_abstract_eval(
     lambda *args, keep_bounds, **_: list(args[:keep_bounds[0]]))
 
@@ -314,37 +322,16 @@ _sync_p.def_abstract_eval(
 # --- lowering ---------------------------------------------------------------
 
 
-def _concrete_mesh(ctx: mlir.LoweringRuleContext, axis_name: str):
-  """The physical mesh the program is lowered for.
-
-  The copies need device ordinals, but inside shard_map the jaxpr only knows
-  axis names and sizes: the concrete mesh is visible solely to the lowering,
-  as the module's SPMD axis context (jit + shard_map over a jax.sharding.Mesh).
-  """
-  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
-  if not isinstance(mesh, jax.sharding.Mesh):
-    raise ValueError(
-        "comm='dma' must be lowered inside jit(shard_map(...)) over a concrete"
-        f" jax.sharding.Mesh (got {type(mesh).__name__}); use comm='xla'.")
-  if axis_name not in mesh.axis_names:
-    raise ValueError(f"{axis_name=} is not an axis of {mesh.axis_names}.")
-  return mesh
-
-
-def transport(mesh, axis_name: str) -> str:
-  """The transport a lowering over ``mesh`` uses (FICCO_DMA_TRANSPORT)."""
-  choice = os.environ.get("FICCO_DMA_TRANSPORT", "auto")
-  if choice not in TRANSPORTS:
-    raise ValueError(
-        f"FICCO_DMA_TRANSPORT={choice!r} must be one of {TRANSPORTS}.")
-  if windows.spans_processes(mesh, axis_name):
-    if choice == "rendezvous":
-      raise ValueError(
-          f"Axis {axis_name!r} spans processes, which the rendezvous"
-          " transport cannot reach; unset FICCO_DMA_TRANSPORT (auto picks the"
-          " window transport) or use Schedule(comm='xla').")
-    return "window"
-  return "window" if choice == "window" else "rendezvous"
+def _resolve(mesh, axis_name: str, requested: str | None) -> str:
+  """The transport a lowering over ``mesh`` uses for `Schedule.transport`
+  ``requested`` (`schedule.resolve_transport`)."""
+  kind = schedule_lib.resolve_transport(
+      requested, flagged=False,
+      spans_processes=windows.spans_processes(mesh, axis_name))
+  if kind not in _TARGETS:
+    raise ValueError(f"transport={kind!r} does not carry peer copies; it"
+                     f" takes one of {tuple(_TARGETS)}.")
+  return kind
 
 
 def _devices_table(mesh, axis_name: str, *, local: bool) -> np.ndarray:
@@ -360,23 +347,15 @@ def _devices_table(mesh, axis_name: str, *, local: bool) -> np.ndarray:
   return np.asarray([[d.id for d in g] for g in groups], np.int64).reshape(-1)
 
 
-def _platform_of(ctx) -> int:
-  platforms = ctx.module_context.platforms
-  if len(platforms) != 1:
-    raise ValueError(f"comm='dma' lowers for one platform, got {platforms}.")
-  return library.platform_id(platforms[0])
-
-
 def _arm_lowering(ctx, *likes, site: int, op_name: str, axis_name: str,
-                  **_):
+                  transport: str | None, **_):
   library.ensure_registered()
-  mesh = _concrete_mesh(ctx, axis_name)
-  if transport(mesh, axis_name) != "rendezvous":
+  mesh = primitives.concrete_mesh(ctx, axis_name)
+  if _resolve(mesh, axis_name, transport) != "rendezvous":
     raise ValueError(
-        "FICCO_FLAGGED_TRANSPORT=rendezvous needs the rendezvous copy"
-        " transport (every device of the axis in this process, and"
-        " FICCO_DMA_TRANSPORT not 'window'): unset FICCO_FLAGGED_TRANSPORT"
-        " (push, the default, runs across processes) or use another"
+        "The flagged reduce-scatter's rendezvous transport needs every"
+        " device of the axis in this process; use Schedule(transport=None)"
+        " (push, which runs across processes) or another"
         " compute_granularity.")
   return jax.ffi.ffi_lowering("ficco_flags_arm", has_side_effect=True)(
       ctx, *likes, site=np.int64(site), op_name=op_name,
@@ -386,10 +365,11 @@ def _arm_lowering(ctx, *likes, site: int, op_name: str, axis_name: str,
 
 def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
                     op_name: str, timeout_ms: int, site: int,
-                    num_sources: int, flag_target: int, src_flags):
+                    num_sources: int, flag_target: int, src_flags,
+                    transport: str | None):
   library.ensure_registered()
-  mesh = _concrete_mesh(ctx, axis_name)
-  kind = transport(mesh, axis_name)
+  mesh = primitives.concrete_mesh(ctx, axis_name)
+  kind = _resolve(mesh, axis_name, transport)
   extra = {}
   aliases = {}
   if src_flags is not None:
@@ -411,7 +391,7 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
     slot = sum(align(int(np.prod(a.shape)) * a.dtype.itemsize)
                for a in ctx.avals_in)
     fam = windows.family_for(mesh, axis_name, site=site, slot_bytes=slot,
-                             platform=_platform_of(ctx))
+                             platform=primitives.platform_of(ctx))
     extra["window"] = np.int64(fam.id)
 
   def column(field):
@@ -434,16 +414,17 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
 def _window_of(ctx, mesh, axis_name: str, site: int) -> dict:
   """The window family a window wait or done of ``site`` syncs on."""
   fam = windows.lowered_family(mesh, axis_name, site=site,
-                               platform=_platform_of(ctx))
+                               platform=primitives.platform_of(ctx))
   return {"window": np.int64(fam.id)}
 
 
 def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
                    wait_sites: tuple[int, ...], done_sites: tuple[int, ...],
-                   axis_name: str, op_name: str, timeout_ms: int):
+                   axis_name: str, op_name: str, timeout_ms: int,
+                   transport: str | None):
   library.ensure_registered()
-  mesh = _concrete_mesh(ctx, axis_name)
-  kind = transport(mesh, axis_name)
+  mesh = primitives.concrete_mesh(ctx, axis_name)
+  kind = _resolve(mesh, axis_name, transport)
   num_outs = keep_bounds[0]
   common = dict(op_name=op_name, timeout_ms=np.int64(timeout_ms))
   if kind == "rendezvous":
@@ -466,10 +447,18 @@ def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
 
   for i, site in enumerate(wait_sites):
     outs[i] = call(_TARGETS[kind][1], [outs[i]], [avals[i]], site)
+  # Every done also reads every waited buffer of this sync: a runtime that
+  # orders custom calls by the buffers they touch (XLA:CPU runs independent
+  # thunks concurrently, and an optimization barrier orders nothing once it
+  # is compiled away) must run a done after the start it ends, which wrote
+  # one of those buffers; the handler reads only keepalive[0].
+  others = [i for i in range(num_wait) if i != num_outs - 1]
   for g, site in enumerate(done_sites):
     lo, hi = keep_bounds[g], keep_bounds[g + 1]
-    outs[-1] = call(_TARGETS[kind][2], [outs[-1], *args[lo:hi]],
-                    [avals[-1], *ctx.avals_in[lo:hi]], site)
+    outs[-1] = call(
+        _TARGETS[kind][2],
+        [outs[-1], *args[lo:hi], *(outs[i] for i in others)],
+        [avals[-1], *ctx.avals_in[lo:hi], *(avals[i] for i in others)], site)
   return outs
 
 

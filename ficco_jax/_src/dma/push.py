@@ -1,4 +1,4 @@
-"""The push protocol of the flagged reduce-scatter (xla_ffi/WINDOWS.md, "Push").
+"""The push protocol of the flagged reduce-scatter (docs/windows.md, "Push").
 
 Each rank's copy engines push its partials straight from XLA's buffer into
 the window of the rank that owns those rows, each piece once the kernel's
@@ -6,8 +6,8 @@ flag says it is written; the owner adds them to its own rows from its
 window. Unlike the rendezvous transport's flagged start, no host thread
 waits for a peer's (only, rarely, for a peer two calls behind), and the sum
 is the finish's own kernel instead of an XLA fusion after a sync: two fewer
-host steps per call, for ops whose host time shows (PROTOCOL.md, "Flagged
-starts").
+host steps per call, for ops whose host time shows (docs/protocol.md,
+"Flagged starts").
 
 Usage (inside ``shard_map``, manual over ``axis_name``)::
 
@@ -33,11 +33,10 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from ficco_jax._src.dma import library
-from ficco_jax._src.dma import peer_copy
+from ficco_jax._src.dma import primitives
 from ficco_jax._src.dma import windows
 
 # (shift, src_row, dst_row, rows, flag)
@@ -104,7 +103,7 @@ def start(parts: jax.Array, flags: jax.Array, pieces: Sequence[Piece], *,
   return _start_p.bind(parts, flags, pieces=pieces,
                        flag_target=int(flag_target), half=half,
                        axis_name=axis_name, site=site, op_name=op_name,
-                       timeout_ms=peer_copy._timeout_ms(timeout_s))  # pylint: disable=protected-access
+                       timeout_ms=primitives.timeout_ms(timeout_s))
 
 
 def finish(parts: jax.Array, flags: jax.Array, *, own_row: int,
@@ -128,7 +127,7 @@ def finish(parts: jax.Array, flags: jax.Array, *, own_row: int,
                         chunk_rows=int(chunk_rows), num_chunks=int(num_chunks),
                         half=half, axis_name=axis_name, site=site,
                         op_name=op_name,
-                        timeout_ms=peer_copy._timeout_ms(timeout_s))  # pylint: disable=protected-access
+                        timeout_ms=primitives.timeout_ms(timeout_s))
 
 
 # --- abstract evaluation ----------------------------------------------------
@@ -144,14 +143,14 @@ def _finish_abstract_eval(parts, flags, *, chunk_rows, num_chunks, **_):
   return parts.update(shape=(num_chunks * chunk_rows,) + tuple(parts.shape[1:]))
 
 
-_arm_p = Primitive("ficco_push_arm")
-_arm_p.multiple_results = True
+_arm_p = primitives.primitive("ficco_push_arm")
 _arm_p.def_abstract_eval(_arm_abstract_eval)
 
-_start_p = Primitive("ficco_push_start")
+_start_p = primitives.primitive("ficco_push_start", multiple_results=False)
 _start_p.def_abstract_eval(lambda parts, flags, **_: flags)
 
-_finish_p = Primitive("ficco_push_finish")
+_finish_p = primitives.primitive("ficco_push_finish",
+                                 multiple_results=False)
 _finish_p.def_abstract_eval(_finish_abstract_eval)
 
 
@@ -170,8 +169,8 @@ def _program(ctx) -> dict:
 
 
 def _family(ctx, axis_name: str, site: int, half: int, *, create: bool) -> int:
-  mesh = peer_copy._concrete_mesh(ctx, axis_name)  # pylint: disable=protected-access
-  platform = peer_copy._platform_of(ctx)  # pylint: disable=protected-access
+  mesh = primitives.concrete_mesh(ctx, axis_name)
+  platform = primitives.platform_of(ctx)
   if create:
     return windows.pooled_family(mesh, axis_name, site=site,
                                  slot_bytes=2 * half, platform=platform,

@@ -1,6 +1,6 @@
 """Symmetric windows for the copy-engine path: made once, at lowering time.
 
-The window transport (xla_ffi/WINDOWS.md) needs, on every device of a
+The window transport (docs/windows.md) needs, on every device of a
 gathered axis, a window of memory that every peer has mapped, per start call
 site. They are created here when a program that needs them is lowered, and
 their handles travel between processes through JAX's distributed key-value
@@ -25,7 +25,6 @@ import ctypes
 import dataclasses
 import functools
 import json
-import os
 import socket
 import threading
 
@@ -54,9 +53,10 @@ _hosts: dict[int, str] = {}  # process index -> host name
 
 
 def hostname() -> str:
-  # FICCO_HOSTNAME stands in for the host name (tests of the other-host
-  # refusal run their processes on one machine).
-  return os.environ.get("FICCO_HOSTNAME") or socket.gethostname()
+  """This process's host, as the other processes of the job will see it
+  (tests of the other-host refusal replace it: their processes share one
+  machine)."""
+  return socket.gethostname()
 
 
 class _Directory:

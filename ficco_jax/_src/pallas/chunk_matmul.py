@@ -32,9 +32,8 @@ the next chunk's rows (no masking); ``row_offset`` a multiple of 8. Mosaic
 GPU tiles the GMEM operand as it tiles shared memory, so x's K must be a
 multiple of the step depth: other K take half-depth steps, or a zero-padded
 x (`pad_k`, ``x_zero_padded_k``) with w read past its rows (TMA fills
-zeros). On an H200 the kernel matched or beat cuBLAS (XLA's dot) on the
-llama3/gpt3 chunk shapes with mc >= 512
-(benchmarks/results/kernel_bench_nvidia_h200.md).
+zeros). On an H200 the kernel matches or beats cuBLAS (XLA's dot) on the
+llama3/gpt3 chunk shapes with mc >= 512 (the ``kernel`` benchmark suite).
 """
 
 from __future__ import annotations
@@ -154,7 +153,7 @@ class ChunkMatmulConfig:
 # CTA tile shapes the heuristic weighs, as (tile_m, tile_n, wg_dimension) per
 # warpgroup, with their throughput relative to the 128x256 tile when every SM
 # is busy: smaller tiles re-read more operand bytes per flop. The first four
-# are read off the H200 sweep (benchmarks/kernel_bench.py); the 64-row ones
+# are read off an H200 sweep (the ``kernel`` benchmark suite); the 64-row ones
 # are guesses that only matter for chunks no larger tile divides.
 _CANDIDATES = (
     (64, 256, "m", 1.0),    # CTA 128x256
@@ -234,10 +233,9 @@ class ByRank:
   compiles the table in and reads only the rank at run time: every Pallas
   call of an op takes the same one-element operand, which XLA computes once
   (compiled HLO of a reduce-scatter: one ``partition-id``, one operand for
-  its four kernels; benchmarks/results/h200x4_session12_a), instead of an
-  offsets array per call, each its own tiny kernel launch (4 to 7 per
-  reduce-scatter, ~1 us of device and several us of host time each;
-  benchmarks/results/h200x4_session11_a, profile).
+  its four kernels), instead of an offsets array per call, each its own
+  tiny kernel launch (4 to 7 per reduce-scatter, ~1 us of device and
+  several us of host time each, in a profile on 4xH200).
 
   Attributes:
     rank: int32 scalar, this device's rank in ``[0, len(table))``.
@@ -471,17 +469,17 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   #           lin, lin + num_ctas, ...
   # flag_walk: "piece": the tiles of piece 0 first, then piece 1, ..., and
   #           inside a piece the config's own walk (grid_minor_dim, width);
-  #           "rows": one tile row after another over all pieces (session
-  #           16's walk; kept for the kernel benchmark).
+  #           "rows": one tile row after another over all pieces (for the
+  #           kernel benchmark's comparison).
   # flag_bump: "piece_end": a CTA bumps a piece's flag once, at its last
   #           tile of that piece, after waiting for all of its stores (the
   #           wait covers every earlier tile's stores too), so a flag
   #           reaches 2 * min(tiles per piece, CTAs) (flag_target). Each bump
   #           is a system-scope release, which costs far more beside peer
-  #           traffic than alone (session 17: one per tile made the kernel
-  #           15-18% slower in the 4-GPU op, not on one GPU); this makes a
-  #           few per CTA. "tile": every tile waits for its stores and bumps
-  #           (session 16; kept for the kernel benchmark).
+  #           traffic than alone (one per tile makes the kernel 15-18%
+  #           slower in the 4-GPU op, not on one GPU); this makes a few per
+  #           CTA. "tile": every tile waits for its stores and bumps (for
+  #           the kernel benchmark's comparison).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
   if flagged:
@@ -760,7 +758,7 @@ def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   if flags is not None and out is not None:
     raise ValueError("flags need a fresh result (out=None).")
   if flags is not None and flag_walk == "rows":
-    # Session 16's walk: row-major bands of one tile row over all pieces.
+    # Row-major bands of one tile row over all pieces.
     config = dataclasses.replace(config, grid_minor_dim="m",
                                  grid_tile_width=1)
   if isinstance(off_static, int) and off_static % 8:
@@ -833,8 +831,8 @@ def pad_k(x: jax.Array) -> jax.Array:
 
   Why: Mosaic GPU tiles an operand in GMEM as it tiles shared memory, so the
   Hopper kernel's x needs K a multiple of its 64-deep steps; otherwise it
-  falls back to 32-deep steps throughout, which measured 20-25% slower
-  (H100, benchmarks/results/h100_session8_b). One padding copy of x (and
+  falls back to 32-deep steps throughout, 20-25% slower on an H100. One
+  padding copy of x (and
   none of w: TMA fills w's rows past K with zeros) buys full-depth steps
   for a K such as qwen2-72b's 29568 / 4 = 7392. Returns ``x`` itself when
   no padding applies (K a multiple of 64 or not of 8, or a dtype the Hopper

@@ -12,11 +12,11 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from ficco_jax._src import autotune_cache
-from ficco_jax._src import cost_model
-from ficco_jax._src import heuristics
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import sharded
+from ficco_jax._src.tuning import autotune_cache
+from ficco_jax._src.tuning import cost_model
+from ficco_jax._src.tuning import heuristics
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,6 +30,8 @@ class AutotuneResult:
     timings_ms: ``(schedule.short(), median ms per call)``, fastest first.
     errors: ``(schedule.short(), message)`` of candidates that failed.
     cache_file: where ``best`` was stored (None: not stored).
+    store_error: why storing failed (None: stored, or not asked to); the
+      measurements above are kept either way.
   """
 
   key: autotune_cache.Key
@@ -37,6 +39,7 @@ class AutotuneResult:
   timings_ms: tuple[tuple[str, float], ...]
   errors: tuple[tuple[str, str], ...]
   cache_file: str | None
+  store_error: str | None = None
 
 
 def _warm(fn, args: Sequence[Any], warmup: int) -> None:
@@ -63,9 +66,9 @@ def time_interleaved(fns: Sequence[Any], args: Sequence[Any], *, rounds: int,
 
   Why round-robin: on a short, host-bound op the host's speed drifts from
   round to round by more than the gap between two schedules (one schedule
-  read 0.205-0.266 ms over the rounds of one run on one machine:
-  benchmarks/results/h200x4_session17_c/rs_w4_ten_s17c.json, llama3-8b
-  M4096), so timing candidates one after another would rank the drift.
+  reads 0.205-0.266 ms over the rounds of one run on a 4xH200 host at
+  llama3-8b M4096), so timing candidates one after another would rank the
+  drift.
   Each round times every candidate once, in an order rotated by one per
   round (deterministic, unlike the benchmarks' shuffle), after one untimed
   call of that candidate: the previous batch left the devices in another
@@ -204,6 +207,9 @@ def autotune(
   Raises:
     ValueError: for an unknown ``op`` or ``axis_name``, a ``margin`` outside
       [0, 1), or a ``warmup``, ``rounds`` or ``iters`` below 1.
+    OSError: with ``store=True``, before any timing, when the cache file
+      cannot be written (a failure to store after timing is returned in
+      ``store_error`` instead).
     RuntimeError: when no candidate ran.
   """
   if op not in cost_model.OPS:
@@ -216,6 +222,10 @@ def autotune(
       raise ValueError(f"{name}={v!r} must be a positive int.")
   if axis_name not in mesh.axis_names:
     raise ValueError(f"{axis_name=} is not an axis of {mesh.axis_names}.")
+  if store:
+    # Before any timing: a search whose result cannot be kept should say
+    # so in seconds, not after minutes.
+    autotune_cache.check_writable()
   p = mesh.shape[axis_name]
   axis = axis % x.ndim
   x_local, w_local = _local_shapes(op, x, w, p, axis)
@@ -257,9 +267,16 @@ def autotune(
   if nones and timings[best] > timings[nones[0]] * (1.0 - margin):
     best = nones[0]  # Not faster than XLA's own program by the margin.
   table = tuple((s.short(), float(t)) for s, t in ranked)
-  cache_file = None
+  cache_file = store_error = None
   if store:
-    cache_file = str(autotune_cache.store(key, best, timings_ms=dict(table)))
+    try:
+      cache_file = str(autotune_cache.store(key, best,
+                                            timings_ms=dict(table)))
+    except OSError as e:
+      # The measurements are worth more than the file: return them.
+      store_error = str(e)
+      heuristics.log.warning("ficco_jax.autotune: %s", e)
   return AutotuneResult(key=key, best=best, timings_ms=table,
-                        errors=tuple(errors.items()), cache_file=cache_file)
+                        errors=tuple(errors.items()), cache_file=cache_file,
+                        store_error=store_error)
 

@@ -3,7 +3,8 @@
 Two layers, both read lazily on the first lookup:
 
 1. the package's shipped results, ``ficco_jax/data/autotune/<device_kind_slug>.json``
-   (measured on that device kind by ``benchmarks/autotune_shapes.py``);
+   (measured on that device kind; the benchmark command's ``autotune``
+   suite writes it);
 2. the user's file, overlaid on top (a user entry wins): the path given to
    `set_autotune_cache`, else ``~/.cache/ficco_jax/autotune.json``.
    `ficco_jax.autotune` writes there. The file is re-read when it changes.
@@ -20,20 +21,25 @@ File format::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
+import logging
 import os
 import pathlib
 import threading
+import time
 from typing import Any, Mapping
 
 import numpy as np
 
-from ficco_jax._src import device_params
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src.tuning import device_params
 
 FORMAT = 1
+_log = logging.getLogger("ficco_jax")
 DEFAULT_PATH = pathlib.Path("~/.cache/ficco_jax/autotune.json")
 PACKAGE_DIR = device_params.DATA_DIR / "autotune"
 
@@ -45,12 +51,10 @@ class Key:
   Shapes are the local (per-device) shapes the op sees inside ``shard_map``.
   ``processes`` is the job's process count: with one process driving every
   GPU the copy engines run the rendezvous transport, with several the
-  window transport (xla_ffi/WINDOWS.md), whose costs differ, so a result
+  window transport (docs/windows.md), whose costs differ, so a result
   measured in one layout does not stand for the other (the flagged
   granularity pushes in either). The shipped results were all measured in
-  one process; its flagged entries (sessions 16 and 18) were chosen over the
-  rendezvous transport, and session 22 measured them as shipped over push.
-  In JSON it is omitted when 1.
+  one process. In JSON it is omitted when 1.
   """
 
   op: str
@@ -93,28 +97,43 @@ def schedule_from_json(d: Mapping[str, Any]) -> schedule_lib.Schedule:
   return schedule_lib.Schedule(**d)
 
 
-def _parse(data: Mapping[str, Any], where: str) -> dict[Key, schedule_lib.Schedule]:
+def _parse(data: Any, where: str) -> dict[Key, schedule_lib.Schedule]:
+  if not isinstance(data, Mapping):
+    raise ValueError(f"{where}: an autotune cache is a JSON object, got"
+                     f" {type(data).__name__}.")
   if data.get("format", FORMAT) != FORMAT:
     raise ValueError(f"{where}: unsupported autotune cache format"
                      f" {data.get('format')!r} (expected {FORMAT}).")
+  entries = data.get("entries", [])
+  if not isinstance(entries, list):
+    raise ValueError(f"{where}: 'entries' must be a list.")
   out = {}
-  for i, e in enumerate(data.get("entries", [])):
+  for i, e in enumerate(entries):
     try:
       out[Key.from_json(e["key"])] = schedule_from_json(e["schedule"])
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
       raise ValueError(f"{where}: entry {i} is malformed: {err}") from err
   return out
 
 
-def _read(path: pathlib.Path) -> dict[str, Any]:
-  with open(path) as f:
+def _read(path: pathlib.Path) -> Any:
+  with open(path, encoding="utf-8") as f:
     return json.load(f)
+
+
+def _load(path: pathlib.Path) -> dict[Key, schedule_lib.Schedule]:
+  """The entries of the file at ``path``; ValueError (naming the path) for
+  one that does not read as an autotune cache."""
+  try:
+    return _parse(_read(path), str(path))
+  except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    raise ValueError(f"{path}: not a JSON autotune cache ({err}).") from err
 
 
 @functools.cache
 def _package(device_kind: str) -> dict[Key, schedule_lib.Schedule]:
   path = PACKAGE_DIR / f"{device_params.slug(device_kind)}.json"
-  return _parse(_read(path), str(path)) if path.exists() else {}
+  return _load(path) if path.exists() else {}
 
 
 class _UserCache:
@@ -145,7 +164,17 @@ class _UserCache:
         return {}
       stamp = (st.st_mtime_ns, st.st_size)
       if stamp != self._stamp:
-        self._entries = _parse(_read(path), str(path))
+        try:
+          self._entries = _load(path)
+        except (OSError, ValueError) as err:
+          # A broken cache must not take every schedule=None call down: it
+          # is ignored, once per version of the file, and the user told.
+          _log.warning(
+              "ficco_jax: ignoring the autotune cache %s (%s); schedule=None"
+              " falls back to the shipped cache and the heuristic. Fix or"
+              " remove the file, or point ficco_jax.set_autotune_cache()"
+              " elsewhere.", path, err)
+          self._entries = {}
         self._stamp = stamp
       return dict(self._entries)
 
@@ -176,31 +205,81 @@ def lookup(key: Key) -> schedule_lib.Schedule | None:
   return hit
 
 
+@contextlib.contextmanager
+def _locked(path: pathlib.Path):
+  """An exclusive lock on ``path``'s sibling lock file, across processes."""
+  lock = path.with_name(path.name + ".lock")
+  with open(lock, "a", encoding="utf-8") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check_writable(path: pathlib.Path | None = None) -> pathlib.Path:
+  """The cache file `store` would write, once it is known to be writable
+  there (its folder made, its lock file opened).
+
+  Raises:
+    OSError: naming the path, when it cannot be written.
+  """
+  path = cache_path() if path is None else pathlib.Path(path)
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+      if path.exists() and not os.access(path, os.W_OK):
+        raise PermissionError(f"{path} is read-only")
+      if not os.access(path.parent, os.W_OK):
+        raise PermissionError(f"{path.parent} is not writable")
+  except OSError as err:
+    raise OSError(
+        f"the autotune cache {path} cannot be written ({err}); choose"
+        " another with ficco_jax.set_autotune_cache(path).") from err
+  return path
+
+
 def store(key: Key, schedule: schedule_lib.Schedule, *,
           timings_ms: Mapping[str, float] | None = None) -> pathlib.Path:
   """Writes (or replaces) ``key``'s entry in the user cache file.
 
+  Read-modify-write under a lock file, so concurrent writers (threads or
+  processes) each keep their entries, and the file is replaced atomically,
+  so a reader sees the old or the new file, never half of one. A file that
+  does not read as a cache is moved aside (``<name>.corrupt-<time>``) with a
+  warning, not rewritten.
+
   Returns:
-    The file written. It is replaced atomically, so a concurrent reader sees
-    the old or the new file, never half of one.
+    The file written.
+
+  Raises:
+    OSError: naming the path, when it cannot be written.
   """
-  path = cache_path()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  data: dict[str, Any] = {"format": FORMAT, "entries": []}
-  if path.exists():
-    data = _read(path)
-    _parse(data, str(path))  # Refuse to rewrite a file we cannot read back.
-  data.setdefault("comment", "Written by ficco_jax.autotune.")
-  entries = [e for e in data.get("entries", [])
-             if Key.from_json(e["key"]) != key]
-  entry: dict[str, Any] = {"key": key.to_json(),
-                           "schedule": schedule_to_json(schedule)}
-  if timings_ms:
-    entry["timings_ms"] = {k: float(v) for k, v in timings_ms.items()}
-  entries.append(entry)
-  data["entries"] = entries
-  tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-  with open(tmp, "w") as f:
-    json.dump(data, f, indent=1)
-  os.replace(tmp, path)
+  path = check_writable()
+  with _locked(path):
+    data: dict[str, Any] = {"format": FORMAT, "entries": []}
+    if path.exists():
+      try:
+        _load(path)
+        data = _read(path)
+      except (OSError, ValueError) as err:
+        aside = path.with_name(f"{path.name}.corrupt-{time.time_ns()}")
+        os.replace(path, aside)
+        _log.warning("ficco_jax: the autotune cache %s did not read (%s);"
+                     " moved it to %s and started a new one.", path, err,
+                     aside)
+    data.setdefault("comment", "Written by ficco_jax.autotune.")
+    entries = [e for e in data.get("entries", [])
+               if Key.from_json(e["key"]) != key]
+    entry: dict[str, Any] = {"key": key.to_json(),
+                             "schedule": schedule_to_json(schedule)}
+    if timings_ms:
+      entry["timings_ms"] = {k: float(v) for k, v in timings_ms.items()}
+    entries.append(entry)
+    data["entries"] = entries
+    tmp = path.with_name(
+        f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(data, f, indent=1)
+    os.replace(tmp, path)
   return path

@@ -5,7 +5,7 @@ the model), then the model (`cost_model`) ranks every valid candidate and
 overlap is chosen only when it is predicted `cost_model.MIN_GAIN` faster than
 no overlap (`cost_model.UNCALIBRATED_MIN_GAIN` where no fitted calibration
 applies). The autotune cache, when it has an entry, takes precedence over
-this (see ``api._resolve``).
+this (`ficco_jax._src.resolve`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ficco_jax._src import cost_model
-from ficco_jax._src import device_params
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src.tuning import cost_model
+from ficco_jax._src.tuning import device_params
 
 log = logging.getLogger("ficco_jax")
 
@@ -31,12 +31,10 @@ log = logging.getLogger("ficco_jax")
 MIN_OVERLAP_BYTES = 4 << 20
 
 # The one switch for overlapping matmul_reduce_scatter by default. The
-# shard-level ppermute overlap measured slower than no overlap on the 4xH200
-# NVSwitch machine, so only the copy-engine (comm="dma") reduce-scatter can
-# win: it measured correct and faster than XLA on most shapes on 4xH200
-# (benchmarks/results/h200x4_run2), so it is on.
-# While off, schedule=None never overlaps the reduce-scatter (an explicit
-# schedule, or an autotune-cache entry, still does).
+# shard-level ppermute overlap is slower than no overlap on 4xH200, so only
+# the copy-engine (comm="dma") reduce-scatter can win, and it does on most
+# shapes. While off, schedule=None never overlaps the reduce-scatter (an
+# explicit schedule, or an autotune-cache entry, still does).
 OVERLAP_REDUCE_SCATTER = True
 
 # Engines the heuristic ranks. comm='xla' (ppermute) is kept: its measured
@@ -103,10 +101,8 @@ def pallas_fits(op: str, schedule: schedule_lib.Schedule, *, x_shape,
   """Whether every piece of ``schedule`` suits the Hopper kernel at full
   depth: 16-bit operands, CTA tiles dividing every piece's rows and the
   output columns, and K a multiple of 64. Other K run full-depth steps on
-  h zero-padded once per op (`chunk_matmul.pad_k` in `rs_matmul.forward`),
-  which on qwen2-72b measured level with XLA's dot pieces (4xH200, session
-  8 call D: 1.16x / 1.13x against 1.16x / 1.11x), so the heuristic keeps
-  XLA's."""
+  h zero-padded once per op (`chunk_matmul.pad_k`), which on qwen2-72b runs
+  level with XLA's dot pieces on 4xH200, so the heuristic keeps XLA's."""
   if (op != "matmul_reduce_scatter"
       or jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16),
                                   jnp.dtype(jnp.float16))):
@@ -146,6 +142,13 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
   """
   reason = gate(op, x_shape=x_shape, dtype=dtype, axis_size=axis_size,
                 axis=axis, platform=platform)
+  if reason == NO_DMA_LIBRARY and not assume_dma:
+    # Not in silence: the user installed without nvcc and gets XLA's
+    # program where a faster one exists.
+    warn_once(
+        "ficco_jax: the copy-engine (CUDA) library is not built into this"
+        " install, so schedule=None uses XLA's all-gather + dot without"
+        " overlap. Reinstall with nvcc on PATH to enable comm='dma'.")
   if reason is not None and not (assume_dma and reason == NO_DMA_LIBRARY):
     return schedule_lib.NO_OVERLAP, reason
   prob = cost_model.problem(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
@@ -181,23 +184,17 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
   return chosen.schedule, "no overlapped schedule is predicted faster"
 
 
-def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
-                    axis: int = 0, platform: str | None = None,
-                    device_kind: str | None = None,
-                    params: device_params.DeviceParams | None = None
-                    ) -> schedule_lib.Schedule:
-  """The schedule the heuristic picks for ``schedule=None``, from static sizes.
-
-  Gates first: tiny ops, non-GPU platforms, the reduce-scatter (see
-  `OVERLAP_REDUCE_SCATTER`) and installs without the CUDA library get no
-  overlap. Otherwise the cost model ranks every valid candidate and an
-  overlapped one is picked only when predicted `cost_model.min_gain_for`
-  (3%; 8% where no fitted calibration applies) faster than no overlap.
+def heuristic_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
+                       axis: int = 0, platform: str | None = None,
+                       device_kind: str | None = None,
+                       params: device_params.DeviceParams | None = None
+                       ) -> schedule_lib.Schedule:
+  """The heuristic's pick alone (step 3 of `ficco_jax._src.resolve`'s
+  order; `ficco_jax.choose_schedule` consults the autotune cache first).
 
   Args:
     op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
-    x_shape: the local (per-device) shape of the op's first operand (``x``
-      or ``h``), as the op sees it inside ``shard_map``.
+    x_shape: the local shape of the op's first operand.
     w_shape: the local shape of ``w``.
     dtype: element type of the first operand.
     axis_size: devices along the axis.
@@ -209,21 +206,11 @@ def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
 
   Returns:
     ``"none"``, or an overlapped schedule over `COMMS` whose ``num_chunks``
-    divides the split dimension; `schedule_lib.NO_OVERLAP` where overlap
-    would not pay.
+    divides the split dimension.
   """
   if op not in cost_model.OPS:
     raise ValueError(f"Unknown {op=}.")
   platform = platform or jax.default_backend()
-  reason = gate(op, x_shape=x_shape, dtype=dtype, axis_size=axis_size,
-                axis=axis, platform=platform)
-  if reason == NO_DMA_LIBRARY:
-    warn_once(
-        "ficco_jax: the copy-engine (CUDA) library is not built into this"
-        " install, so schedule=None uses XLA's all-gather + dot without"
-        " overlap. Reinstall with nvcc on PATH to enable comm='dma'.")
-  if reason is not None:
-    return schedule_lib.NO_OVERLAP
   params = params or device_params.params_for(
       device_kind or default_device_kind())
   return decide(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,

@@ -1,14 +1,14 @@
 """Per-device-kind constants of the cost model, and where they come from.
 
 Every number a prediction uses lives in one frozen `DeviceParams`, looked up
-by ``jax.Device.device_kind``. The built-in H200 values come
-from /work/shared/reference/measurements.md (4x H200, NVSwitch) and from a
-fit to the committed characterisation and benchmarks (see ``_H200``). A
+by ``jax.Device.device_kind``. The built-in H200 values are measured on a
+4xH200 NVSwitch host and fitted to its characterisation and benchmark data
+(see ``_H200``; the data is in the repository's ``benchmarks/data/``). A
 fitted file in the package data,
-``ficco_jax/data/cost_model/<device_kind_slug>.json`` (e.g. written by
-``benchmarks/fit_cost_model.py --params_out=...``), overrides the built-ins
-field by field when it exists; a caller overrides further with
-`params_for(..., overrides=...)`.
+``ficco_jax/data/cost_model/<device_kind_slug>.json`` (written by the
+benchmark command's ``characterize`` and ``heuristic`` suites), overrides
+the built-ins field by field when it exists; a caller overrides further
+with `params_for(..., overrides=...)`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pathlib
 import re
 from typing import Any, Mapping
 
-DATA_DIR = pathlib.Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = pathlib.Path(__file__).resolve().parents[2] / "data"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,7 +70,7 @@ class DeviceParams:
     calibration: per schedule family ``(op, dataflow, num_chunks, comm,
       a, b)``: the model's total ``t`` becomes ``t * exp(a + b * ln(t /
       1 ms))``. Fitted on the fit split of the schedule benchmarks
-      (benchmarks/fit_cost_model.py): what the component model misses for
+      (the ``heuristic`` benchmark suite): what the component model misses for
       that family (host-bound issue on short ops, copy queues that share
       links) as a smooth function of the op's size. Families without an
       entry are not corrected.
@@ -143,28 +143,26 @@ class DeviceParams:
     return 0.0, 0.0
 
 
-# 4x H200. From /work/shared/reference/measurements.md: cuBLAS 8192^3
-# 796 TFLOP/s; XLA dots of the benchmark shapes fit flops / 729 TFLOP/s +
-# 16 us (hence matmul_eff ~0.92, launch); local copy 4.1 TB/s; NCCL
-# all-gather fits 25 us + bytes_in / 326 GB/s.
-# Fitted by `pip install . && python3 benchmarks/heuristic_accuracy.py`
-# (the values are in benchmarks/results/heuristic_accuracy.json, "fit"), in
-# two stages (benchmarks/fit_cost_model.py):
-# 1. from the characterisation (benchmarks/results/characterize_h200x4_merged
-#    .json): copy-engine receive bandwidth with 1/2/3 peers sending (slope of
-#    time vs bytes, P = 2/3/4 devices all copying), the ppermute bandwidth and
-#    latency, the contention of each engine, and the efficiency of one dot by
-#    its output tiles (single dots, relative to the largest);
-# 2. from the AG/RS benchmarks of runs 2-4 (benchmarks/results/h200x4_run*),
-#    fit split only (the gpt3-175b family and M=4096 are held out): the
-#    per-op terms dma_op_s, ce_latency_s and the copy-engine contention, by
-#    least squares on log time ratios within each case;
-# 3. session 3: the host floor (host_call_s, host_op_s) measured on a
-#    host-bound op (below), and, in the package data file
+# 4x H200, NVSwitch. Measured: cuBLAS 8192^3 796 TFLOP/s; XLA dots of the
+# benchmark shapes fit flops / 729 TFLOP/s + 16 us (hence matmul_eff ~0.92,
+# launch); local copy 4.1 TB/s; NCCL all-gather fits 25 us + bytes_in / 326
+# GB/s. Fitted (the benchmark command's ``characterize`` and ``heuristic``
+# suites, on the data in benchmarks/data/):
+# 1. from the characterisation: copy-engine receive bandwidth with 1/2/3
+#    peers sending (slope of time vs bytes, P = 2/3/4 devices all copying),
+#    the ppermute bandwidth and latency, the contention of each engine, and
+#    the efficiency of one dot by its output tiles (single dots, relative
+#    to the largest);
+# 2. from both ops' schedule benchmarks, fit split only (the gpt3-175b
+#    family and M=4096 held out): the per-op terms dma_op_s, ce_latency_s
+#    and the copy-engine contention, by least squares on log time ratios
+#    within each case;
+# 3. the host floor (host_call_s, host_op_s) measured on a host-bound op
+#    (below), and, in the package data file
 #    data/cost_model/nvidia_h200.json that `params_for` applies on top,
 #    decomposition_scale and the per-family calibration, fitted on the fit
-#    split of the interleaved session-3 sweeps (qwen2-72b and gpt3-175b
-#    held out; benchmarks/results/heuristic_accuracy.md).
+#    split of interleaved sweeps of both ops (qwen2-72b and gpt3-175b held
+#    out).
 _H200 = DeviceParams(
     name="NVIDIA H200",
     matmul_flops=796e12,
@@ -177,8 +175,8 @@ _H200 = DeviceParams(
     receive_bw=(365.7e9, 373.2e9, 338.8e9),
     ce_latency_s=27.3e-6,
     dma_op_s=0.937e-6,
-    # Host floor, measured (session-3 call A, rs 512x4096x4096, host-bound:
-    # 0.044 ms of device work): XLA's program 0.120 ms per call; each
+    # Host floor, measured (rs 512x4096x4096, host-bound: 0.044 ms of
+    # device work): XLA's program 0.120 ms per call; each
     # start / wait / done triple of the reduce-scatter adds 0.039-0.055 ms
     # (direct / ring c1: 3 triples, 0.235-0.237 ms; c2 / bidirectional: 6,
     # 0.416-0.453 ms), least squares 0.050 ms.
@@ -191,11 +189,10 @@ _H200 = DeviceParams(
     contention=(("dma", 0.0979, 0.122), ("xla", 0.74, 0.74)),
     # The reduce-scatter's pieces are row blocks of h at rank-dependent
     # offsets: the kernel TMA-loads them in place, where XLA's dot needs a
-    # slice copy first. Same-run pairs of one schedule on 4xH200 (session 4,
-    # calls C and D, benchmarks/results/h200x4_session4_{c,d}): Pallas
-    # faster in 31 of 40, at most 7% slower (ops under 0.5 ms), at most 3%
-    # on ops of 1 ms and more. With half-depth steps (K % 64 != 0,
-    # qwen2-72b) it lost 6-9%, so those keep XLA's dot.
+    # slice copy first. In same-run pairs of one schedule on 4xH200 the
+    # kernel is faster in 31 of 40, at most 7% slower (ops under 0.5 ms), at
+    # most 3% on ops of 1 ms and more. With half-depth steps (K % 64 != 0,
+    # qwen2-72b) it loses 6-9%, so those keep XLA's dot.
     pallas_pieces=("matmul_reduce_scatter",),
     measured=("matmul_flops", "matmul_eff", "hbm_bw", "decomposition",
               "receive_bw", "collective_bw", "collective_latency_s",

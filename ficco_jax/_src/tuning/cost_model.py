@@ -43,9 +43,9 @@ import math
 
 import numpy as np
 
-from ficco_jax._src import device_params
 from ficco_jax._src import plan as plan_lib
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src.tuning import device_params
 
 OPS = ("all_gather_matmul", "matmul_reduce_scatter")
 CHUNK_COUNTS = (1, 2, 4, 8)
@@ -476,8 +476,7 @@ def family(op: str, schedule: schedule_lib.Schedule) -> str:
   (``"direct:step"``): it runs other dots and starts, so the default's
   fitted correction does not carry over.
   """
-  default = dataclasses.replace(schedule, compute_granularity=None)
-  if schedule.granularity(op) == default.granularity(op):
+  if schedule.granularity(op) == schedule.default_granularity(op):
     return schedule.dataflow
   return f"{schedule.dataflow}:{schedule.granularity(op)}"
 
@@ -594,13 +593,13 @@ compile time and, for comm='dma', host rendezvous that can stall."""
 UNCALIBRATED_MIN_GAIN = 0.08
 """The margin where no fitted calibration applies (another axis size, a
 device kind never calibrated): the component model alone is optimistic
-about overlap. On 2xH200 (session 6, P = 2, where the H200 calibration for
-P = 4 does not apply) it predicted the all-gather 3.5-12.8% faster than
-XLA's program on every benchmark shape while it measured 0.89-1.01x; the
-reduce-scatter picks it predicted 9.5-12.7% faster measured 1.19-1.28x,
+about overlap. On 2xH200 (P = 2, where the H200 calibration for P = 4 does
+not apply) it predicts the all-gather 3.5-12.8% faster than
+XLA's program on every benchmark shape, which measure 0.89-1.01x; the
+reduce-scatter picks it predicts 9.5-12.7% faster measure 1.19-1.28x,
 those at 3-6% about 1.0x. 8% separates the two on the fit models
 (llama3-8b/70b/405b); on the held-out ones (qwen2-72b, gpt3-175b) it turns
-every overlap pick, each measured 0.94-0.995x, into XLA's program."""
+every overlap pick, each measuring 0.94-0.995x, into XLA's program."""
 
 
 def min_gain_for(params: device_params.DeviceParams, axis_size: int) -> float:
@@ -616,8 +615,8 @@ def eligible(params: device_params.DeviceParams, op: str,
 
   Where a fitted calibration applies (``params.calibrated_at(axis_size)``),
   only the families it covers: those were measured on this device kind, and
-  the component model alone misjudges some families by 10-20%
-  (benchmarks/results/heuristic_accuracy.md), so an unmeasured family would
+  the component model alone misjudges some families by 10-20% (the
+  ``heuristic`` benchmark suite's report), so an unmeasured family would
   win on optimism. Elsewhere, every candidate.
   """
   if not params.calibrated_at(axis_size) or not schedule.overlapped:

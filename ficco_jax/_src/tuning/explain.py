@@ -7,10 +7,11 @@ import dataclasses
 import jax
 import numpy as np
 
-from ficco_jax._src import cost_model
-from ficco_jax._src import device_params
-from ficco_jax._src import heuristics
+from ficco_jax._src import resolve
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src.tuning import cost_model
+from ficco_jax._src.tuning import device_params
+from ficco_jax._src.tuning import heuristics
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,6 +33,9 @@ class Explanation:
     chosen: the schedule ``schedule=None`` resolves to.
     source: ``"autotune cache"`` or ``"heuristic"``.
     reason: why (the heuristic's words, or the cache's).
+    transport: how ``chosen``'s pieces travel (`Schedule.transport`;
+      None for ``comm="xla"``), taking the axis to span processes when
+      this job has several.
     t_mm_s: one unsplit dot of all the op's rows.
     t_comm_s: XLA's collective alone (what ``"none"`` exposes).
     ideal_s: ``max(t_mm_s, t_comm_s)``.
@@ -50,6 +54,7 @@ class Explanation:
   chosen: schedule_lib.Schedule
   source: str
   reason: str
+  transport: str | None
   t_mm_s: float
   t_comm_s: float
   ideal_s: float
@@ -64,7 +69,9 @@ class Explanation:
         f" w{list(self.w_shape)} {self.dtype}, axis {self.axis}, P="
         f"{self.axis_size}, on {self.device_kind!r} (model params:"
         f" {self.params.name!r})",
-        f"chosen: {self.chosen.short()}  [{self.source}: {self.reason}]",
+        f"chosen: {self.chosen.short()}  [{self.source}: {self.reason}]"
+        + (f"; pieces travel by the {self.transport} transport"
+           if self.transport else ""),
         f"T_mm {ms(self.t_mm_s)} ms, T_comm (XLA collective)"
         f" {ms(self.t_comm_s)} ms, ideal max(T_mm, T_comm)"
         f" {ms(self.ideal_s)} ms; chosen predicted {ms(pr.total)} ms"
@@ -87,6 +94,15 @@ class Explanation:
     return "\n".join(lines)
 
 
+def _on_xla_dots(s: schedule_lib.Schedule) -> schedule_lib.Schedule | None:
+  """``s`` with XLA's dots instead of the Pallas kernel, or None where no
+  such schedule exists (the flagged granularity is the kernel's own)."""
+  if s.compute_granularity == "flagged":
+    return None
+  return dataclasses.replace(s, compute="xla", num_sms=None,
+                             reduce_in_epilogue=False)
+
+
 def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
               none: cost_model.Prediction, gated: str | None,
               eligible: bool = True,
@@ -95,7 +111,7 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
   if p.schedule == chosen.schedule:
     return "chosen"
   if (p.schedule.compute == "xla" and chosen.schedule.compute == "pallas"
-      and p.schedule == dataclasses.replace(chosen.schedule, compute="xla")):
+      and p.schedule == _on_xla_dots(chosen.schedule)):
     # The model times XLA's dot for both (DeviceParams.pallas_pieces).
     return ("same pieces on XLA's dot; the chosen schedule runs them on"
             " the Pallas kernel, measured faster")
@@ -141,8 +157,8 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
             axis: int = 0, device_kind: str | None = None) -> Explanation:
   """Explains the schedule ``schedule=None`` resolves to for one problem.
 
-  Follows the order of ``api._resolve`` (autotune cache, then heuristic) and
-  reports the cost model's prediction for every candidate.
+  Resolves as the ops do (`ficco_jax._src.resolve`: autotune cache, then
+  heuristic) and reports the cost model's prediction for every candidate.
 
   Args:
     op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
@@ -151,44 +167,35 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     dtype: the first operand's dtype.
     axis_size: devices along the axis.
     axis: the gathered / scattered axis.
-    device_kind: the device to plan for. None: this process's default
-      backend, with its real platform and libraries. A named kind is
-      planned for as a GPU with the copy-engine library available.
+    device_kind: the device to plan for. None: this process's devices,
+      with their real platform and libraries. Another kind is planned for
+      as a GPU of that kind with the copy-engine library available.
 
   Returns:
     An `Explanation`; ``print`` it for the report.
   """
-  if op not in cost_model.OPS:
-    raise ValueError(f"Unknown {op=}; expected one of {cost_model.OPS}.")
+  resolution = resolve.default_schedule(
+      op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
+      axis=axis, device_kind=device_kind)
+  tgt = resolution.target
   x_shape = tuple(int(d) for d in x_shape)
   w_shape = tuple(int(d) for d in w_shape)
-  if device_kind is None:
-    device_kind = heuristics.default_device_kind()
-    platform, assume_dma = jax.default_backend(), False
-  else:
-    platform, assume_dma = "gpu", True
-  params = device_params.params_for(device_kind)
-  from ficco_jax._src import api  # pylint: disable=g-import-not-at-top
-
-  # The lookup the op itself does (shapes folded to 2-D where free, this
-  # job's process count).
-  cached = api.cached_schedule(op, device_kind=device_kind,
-                               axis_size=axis_size, x_shape=x_shape,
-                               w_shape=w_shape, axis=axis, dtype=dtype)
-  decided, reason = heuristics.decide(
-      op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
-      axis=axis, platform=platform, params=params, assume_dma=assume_dma)
+  params = device_params.params_for(tgt.device_kind)
+  chosen, source, reason = (resolution.schedule, resolution.source,
+                            resolution.reason)
   gated = heuristics.gate(op, x_shape=x_shape, dtype=dtype,
-                          axis_size=axis_size, axis=axis, platform=platform)
-  if assume_dma and gated == heuristics.NO_DMA_LIBRARY:
+                          axis_size=axis_size, axis=axis,
+                          platform=tgt.platform)
+  if tgt.assume_dma and gated == heuristics.NO_DMA_LIBRARY:
     gated = None
-  if cached is not None:
-    chosen, source = cached, "autotune cache"
+  if source == "autotune cache":
+    decided, _ = heuristics.decide(
+        op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
+        axis_size=axis_size, axis=axis, platform=tgt.platform, params=params,
+        assume_dma=tgt.assume_dma)
     reason = (f"measured fastest (the heuristic alone would pick"
               f" {decided.short()})")
     gated = None
-  else:
-    chosen, source = decided, "heuristic"
   prob = cost_model.problem(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
                             axis_size=axis_size, axis=axis)
   preds = list(cost_model.rank(prob, params, comms=heuristics.COMMS))
@@ -197,21 +204,19 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     preds.append(cost_model.predict(prob, chosen, params))
   chosen_pred = next(pr for pr in preds if pr.schedule == chosen)
   none = next(pr for pr in preds if not pr.schedule.overlapped)
+  margin = cost_model.min_gain_for(params, axis_size)
+  eligible = lambda s: cost_model.eligible(params, op, s, axis_size)  # noqa: E731
   return Explanation(
       op=op, x_shape=x_shape, w_shape=w_shape, dtype=np.dtype(dtype).name,
-      axis_size=axis_size, axis=axis, device_kind=device_kind, params=params,
-      chosen=chosen, source=source, reason=reason, t_mm_s=none.t_mm,
-      t_comm_s=none.t_comm, ideal_s=max(none.t_mm, none.t_comm),
-      chosen_prediction=chosen_pred,
-      candidates=tuple(Candidate(prediction=pr,
-                                 verdict=_why_lost(
-                                     pr, chosen_pred, none, gated,
-                                     cost_model.eligible(params, op,
-                                                         pr.schedule,
-                                                         axis_size),
-                                     cost_model.min_gain_for(params,
-                                                             axis_size)))
-                       for pr in sorted(preds, key=lambda pr: (
-                           not cost_model.eligible(params, op, pr.schedule,
-                                                   axis_size),
-                           pr.total))))
+      axis_size=axis_size, axis=axis, device_kind=tgt.device_kind,
+      params=params, chosen=chosen, source=source, reason=reason,
+      transport=chosen.resolved_transport(
+          spans_processes=jax.process_count() > 1),
+      t_mm_s=none.t_mm, t_comm_s=none.t_comm,
+      ideal_s=max(none.t_mm, none.t_comm), chosen_prediction=chosen_pred,
+      candidates=tuple(
+          Candidate(prediction=pr,
+                    verdict=_why_lost(pr, chosen_pred, none, gated,
+                                      eligible(pr.schedule), margin))
+          for pr in sorted(preds, key=lambda pr: (not eligible(pr.schedule),
+                                                  pr.total))))

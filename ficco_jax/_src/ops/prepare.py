@@ -1,0 +1,72 @@
+"""What every public op does before it traces its computation: check the
+arguments, resolve the schedule, and build the call's `Static` config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from ficco_jax._src import matmul
+from ficco_jax._src import resolve
+from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import validation
+
+
+def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
+            axis_arg: str, axis: int, axis_name: str,
+            schedule: schedule_lib.Schedule | None, precision: Any,
+            preferred_element_type: Any,
+            timeout_s: Any) -> tuple[int, matmul.Static]:
+  """Checks one call's arguments and resolves its config.
+
+  Args:
+    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    a: the first operand (``x`` or ``h``), named ``a_name`` in errors.
+    w: the weight.
+    axis_arg: the name of the argument ``axis`` came from
+      (``gather_axis`` / ``scatter_axis``).
+    axis, axis_name, schedule, precision, preferred_element_type,
+      timeout_s: the public arguments.
+
+  Returns:
+    ``(axis, st)``: the row axis, normalized, and the call's `Static`.
+  """
+  validation.check_array(a_name, a)
+  a_shape = f"{a_name}.shape[-1] of {a_name} {tuple(a.shape)}"
+  validation.check_weight("w", w, a.shape[-1], a_shape)
+  validation.check_nonempty(a_name, a)
+  validation.check_nonempty("w", w)
+  timeout_s = validation.check_timeout(timeout_s)
+  axis = validation.normalize_axis(axis_arg, axis, a.ndim, a.shape)
+  p = validation.axis_size(axis_name, op)
+  rows = a.shape[axis]
+  if op == "matmul_reduce_scatter":
+    validation.check_divisible(f"{a_name}.shape[{axis}] ({a_name} is"
+                               f" {tuple(a.shape)})", rows, p,
+                               f"the size of axis {axis_name!r}")
+    rows //= p
+    what = (f"{a_name}.shape[{axis}] // axis size (the rows each device"
+            f" keeps, {a_name} is {tuple(a.shape)})")
+  else:
+    what = (f"{a_name}.shape[{axis}] (the local rows gathered, {a_name} is"
+            f" {tuple(a.shape)})")
+  schedule = resolve.resolve(op, schedule, x_shape=a.shape, w_shape=w.shape,
+                             dtype=a.dtype, axis_size=p, axis=axis)
+  validation.check_divisible(what, rows, schedule.num_chunks,
+                             "schedule.num_chunks")
+  if schedule.comm == "dma" and schedule.overlapped and p > 1:
+    validation.check_traced_for_copy_engines(op, a)
+  if (op == "all_gather_matmul"
+      and schedule.compute_granularity in ("halving", "flagged")):
+    # The all-gather waits for a step's pieces in one landing buffer, so
+    # smaller groups would only mean more dots; and its copies read the
+    # inputs, which no kernel of the op writes (nothing to flag).
+    raise ValueError(
+        f"schedule.compute_granularity={schedule.compute_granularity!r} is"
+        " the reduce-scatter's; all_gather_matmul takes 'piece', 'step' or"
+        " None.")
+  return axis, matmul.make_static(
+      op, axis_name=axis_name, axis_size=p, schedule=schedule,
+      precision=precision, preferred_element_type=preferred_element_type,
+      timeout_s=timeout_s)

@@ -1,0 +1,208 @@
+"""What ``schedule=None`` becomes: the one order in which a schedule is chosen.
+
+First match wins:
+
+1. the ``schedule`` the caller passes;
+2. the autotune cache's entry for (device kind, axis size, op, local shapes,
+   axis, dtype, process count): the user's file
+   (`ficco_jax.set_autotune_cache`, default
+   ``~/.cache/ficco_jax/autotune.json``) over the package's shipped data;
+3. the heuristic, a cost model (`heuristics.choose_schedule`).
+
+Steps 2 and 3 run at trace time, so a jitted function keeps the schedule it
+was traced with: autotune before the first call to use its result. The ops,
+`ficco_jax.choose_schedule` and `ficco_jax.explain` all resolve here, so
+they agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src.tuning import autotune_cache
+from ficco_jax._src.tuning import device_params
+from ficco_jax._src.tuning import heuristics
+
+OPS = ("all_gather_matmul", "matmul_reduce_scatter")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Target:
+  """The machine a schedule is chosen for.
+
+  Attributes:
+    device_kind: the device kind (keys the cache and the model's constants).
+    platform: ``"gpu"``, ``"cpu"``, ...: off GPUs nothing overlaps.
+    assume_dma: plan as if the copy-engine library were built in (for a
+      device kind that is not the one at hand).
+  """
+
+  device_kind: str
+  platform: str
+  assume_dma: bool
+
+
+def target(device_kind: str | None = None) -> Target:
+  """The `Target` for ``device_kind``: None or this process's own kind
+  plans for the devices at hand (their platform and this install's
+  libraries); any other kind is planned for as a GPU of that kind with the
+  copy-engine library available."""
+  here = heuristics.default_device_kind()
+  if device_kind is None or device_kind == here:
+    return Target(device_kind=here, platform=jax.default_backend(),
+                  assume_dma=False)
+  return Target(device_kind=device_kind, platform="gpu", assume_dma=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Resolution:
+  """A resolved schedule and where it came from.
+
+  Attributes:
+    schedule: what the op runs.
+    source: ``"autotune cache"`` or ``"heuristic"``.
+    reason: why, in words.
+    target: the machine it was chosen for.
+  """
+
+  schedule: schedule_lib.Schedule
+  source: str
+  reason: str
+  target: Target
+
+
+def check_op(op: str) -> None:
+  if op not in OPS:
+    raise ValueError(f"op={op!r} must be one of {OPS}.")
+
+
+def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
+                     axis: int = 0, device_kind: str | None = None
+                     ) -> Resolution:
+  """Steps 2 and 3 of the order: what ``schedule=None`` runs, and why.
+
+  Args:
+    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    x_shape, w_shape: local shapes, as the op sees them inside shard_map.
+    dtype: the first operand's dtype.
+    axis_size: devices along the axis.
+    axis: the gathered / scattered axis of the first operand.
+    device_kind: see `target`. Inside ``shard_map`` tracing no concrete
+      device is at hand, so the ops pass None: the kind of the default
+      backend's first device (the mesh is assumed to be of that backend).
+
+  Returns:
+    The `Resolution`.
+  """
+  check_op(op)
+  x_shape = tuple(int(d) for d in x_shape)
+  w_shape = tuple(int(d) for d in w_shape)
+  tgt = target(device_kind)
+  cached = cached_schedule(op, device_kind=tgt.device_kind,
+                           axis_size=axis_size, x_shape=x_shape,
+                           w_shape=w_shape, axis=axis, dtype=dtype)
+  if cached is not None:
+    return Resolution(schedule=cached, source="autotune cache",
+                      reason="measured fastest for this shape", target=tgt)
+  if jax.process_count() > 1:
+    heuristics.warn_once(
+        f"ficco_jax: schedule=None in a job of {jax.process_count()}"
+        " processes found no autotune entry measured in that layout, so the"
+        " cost model picks, and it was fitted in one process driving every"
+        " GPU. Run ficco_jax.autotune(...) in this job, or pass a schedule.")
+  schedule, reason = heuristics.decide(
+      op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
+      axis=axis, platform=tgt.platform,
+      params=device_params.params_for(tgt.device_kind),
+      assume_dma=tgt.assume_dma)
+  return Resolution(schedule=schedule, source="heuristic", reason=reason,
+                    target=tgt)
+
+
+def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
+                    axis: int = 0, device_kind: str | None = None
+                    ) -> schedule_lib.Schedule:
+  """The schedule ``schedule=None`` runs for these local shapes.
+
+  The autotune cache's entry if there is one, else the cost-model heuristic
+  (`ficco_jax.explain` says which, and why). Same arguments, same answer
+  as the op traced on the devices at hand.
+
+  Args:
+    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    x_shape: the local (per-device) shape of the op's first operand (``x``
+      or ``h``), as the op sees it inside ``shard_map``.
+    w_shape: the local shape of ``w``.
+    dtype: element type of the first operand.
+    axis_size: devices along the axis.
+    axis: ``gather_axis`` or ``scatter_axis``.
+    device_kind: None (or this process's own device kind): plan for the
+      devices at hand. Another kind (e.g. ``"NVIDIA H200"`` from a laptop)
+      is planned for as a GPU of that kind with ficco's copy-engine
+      library built in.
+
+  Returns:
+    A `ficco_jax.Schedule`; ``dataflow="none"`` where overlap would not
+    pay.
+  """
+  return default_schedule(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
+                          axis_size=axis_size, axis=axis,
+                          device_kind=device_kind).schedule
+
+
+def cached_schedule(op: str, *, device_kind: str, axis_size: int, x_shape,
+                    w_shape, axis: int, dtype) -> schedule_lib.Schedule | None:
+  """The autotune cache's schedule for an op, or None (step 2).
+
+  Keyed by this job's process count too (`autotune_cache.Key`), and tried
+  for each shape of `_cache_shapes`.
+  """
+  for shape, ax in _cache_shapes(x_shape, axis):
+    key = autotune_cache.Key.of(op, device_kind=device_kind,
+                                axis_size=axis_size, x_shape=shape,
+                                w_shape=w_shape, axis=ax, dtype=dtype,
+                                processes=jax.process_count())
+    cached = autotune_cache.lookup(key)
+    if cached is not None and _fits(op, cached, x_shape, axis, axis_size):
+      return cached
+  return None
+
+
+def _cache_shapes(x_shape, axis):
+  """The operand shapes whose cache entries fit this op, best match first.
+
+  The shape itself; then, when every dimension before ``axis`` is 1 (a
+  sequence-parallel ``[1, S / P, d]`` activation, say), the 2-D ``[rows,
+  K]`` the op reduces to: moving ``axis`` first is then free and the op
+  folds the remaining dims into rows, so it runs the same dots and moves
+  the same bytes as the 2-D op.
+  """
+  x_shape = tuple(int(d) for d in x_shape)
+  yield x_shape, axis
+  if len(x_shape) > 2 and all(d == 1 for d in x_shape[:axis]):
+    yield (int(np.prod(x_shape[:-1])), x_shape[-1]), 0
+
+
+def _fits(op, schedule, x_shape, axis, axis_size) -> bool:
+  # A 2-D entry's chunk count divides the folded rows; the op cuts along
+  # ``axis`` only.
+  split = x_shape[axis]
+  if op == "matmul_reduce_scatter":
+    split //= axis_size
+  return split % schedule.num_chunks == 0
+
+
+def resolve(op: str, schedule, *, x_shape, w_shape, dtype, axis_size: int,
+            axis: int) -> schedule_lib.Schedule:
+  """The schedule a call runs (step 1, else `default_schedule`)."""
+  if schedule is None:
+    return default_schedule(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
+                            axis_size=axis_size, axis=axis).schedule
+  if not isinstance(schedule, schedule_lib.Schedule):
+    raise TypeError(
+        f"schedule must be a ficco_jax.Schedule or None, got {schedule!r}.")
+  return schedule
