@@ -1,4 +1,4 @@
-"""The peer-copy protocol (xla_ffi/PROTOCOL.md) end to end on its CPU twin.
+"""The peer-copy protocol (docs/protocol.md) end to end on its CPU twin.
 
 Gathers shards with start/wait/done inside jit(shard_map) on 8 virtual CPU
 devices and compares with lax.all_gather, bit for bit; checks that repeated
@@ -17,7 +17,6 @@ if "jax" not in sys.modules:  # Standalone runs; conftest.py does the same.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
                                _flag).strip()
 
-import json  # pylint: disable=g-import-not-at-top
 import time  # pylint: disable=g-import-not-at-top
 
 import jax
@@ -54,9 +53,9 @@ def _devices(platform):
                         ("cuda", "parallel")],
                 ids=lambda p: "-".join(p))
 def platform(request):
-  """The platform, with each issue mode it supports (PROTOCOL.md): the CPU
-  twin's default and the async issuer threads; CUDA's default (async) and
-  parallel issue."""
+  """The platform, with each issue mode it supports (docs/protocol.md): the
+  CPU twin's default and the async issuer threads; CUDA's default (async)
+  and parallel issue."""
   name, mode = request.param
   _devices(name)  # Skips where the platform is missing.
   previous = library.set_issue_mode(mode, name)
@@ -503,59 +502,48 @@ def test_start_validates_its_operands():
         _input(mesh, (5,)))
 
 
-_PIN_SCRIPT = """
-import json, os
-import jax, numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
-import ficco_jax
-mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("x",))
-f = jax.jit(jax.shard_map(
-    lambda x, w: ficco_jax.all_gather_matmul(
-        x, w, axis_name="x", schedule=ficco_jax.Schedule(
-            dataflow="ring", num_chunks=1, comm="dma")),
-    mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
-x = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
-w = np.ones((6, 8), np.float32)
-np.testing.assert_allclose(f(x, w), x @ w)
-pins = {}
-for tid in os.listdir("/proc/self/task"):
-  with open(f"/proc/self/task/{tid}/comm") as fh:
-    name = fh.read().strip()
-  if name.startswith("ficco-issue-"):
-    pins[name] = sorted(os.sched_getaffinity(int(tid)))
-print("PINS", json.dumps(pins))
-"""
+def _thread_names():
+  """The names of this process's threads, as /proc shows them."""
+  names = set()
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      with open(f"/proc/self/task/{tid}/comm") as fh:
+        names.add(fh.read().strip())
+    except OSError:  # The thread exited in between.
+      continue
+  return names
 
 
-@pytest.mark.parametrize("cpus", ["first allowed", "not-a-cpu"])
-def test_issuer_threads_are_named_and_pinned_on_request(cpus):
-  import subprocess  # pylint: disable=g-import-not-at-top
-  first = min(os.sched_getaffinity(0))  # CPU 0 may be outside a cpuset.
-  if cpus == "first allowed":
-    cpus = str(first)
-  # The child imports the ficco_jax this process runs (the installed one,
-  # with its native library), not a source tree in its working directory.
-  import ficco_jax  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(ficco_jax.__file__)))
-  # A bad spin is logged too, and the default used.
-  spin = "25" if cpus == str(first) else "soon"
-  env = dict(os.environ, FICCO_CPU_ISSUE="async", FICCO_ISSUER_CPUS=cpus,
-             FICCO_ISSUER_SPIN_US=spin, JAX_PLATFORMS="cpu", PYTHONPATH=root,
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  run = subprocess.run([sys.executable, "-c", _PIN_SCRIPT], env=env,
-                       cwd=library.library_path().parent,
-                       capture_output=True, text=True, timeout=300)
-  assert run.returncode == 0, run.stderr[-3000:]
-  line = [l for l in run.stdout.splitlines() if l.startswith("PINS")][0]
-  pins = json.loads(line[5:])
-  assert sorted(pins) == [f"ficco-issue-{d}" for d in range(4)], pins
-  if cpus == str(first):
-    assert all(v == [first] for v in pins.values()), pins
-  else:
-    # A bad list is logged, and the issuers run unpinned.
-    assert "FICCO_ISSUER_CPUS=not-a-cpu is not a list" in run.stderr
-    assert "FICCO_ISSUER_SPIN_US=soon is not a number" in run.stderr
-    assert all(len(v) == len(os.sched_getaffinity(0)) for v in pins.values())
+def test_async_issue_runs_on_named_issuer_threads():
+  """The CPU twin's issue mode is "last" unless the C API selects another
+  (nothing in the environment does); "parallel" is refused there. Under
+  "async" each device's copies are issued by a thread of ficco's own, named
+  ficco-issue-<device> so that /proc and profilers tell it apart, and the
+  gather stays exact over repeated calls."""
+  assert library.issue_mode("cpu") == "last"
+  with pytest.raises(ValueError, match="not supported"):
+    library.set_issue_mode("parallel", "cpu")
+  assert library.issue_mode("cpu") == "last"
+  mesh = _mesh("cpu", "4")
+  plan = _plan("ring", 3)
+  f = _shard_map(mesh, lambda x: (_gather(x, plan), _reference(x)), 2)
+  x = _input(mesh, (5,))
+  previous = library.set_issue_mode("async", "cpu")
+  try:
+    assert previous == "last"
+    assert library.issue_mode("cpu") == "async"
+    for _ in range(3):
+      out, ref = f(x)
+      np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+    _assert_idle("cpu")
+  finally:
+    library.set_issue_mode(previous, "cpu")
+  assert library.issue_mode("cpu") == "last"
+  ordinals = [d.id if getattr(d, "local_hardware_id", None) is None
+              else d.local_hardware_id for d in mesh.devices.flat]
+  names = _thread_names()
+  missing = {f"ficco-issue-{o}" for o in ordinals} - names
+  assert not missing, (missing, sorted(names))
 
 
 def _roll_plan(rows):
@@ -632,47 +620,36 @@ def test_arm_writes_the_rank_on_the_axis(layout):
   _assert_idle("cpu")
 
 
-@pytest.mark.parametrize("rank_from",
-                         ["arm", "axis_index", "typo", "push", "push_rank"])
-def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(rank_from,
-                                                            monkeypatch):
+@pytest.mark.parametrize("transport", ["rendezvous", None])
+def test_flagged_reduce_scatter_reads_its_rank_from_the_arm(transport):
   """The flagged program takes the kernel's rank from the arm: no
-  partition-id (and no fusion converting it) per call. On the rendezvous
-  transport the measurement switch FICCO_FLAGGED_RANK=axis_index puts XLA's
-  back; "push" is the default transport, whose arm writes the rank too, and
-  where the switch is an error ("push_rank"), not ignored."""
+  partition-id (and no fusion converting it) per call, on the rendezvous
+  transport and on the push transport (None: the automatic choice of the
+  flagged reduce-scatter), whose arm writes the rank too."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
   import functools  # pylint: disable=g-import-not-at-top
   import ficco_jax  # pylint: disable=g-import-not-at-top
   if jax.default_backend() != "cpu":
     # The kernel picks interpret mode from the default backend, and this
     # compiles the CPU program (it checks the program, not the GPU's).
     pytest.skip("needs CPU as the default backend")
-  if not rank_from.startswith("push"):
-    monkeypatch.setenv("FICCO_FLAGGED_TRANSPORT", "rendezvous")
-  if rank_from not in ("arm", "push"):
-    monkeypatch.setenv("FICCO_FLAGGED_RANK",
-                       "axis_index" if rank_from == "push_rank" else rank_from)
   mesh = _mesh("cpu", "4")
-  op = functools.partial(
-      ficco_jax.matmul_reduce_scatter, axis_name="x",
-      schedule=schedule_lib.Schedule.from_short(
-          "direct/c1/dma/pallas/flagged"))
+  schedule = dataclasses.replace(
+      schedule_lib.Schedule.from_short("direct/c1/dma/pallas/flagged"),
+      transport=transport)
+  op = functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                         schedule=schedule)
   f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(None, "x"), P("x")),
                             out_specs=P("x"), check_vma=False))
   a = jax.ShapeDtypeStruct((24, 40), jnp.float32,
                            sharding=NamedSharding(mesh, P(None, "x")))
   b = jax.ShapeDtypeStruct((40, 28), jnp.float32,
                            sharding=NamedSharding(mesh, P("x")))
-  if rank_from in ("typo", "push_rank"):
-    match = ("FICCO_FLAGGED_RANK='typo'" if rank_from == "typo" else
-             "FICCO_FLAGGED_RANK is a switch of the rendezvous transport")
-    with pytest.raises(ValueError, match=match):
-      f.lower(a, b)
-    return
   text = f.lower(a, b).compile().as_text()
-  assert text.count("partition-id") == (rank_from == "axis_index")
+  assert "partition-id" not in text
   # The program runs the transport asked for.
-  assert ("ficco_push_start" in text) == (rank_from == "push"), rank_from
+  assert ("ficco_push_start" in text) == (transport is None), transport
+  assert ("ficco_flags_arm" in text) == (transport == "rendezvous"), transport
 
 
 def test_flagged_start_times_out_on_a_flag_never_set():

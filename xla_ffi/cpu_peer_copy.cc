@@ -4,18 +4,18 @@
 // devices' buffers.
 //
 // It is asynchronous like the GPU: start returns once the copies are queued
-// (by the last rank to arrive). wait and done are asynchronous FFI handlers:
-// XLA:CPU runs handlers on a small shared thread pool, where a handler that
-// blocked for a peer could starve that peer's own start. They return a
-// future, completed when the awaited events are set, on a per-device
-// completion thread (XLA continues the execution on it), or with an error
-// when a watchdog finds the deadline passed.
+// (by the last rank to arrive, or handed to the issuer threads). sync, which
+// waits for landing buffers and ends invocations, is an asynchronous FFI
+// handler: XLA:CPU runs handlers on a small shared thread pool, where a
+// handler that blocked for a peer could starve that peer's own start. It
+// returns a future, completed when the awaited events are set, on a
+// per-device completion thread (XLA continues the execution on it), or with
+// an error when a watchdog finds the deadline passed.
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -50,21 +50,14 @@ struct CpuBackend {
   using Inv = Invocation<CpuBackend>;
   static constexpr bool kFlagsMustAlias = false;
   // XLA:CPU runs handlers on a small shared pool: a start that blocked for
-  // its peers could starve them, so the last rank to arrive issues for all,
-  // or (FICCO_CPU_ISSUE=async, or the C API, for tests of that mode) each
-  // device's issuer thread, which is ficco's own. Never parallel.
+  // its peers could starve them, so by default the last rank to arrive
+  // issues for all; the C API (FiccoSetIssueMode) can select async issue,
+  // where each device's issuer thread, which is ficco's own, waits and
+  // issues instead. Never parallel.
   static bool SupportsIssueMode(int mode) {
     return mode == kIssueLast || mode == kIssueAsync;
   }
-  static int DefaultIssueMode() {
-    const int mode = IssueModeFromEnv("FICCO_CPU_ISSUE", kIssueLast);
-    if (SupportsIssueMode(mode)) return mode;
-    std::fprintf(stderr,
-                 "ficco: FICCO_CPU_ISSUE=parallel is not supported by the CPU"
-                 " twin (a start blocked for its peers could starve XLA:CPU's"
-                 " pool); using last\n");
-    return kIssueLast;
-  }
+  static int DefaultIssueMode() { return kIssueLast; }
 
   // The issuer threads hold no per-thread device state.
   static void BindIssuer(int32_t) {}

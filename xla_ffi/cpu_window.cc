@@ -1,9 +1,10 @@
-// CPU twin of the window transport: windows are POSIX shared memory (so
-// ranks in other processes of this host map them too), flags are atomics
-// in them, queues are the twin's worker threads (cpu_runtime.h), and a
-// queue's flag wait polls with a deadline, so a peer that never signals
-// fails the invocation instead of hanging it. wait and done return futures,
-// as in the rendezvous twin (XLA:CPU's handler pool is small).
+// CPU twin of the window and push transports: windows are POSIX shared
+// memory (so ranks in other processes of this host map them too), flags are
+// atomics in them, queues are the twin's worker threads (cpu_runtime.h), and
+// a queue's flag wait polls with a deadline, so a peer that never signals
+// fails the invocation instead of hanging it. wait, done and the push
+// finish return futures, as in the rendezvous twin (XLA:CPU's handler pool
+// is small).
 
 #include <atomic>
 #include <chrono>

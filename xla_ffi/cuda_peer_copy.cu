@@ -1,7 +1,8 @@
-// CUDA handlers of the peer-copy protocol: copies are peer cudaMemcpyAsync
-// (unified addressing, peer access on) on non-blocking side streams of the
-// receiving device (copy engines, no SM kernels); events are CUDA events from per-device pools; streams of
-// different devices wait on each other with cudaStreamWaitEvent.
+// CUDA handlers of the rendezvous transport's peer-copy protocol
+// (docs/protocol.md): copies are peer cudaMemcpyAsync (unified addressing,
+// peer access on) on non-blocking side streams of the receiving device (copy
+// engines, no SM kernels); events are CUDA events from per-device pools;
+// streams of different devices wait on each other with cudaStreamWaitEvent.
 //
 // Host code only: nothing here runs on the GPU's SMs.
 
@@ -17,7 +18,6 @@
 #include <utility>
 
 #include "cuda_util.h"
-#include "env.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
 #include "gpu_trace.h"
@@ -41,37 +41,24 @@ struct CudaBackend {
   static constexpr bool kFlagsMustAlias = true;
   // XLA:GPU gives every device its own host thread, and each rank issues
   // the copies it receives on its own device (one thread issuing for all,
-  // with the device switches, cost ~15-20 us per copy on 4xH200 and made
+  // with the device switches, costs ~15-20 us per copy on 4xH200 and makes
   // short ops host-bound). Async issue (the default): start only publishes
   // and the device's issuer thread waits for the peers and issues, so XLA's
   // thread goes on enqueuing the next chunk's matmul; its sync still waits
-  // for the issue. Parallel (FICCO_CUDA_ISSUE=parallel, or the C API):
-  // start itself waits for the peers and issues. Async cut the host floor
-  // of a short reduce-scatter from 0.328 to 0.277 ms per call (PROTOCOL.md,
-  // "Three ways to issue").
+  // for the issue. Parallel (selected through the C API, FiccoSetIssueMode):
+  // start itself waits for the peers and issues. On 4xH200 a short
+  // reduce-scatter's host floor is ~0.28 ms per call with async issue and
+  // ~0.33 ms with parallel (docs/protocol.md, "Three ways to issue").
   static bool SupportsIssueMode(int mode) {
     return mode == kIssueLast || mode == kIssueParallel || mode == kIssueAsync;
   }
-  static int DefaultIssueMode() {
-    return IssueModeFromEnv("FICCO_CUDA_ISSUE", kIssueAsync);
-  }
+  static int DefaultIssueMode() { return kIssueAsync; }
 
   // The issuer thread is ficco's own: its device stays current, so the
   // Side* calls' ScopedDevice finds it set and skips the set and restore.
   // (Should this fail, each ScopedDevice sets the device itself and reports
   // the failure where it can.)
   static void BindIssuer(int32_t device) { cudaSetDevice(device); }
-
-  // How a copy is enqueued: cudaMemcpyAsync(cudaMemcpyDefault), which
-  // unified addressing routes to the receiver's copy engine once peer access
-  // is on, or, with FICCO_CUDA_MEMCPY=peer (for measurements),
-  // cudaMemcpyPeerAsync. The former costs the host ~5 us less per copy
-  // (4xH200, benchmarks/results/h200x4_session5_b/host_floor_*: an
-  // all-gather start's issue of 3 copies 33 -> 18 us).
-  static bool PeerMemcpy() {
-    static const bool peer = EnvIs("FICCO_CUDA_MEMCPY", "peer");
-    return peer;
-  }
 
   explicit CudaBackend(cudaStream_t compute) : compute(compute) {}
 
@@ -119,22 +106,21 @@ struct CudaBackend {
     return ffi::Error::Success();
   }
 
+  // A copy is cudaMemcpyAsync(cudaMemcpyDefault), which unified addressing
+  // routes to the receiver's copy engine once peer access is on. It costs
+  // the host ~5 us less per copy than cudaMemcpyPeerAsync (on 4xH200 an
+  // all-gather start's issue of 3 copies takes ~18 us rather than ~33).
   ffi::Error SideCopy(const std::shared_ptr<Inv>&, int32_t device,
                       int64_t stream, char* dst, const char* src,
-                      int32_t src_device, size_t bytes) {
+                      int32_t /*src_device*/, size_t bytes) {
     if (bytes == 0) return ffi::Error::Success();
     ScopedDevice scoped;
     if (auto err = scoped.Set(device); err.failure()) return err;
     auto side = SideStream(device, stream);
     if (!side.has_value()) return side.error();
     GpuTrace::Get().Stamp(device, *side, kTraceGpuCopyBegin);
-    if (PeerMemcpy()) {
-      FICCO_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyPeerAsync(dst, device, src, src_device, bytes, *side));
-    } else {
-      FICCO_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, *side));
-    }
+    FICCO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, *side));
     GpuTrace::Get().Stamp(device, *side, kTraceGpuCopyEnd);
     return ffi::Error::Success();
   }
@@ -160,20 +146,21 @@ struct CudaBackend {
   // `out` fires once `*flag >= target`, counted after `after` (the arm's
   // zeroing). On the device's flag stream, enqueued after the kernel that
   // bumps the flag was launched, so the wait never stands before its
-  // producer in any hardware queue (PROTOCOL.md, "Flagged starts"). Pieces
-  // complete in order where a piece has at least as many tiles as the
-  // kernel has CTAs, so one stream's waits in flag order lose nothing;
-  // where it has fewer, a later piece may finish first and wait for an
-  // earlier one's flag (later, never wrong).
+  // producer in any hardware queue (docs/protocol.md, "Flagged starts").
+  // One stream takes all of a start's flag waits, in piece order, which is
+  // the order the kernel completes them: pieces complete in order where a
+  // piece has at least as many tiles as the kernel has CTAs, so one
+  // stream's waits in flag order lose nothing; where it has fewer, a later
+  // piece may finish first and wait for an earlier one's flag (later, never
+  // wrong). A stream per flag gains nothing measurable.
   // No host bound here: the kernel is enqueued and always completes.
-  ffi::Error FlagReady(int32_t device, int64_t flag_index, const int32_t* flag,
-                       int64_t target, Event* after, Event* out,
-                       int64_t /*timeout_ms*/) {
+  ffi::Error FlagReady(int32_t device, int64_t /*flag_index*/,
+                       const int32_t* flag, int64_t target, Event* after,
+                       Event* out, int64_t /*timeout_ms*/) {
     if (Ops().wait == nullptr) return ffi::Error::Internal(Ops().error);
     ScopedDevice scoped;
     if (auto err = scoped.Set(device); err.failure()) return err;
-    auto stream = SideStream(
-        device, kFlagStream + (FlagStreamPerPiece() ? flag_index : 0));
+    auto stream = SideStream(device, kFlagStream);
     if (!stream.has_value()) return stream.error();
     FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(*stream, after, 0));
     if (auto err = CheckCu(
@@ -189,17 +176,8 @@ struct CudaBackend {
     return ffi::Error::Success();
   }
 
-  // Copy queues are indices [0, num_streams); these are far past them.
+  // Copy queues are indices [0, num_streams); this is far past them.
   static constexpr int64_t kFlagStream = int64_t{1} << 40;
-
-  // Where the flag waits queue: one stream for all of a start's flags (in
-  // piece order, which is the order the kernel completes them), or, with
-  // FICCO_FLAG_STREAMS=piece (for measurements), one stream per flag, so
-  // no wait sits in a hardware queue ahead of another piece's wait.
-  static bool FlagStreamPerPiece() {
-    static const bool per_piece = EnvIs("FICCO_FLAG_STREAMS", "piece");
-    return per_piece;
-  }
 
   cudaStream_t compute;
 };

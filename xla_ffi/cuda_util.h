@@ -182,8 +182,8 @@ inline ffi::Error EnablePeerAccess(int32_t device, int32_t peer) {
   int can_access = 0;
   FICCO_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can_access, device, peer));
   if (!can_access) {
-    // Without peer access cudaMemcpyPeerAsync silently stages through host
-    // memory: slow enough to defeat the overlap, so refuse instead.
+    // Without peer access a peer copy silently stages through host memory:
+    // slow enough to defeat the overlap, so refuse instead.
     return ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,
         "GPU " + std::to_string(device) + " cannot access the memory of GPU " +

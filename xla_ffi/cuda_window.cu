@@ -1,11 +1,12 @@
-// CUDA handlers of the window transport (WINDOWS.md): windows are
-// cudaMalloc'd memory, mapped by peers through peer access (same process)
-// or CUDA IPC (other processes); copies are cudaMemcpyAsync on side streams
-// (copy engines); flags are written and awaited by the streams themselves
-// (cuStreamWriteValue32 / cuStreamWaitValue32), so no host thread waits for
-// a peer. A watchdog thread bounds every invocation: past its deadline it
-// names the missing ranks, releases the stuck streams and poisons the
-// window, so the next call fails instead of the process hanging.
+// CUDA handlers of the window and push transports (docs/windows.md):
+// windows are cudaMalloc'd memory, mapped by peers through peer access (same
+// process) or CUDA IPC (other processes); copies are cudaMemcpyAsync on side
+// streams (copy engines); flags are written and awaited by the streams
+// themselves (cuStreamWriteValue32 / cuStreamWaitValue32), so no host thread
+// waits for a peer. A watchdog thread bounds every invocation: past its
+// deadline it names the missing ranks, releases the stuck streams and
+// poisons the window, so the next call fails instead of the process
+// hanging.
 //
 // Host code only: nothing here runs on the GPU's SMs.
 
@@ -55,7 +56,8 @@ struct CudaWindowBackend {
   static constexpr int kPlatform = kFiccoCuda;
   // Streams share the GPU's few hardware queues: a stream blocked in
   // cuStreamWaitValue32 may block others behind it, so every wait is
-  // enqueued after the write it waits for (WINDOWS.md).
+  // enqueued after the write it waits for (docs/windows.md, "Why the host
+  // orders the waits").
   static constexpr bool kHostOrdered = true;
   // The push protocol's finish runs on XLA's stream; its start's copy
   // engines wait on the flags the kernel bumps in place.

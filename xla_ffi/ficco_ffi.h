@@ -1,6 +1,7 @@
-// Public symbols of libficco_ffi: the XLA FFI handlers of the peer-copy
-// protocol (PROTOCOL.md) and a small C API for diagnostics and tests, loaded
-// from Python with ctypes (ficco_jax/_src/dma/library.py).
+// Public symbols of libficco_ffi: the XLA FFI handlers of the copy-engine
+// transports (rendezvous: docs/protocol.md; window and push:
+// docs/windows.md) and a small C API for diagnostics and tests, loaded from
+// Python with ctypes (ficco_jax/_src/dma/library.py).
 
 #ifndef FICCO_XLA_FFI_FICCO_FFI_H_
 #define FICCO_XLA_FFI_FICCO_FFI_H_
@@ -9,7 +10,7 @@
 
 #include "xla/ffi/api/api.h"
 
-// CPU twin (cpu_peer_copy.cc): worker threads and memcpy.
+// CPU twin (cpu_peer_copy.cc, cpu_window.cc): worker threads and memcpy.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyStartCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopySyncCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoFlagsArmCpu);
@@ -18,7 +19,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCpu);
 
 #ifdef FICCO_WITH_CUDA
-// CUDA (cuda_peer_copy.cu): cudaMemcpyPeerAsync on side streams.
+// CUDA (cuda_peer_copy.cu, cuda_window.cu): cudaMemcpyAsync on side
+// streams.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopyStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPeerCopySyncCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoFlagsArmCuda);
@@ -89,11 +91,12 @@ int64_t FiccoTraceGpuTimes(int device, int64_t* out, int64_t max);
 void FiccoTestSetNeverArrive(int device);
 void FiccoTestClearNeverArrive(void);
 
-// --- The window transport (WINDOWS.md), driven from Python at lowering. ---
+// --- The window transport (docs/windows.md), driven from Python at
+// lowering. ---
 // Every call returns 0, or 1 with a message in `error` (NUL-terminated).
 
 // Creates `device`'s window of `family` for `rank` of `size` (`group_ids`:
-// the global device id of each rank, for messages) with two slots of
+// the global device id of each rank, for messages) with a slot of
 // `slot_bytes`; writes a handle that other processes can map (at most
 // *handle_len bytes; *handle_len becomes its length).
 int FiccoWindowCreate(int platform, int64_t family, int device, int64_t rank,

@@ -3,10 +3,10 @@
 // and on the side stream around each copy. Opt-in (FiccoTraceGpuEnable):
 // each stamp costs the host a cudaEventRecord (~2 us).
 //
-// Why: the host timeline of a host-bound reduce-scatter shows its slow
-// rounds spending longer in XLA's own execute path (session 15, call A), which
-// is what a host throttled by a full launch queue looks like, as well as a
-// slower host. Stamps tell the two apart: a stamp's GPU time minus its host
+// Why: the host timeline of a host-bound reduce-scatter can show its slow
+// rounds spending longer in XLA's own execute path, which is what a host
+// throttled by a full launch queue looks like, as well as a slower host.
+// Stamps tell the two apart: a stamp's GPU time minus its host
 // time, less the smallest such difference on its device, is how far the GPU
 // ran behind the host (zero: the GPU waited for the host); and the intervals
 // between stamps show where the GPU's time went (matmuls, the wait for the

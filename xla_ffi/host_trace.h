@@ -1,9 +1,8 @@
 // An opt-in, process-wide timeline of the peer-copy handlers' host events
-// (FiccoTrace* in ficco_ffi.h; Python `library.trace_*`;
-// benchmarks/host_timeline.py reads it).
+// (FiccoTrace* in ficco_ffi.h; Python `library.trace_*`).
 //
-// Why: host-bound reduce-scatters run in two modes whole rounds at a time
-// (0.21 against 0.26 ms per call at llama3-8b M4096 on 4xH200, session 14),
+// Why: host-bound reduce-scatters can run in two modes whole rounds at a
+// time (on 4xH200, ~0.21 against ~0.26 ms per call at llama3-8b M4096),
 // and the summed counters of FiccoHostStats cannot say which thread stalls,
 // where, or on which CPU. A profiler inflates every CUDA call. This records,
 // per event, a steady-clock time, the device, the point in the protocol,
@@ -25,7 +24,7 @@
 
 namespace ficco {
 
-// Values of the C API (ficco_ffi.h); host_timeline.py names them.
+// Values of the C API (ficco_ffi.h); library.TRACE_POINTS names them.
 enum TracePoint : int32_t {
   kTraceStartEnter = 0,  // XLA's thread enters start
   kTraceStartExit,       // ... and leaves it

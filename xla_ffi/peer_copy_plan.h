@@ -1,7 +1,7 @@
 // The transfer plan a peer-copy start receives, decoded from its attributes.
 //
 // Platform independent: the CPU twin and the CUDA handlers decode and check
-// the same attributes (see PROTOCOL.md, "Attributes").
+// the same attributes (see docs/protocol.md, "Attributes").
 
 #ifndef FICCO_XLA_FFI_PEER_COPY_PLAN_H_
 #define FICCO_XLA_FFI_PEER_COPY_PLAN_H_

@@ -1,9 +1,10 @@
-// The peer-copy protocol (PROTOCOL.md), written once over a Backend;
-// cpu_peer_copy.cc and cuda_peer_copy.cu supply the backend and bind the
-// handlers.
+// The rendezvous transport's peer-copy protocol (docs/protocol.md), written
+// once over a Backend; cpu_peer_copy.cc and cuda_peer_copy.cu supply the
+// backend and bind the handlers.
 //
-// start publishes its rank; then each rank issues the copies it receives
-// (CUDA) or the last rank to arrive issues everyone's (CPU twin). sync's
+// start publishes its rank; then, by the issue mode (issuer.h), each rank or
+// its device's issuer thread issues the copies it receives (CUDA), or the
+// last rank to arrive issues everyone's (the CPU twin's default). sync's
 // waits and dones then wait for that issue and for events: CUDA handlers
 // block their (dedicated, per-device) host thread for the issue, bounded,
 // and enqueue stream waits (BlockingSync); the CPU twin returns futures
@@ -18,8 +19,11 @@
 //   SideWait(inv, device, stream, event)      copy queue waits for event
 //   SideCopy(inv, device, stream, dst, src, src_device, bytes)
 //   SideRecord(inv, device, stream, event)    event <- copy queue now
+//   ZeroOnCompute(data, bytes), SetInt32OnCompute(data, value)   (arm)
+//   FlagReady(device, flag_index, flag, target, after, out, timeout_ms)
+//                                             out <- *flag >= target
 // The Side* calls may name any device: the last arriver issues for all.
-// and, for the issue modes (issuer.h): static SupportsIssueMode(mode),
+// And, for the issue modes (issuer.h): static SupportsIssueMode(mode),
 // static DefaultIssueMode(), and static BindIssuer(device), run once on each
 // device's issuer thread before its first task.
 
@@ -723,7 +727,7 @@ ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
 
 // The buffers of one ficco_peer_copy_sync call, checked against its
 // attributes: the landing buffers to wait for, and one keepalive group per
-// invocation to end (PROTOCOL.md, "sync").
+// invocation to end (docs/protocol.md, "Why start and sync").
 struct SyncCall {
   std::vector<const void*> waits;
   std::vector<std::vector<const void*>> groups;
@@ -877,7 +881,7 @@ ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
   // a no-op, and waiting on the device for work not yet enqueued can
   // deadlock: streams share the device's few hardware queues in order, and
   // a driver call on an issuer thread may block until the device idles
-  // (PROTOCOL.md, "Three ways to issue").
+  // (docs/protocol.md, "Three ways to issue").
   const int mode = Registry<Backend>::Get().mode().load(std::memory_order_relaxed);
   std::vector<Awaited<Backend>> events;
   for (size_t k = 0; k < parts.size(); ++k) {

@@ -29,7 +29,6 @@
 #include <utility>
 #include <vector>
 
-#include "env.h"
 #include "peer_copy_plan.h"
 #include "spin_mutex.h"
 
@@ -37,28 +36,25 @@ namespace ficco {
 
 using Clock = std::chrono::steady_clock;
 
-// How long SpinThenWait spins: 300 us, or FICCO_WAIT_SPIN_US (read once;
-// for measurements of what spinning threads cost a host-bound op).
-inline std::chrono::microseconds WaitSpin() {
-  static const std::chrono::microseconds spin =
-      MicrosFromEnv("FICCO_WAIT_SPIN_US", 300);
-  return spin;
-}
+// How long SpinThenWait spins before it sleeps: long enough to cover a
+// peer's usual lag within one op, short enough that an absent peer costs
+// only a brief burst of CPU.
+inline constexpr std::chrono::microseconds kWaitSpin{300};
 
 // Waits until `pred` holds, spinning (with yields) for a short while before
 // sleeping on `cv`; returns with `lock` held, whether it was held on entry or
 // not. The CUDA handlers hand off to each other several times per op
-// (rendezvous, ring forwarding, issue complete); a sleeping thread takes tens
-// of microseconds to wake, which made sub-millisecond ops host-bound. The
-// spin is bounded, so an absent peer still costs no more than a short burst
-// of CPU before the thread sleeps until the deadline.
+// (rendezvous, ring forwarding, issue complete); a sleeping thread takes
+// tens of microseconds to wake, which would make sub-millisecond ops
+// host-bound. The spin is bounded, so an absent peer still costs no more
+// than a short burst of CPU before the thread sleeps until the deadline.
 //
 // The spin reads `pred` WITHOUT the lock, so `pred` may read only atomics
 // (Invocation's `arrived`, `issued`, `recorded`, `failed()`): up to eight
 // threads spin on one invocation at a time (four issuers in its rendezvous,
-// four syncs awaiting its issue), and when each took the mutex on every
-// turn, the starts that publish under it and the issuers that mark it issued
-// queued behind them, parking in futex waits of tens of microseconds.
+// four syncs awaiting its issue); if each took the mutex on every turn, the
+// starts that publish under it and the issuers that mark it issued would
+// queue behind them, parking in futex waits of tens of microseconds.
 // Writers still update those fields under the mutex, so the sleeping phase
 // (which re-checks `pred` under it) cannot miss a wake-up.
 template <class Pred>
@@ -66,7 +62,7 @@ bool SpinThenWait(std::unique_lock<std::mutex>& lock,
                   std::condition_variable& cv, Clock::time_point deadline,
                   Pred pred) {
   if (lock.owns_lock()) lock.unlock();
-  const auto spin_until = Clock::now() + WaitSpin();
+  const auto spin_until = Clock::now() + kWaitSpin;
   while (!pred()) {
     if (Clock::now() >= spin_until) {
       lock.lock();
@@ -82,7 +78,7 @@ inline Clock::time_point DeadlineAfter(int64_t ms) {
   return Clock::now() + std::chrono::milliseconds(ms);
 }
 
-// Test hook (peer_copy_hooks.cc): true if `device` must behave as a rank that
+// Test hook (diagnostics.cc): true if `device` must behave as a rank that
 // never arrives, so the timeout path can be exercised.
 bool NeverArrives(int32_t device);
 

@@ -1,5 +1,6 @@
-// The push protocol of the flagged reduce-scatter (WINDOWS.md, "Push"),
-// written once over a window Backend (cpu_window.cc, cuda_window.cu).
+// The push protocol of the flagged reduce-scatter (docs/windows.md,
+// "Push"), written once over a window Backend (cpu_window.cc,
+// cuda_window.cu).
 //
 // Each rank's copy engines push its partials straight from XLA's buffer
 // into the owning rank's window, each piece as soon as the kernel's flag
@@ -241,7 +242,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
   std::shared_ptr<Window> win = *found;
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
     // Its finish never ran: two ops on one window interleaved (one traced op
-    // run twice in a program, WINDOWS.md "Push"), or an execution failed
+    // run twice in a program, docs/windows.md "Push"), or an execution failed
     // between them. Either way the ranks' epochs may now disagree.
     const std::string why =
         who() + ": the previous start of window " + std::to_string(a.window) +
@@ -328,8 +329,8 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
   // Half e % 2 of a receiver was last read in epoch e - 2: its freed flag.
   if constexpr (B::kHostOrdered) {
     // Enqueue that wait only after its writer (the receiver's finish of e - 2)
-    // has been enqueued (WINDOWS.md, "Why the host orders the waits"): it
-    // has, unless this rank is two calls ahead of a peer.
+    // has been enqueued (docs/windows.md, "Why the host orders the waits"):
+    // it has, unless this rank is two calls ahead of a peer.
     for (int64_t t = 0; e > 2 && t < size; ++t) {
       if (last_to[t] < 0) continue;
       if (auto err = HostWait(*win, t, kAllEnqueued, e - 2, a.timeout_ms,

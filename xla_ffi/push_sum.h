@@ -2,7 +2,7 @@
 // plus the pieces its peers pushed into its window. Out chunk c is own chunk
 // c plus landing pieces c * peers .. c * peers + peers - 1, added in that
 // order in f32 (f64 for f64) and rounded once, as the rendezvous path's XLA
-// sum does (rs_matmul._add_pulled).
+// sum does (`_add_pulled` of the matmul reduce-scatter).
 
 #ifndef FICCO_XLA_FFI_PUSH_SUM_H_
 #define FICCO_XLA_FFI_PUSH_SUM_H_

@@ -1,5 +1,5 @@
-// Symmetric windows: the state of the window transport (WINDOWS.md), shared
-// by its CPU twin and its CUDA handlers.
+// Symmetric windows: the state of the window transport (docs/windows.md),
+// shared by its CPU twin and its CUDA handlers.
 //
 // A window is memory a device owns and every rank of its group has mapped
 // (peer access, CUDA IPC, or POSIX shared memory on the CPU twin): a header
@@ -37,7 +37,7 @@ inline constexpr int64_t kHeaderBytes = 2 * kMaxRanks * 4;
 // Host words of a rank (host memory every process of the host maps):
 // [kStagedEnqueued] the last epoch whose stage and ready writes this rank
 // has enqueued; [kAllEnqueued] the last epoch whose every operation it has
-// enqueued. See WINDOWS.md, "Why the host orders the waits".
+// enqueued. See docs/windows.md, "Why the host orders the waits".
 inline constexpr int64_t kStagedEnqueued = 0, kAllEnqueued = 1;
 inline constexpr int64_t kHostBytes = 4096;
 // One slot: the next run of a site stages once every peer has read the

@@ -1,5 +1,6 @@
-// The window transport's start (WINDOWS.md), written once over a Backend;
-// cpu_window.cc and cuda_window.cu supply the backend, wait and done.
+// The window transport's start (docs/windows.md), written once over a
+// Backend; cpu_window.cc and cuda_window.cu supply the backend, wait and
+// done.
 //
 // start enqueues everything on queues of its own device and returns: no
 // host waits for peers. A Backend instance (one per call; it holds the
@@ -255,8 +256,9 @@ ffi::Error WindowIssue(B& backend, int32_t device,
 
   const int64_t timeout_ms = p.timeout_ms;
   if constexpr (B::kHostOrdered) {
-    // Enqueue a flag wait only after its writer has enqueued the write (see
-    // WINDOWS.md): the freed writes of epoch e - 1 ...
+    // Enqueue a flag wait only after its writer has enqueued the write
+    // (docs/windows.md, "Why the host orders the waits"): the freed writes
+    // of epoch e - 1 ...
     for (int64_t q = 0; e > 1 && q < size; ++q) {
       if (q == me) continue;
       FICCO_RETURN_IF_FAILED(
@@ -368,7 +370,7 @@ ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
   return win;
 }
 
-// start on `device`: see WINDOWS.md, "start".
+// start on `device`: see docs/windows.md, "start, wait and done".
 template <class B>
 ffi::Error WindowStart(B& backend, int32_t device, ffi::RemainingArgs args,
                        ffi::RemainingRets rets, const WindowStartAttrs& attrs) {

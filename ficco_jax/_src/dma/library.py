@@ -327,8 +327,8 @@ def set_issue_mode(mode: str, platform: str = "cpu") -> str:
       rendezvous; CUDA only), ``"async"`` (each device's own issuer thread
       waits for the peers and issues; start returns at once and sync waits
       for the issue) or ``"last"`` (the last rank to arrive issues for all:
-      the CPU twin's default). The environment variables
-      ``FICCO_CUDA_ISSUE`` and ``FICCO_CPU_ISSUE`` set the initial mode.
+      the CPU twin's default). CUDA starts in ``"async"``. A debug hook
+      (docs/debugging.md): the mode changes nothing a program computes.
     platform: ``"cpu"`` or ``"cuda"``.
 
   Returns:
