@@ -1,0 +1,1 @@
+"""Helpers shared by the benchmark suites (timing, cases, results, programs)."""

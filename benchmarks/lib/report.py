@@ -1,0 +1,66 @@
+"""Markdown pieces every suite's report uses."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+
+def num(v: float | None, digits: int = 3) -> str:
+  return "-" if v is None else f"{v:.{digits}f}"
+
+
+def times(d: dict | None) -> str:
+  """``median (min)`` ms of a timing record; ``err`` / ``-`` without one."""
+  if not d or d.get("median_ms") is None:
+    return "err" if d and d.get("error") else "-"
+  return f"{d['median_ms']:.3f} ({d['min_ms']:.3f})"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+  out = ["| " + " | ".join(header) + " |",
+         "|" + "---|" * len(header)]
+  out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return out
+
+
+def provenance(meta: dict) -> list[str]:
+  """The lines that say where a table came from."""
+  kind, count = meta.get("device_kind"), meta.get("device_count")
+  dev = f"{count} x {kind}" if count else (kind or "none used")
+  procs = meta.get("process_count")
+  lines = [f"- device: {dev}" + (f", {procs} processes" if procs and procs > 1
+                                 else ""),
+           f"- jax {meta.get('jax')}, ficco_jax {meta.get('ficco_jax')}"
+           f" ({meta.get('ficco_jax_file')}), commit"
+           f" {meta.get('git_commit')}, {meta.get('date')}",
+           f"- command: `{meta.get('command')}`"]
+  env = meta.get("env") or {}
+  if env:
+    lines.append("- env: " + ", ".join(f"`{k}={v}`" for k, v in env.items()))
+  return lines
+
+
+def geomean(values: Sequence[float]) -> float | None:
+  vals = [v for v in values if v and v > 0]
+  return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def skipped(data: dict) -> list[str]:
+  items = data.get("skipped") or []
+  if not items:
+    return []
+  return ["", "Skipped:"] + [f"- {s.get('what')}: {s.get('reason')}"
+                             for s in items]
+
+
+def demote(markdown: str, levels: int) -> str:
+  """Every heading ``levels`` deeper (to nest a suite's report); lines in
+  fenced code blocks are left alone."""
+  out, fenced = [], False
+  for line in markdown.splitlines():
+    if line.startswith("```"):
+      fenced = not fenced
+    heading = line.startswith("#") and not fenced
+    out.append("#" * levels + line if heading else line)
+  return "\n".join(out)

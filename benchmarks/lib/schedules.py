@@ -1,0 +1,65 @@
+"""``--schedules`` labels -> ficco_jax schedules, through the public API only.
+
+Items, comma separated:
+
+* ``default``: ``schedule=None``, the library's own choice;
+* ``none``: no overlap (XLA's collective, then one dot, inside ficco);
+* a label as ``Schedule.short()`` prints it, read by ``Schedule.from_short``:
+  ``dataflow/cN[/comm[/compute[/...]]]``, e.g. ``direct/c2/dma``;
+* presets: ``quick`` (default; direct c1/c2/c4, ring c1, bidirectional c1/c2
+  on the copy engines; direct c2 and ring c1 on ppermute) and ``all`` (every
+  dataflow x chunks 1/2/4 x engine, plus none).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT = "default"
+
+
+def _quick(Schedule):
+  out = [DEFAULT]
+  for df, c in (("direct", 1), ("direct", 2), ("direct", 4), ("ring", 1),
+                ("bidirectional", 1), ("bidirectional", 2)):
+    out.append(Schedule(dataflow=df, num_chunks=c, comm="dma"))
+  for df, c in (("direct", 2), ("ring", 1)):
+    out.append(Schedule(dataflow=df, num_chunks=c, comm="xla"))
+  return out
+
+
+def _all(Schedule):
+  out = [DEFAULT]
+  for comm in ("dma", "xla"):
+    for df in ("direct", "ring", "bidirectional"):
+      for c in (1, 2, 4):
+        out.append(Schedule(dataflow=df, num_chunks=c, comm=comm))
+  return out + [Schedule(dataflow="none")]
+
+
+def parse(items: list[str]) -> list[tuple[str, Any]]:
+  """(label, Schedule or None) pairs, de-duplicated, in order.
+
+  Raises:
+    ValueError: an item that is no preset and no schedule label.
+  """
+  from ficco_jax import Schedule
+
+  out: list[tuple[str, Any]] = []
+
+  def add(sched):
+    label = DEFAULT if sched == DEFAULT else sched.short()
+    if label not in [l for l, _ in out]:
+      out.append((label, None if sched == DEFAULT else sched))
+
+  for item in (i.strip() for i in items if i.strip()):
+    if item == DEFAULT:
+      add(DEFAULT)
+    elif item == "none":
+      add(Schedule(dataflow="none"))
+    elif item in ("quick", "all"):
+      for s in (_quick if item == "quick" else _all)(Schedule):
+        add(s)
+    else:
+      add(Schedule.from_short(item))
+  return out

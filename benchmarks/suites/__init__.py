@@ -1,0 +1,1 @@
+"""The suites of `benchmarks/bench.py`, one module each (``run()`` entry)."""

@@ -1,0 +1,274 @@
+"""Suite ``kernel``: ficco's Pallas chunk kernel against XLA's dot, one device.
+
+``--kernel_mode=chunks`` (default): for the chunk shapes of the
+tensor-parallel matmuls (per device at axis size W):
+  all-gather side   x [mc, H]   @ w [H, F/W]
+  reduce-scatter    h [mc, F/W] @ w [F/W, H]
+with chunk rows mc in ``--mcs``, it times
+  xla_dot      XLA's dot into a fresh [mc, n] (cuBLAS: the reference)
+  xla_dot_dus  XLA's dot, then dynamic_update_slice into the big output
+  pallas       chunk_matmul_into (the Hopper kernel, default config)
+  pallas/smN   the same with num_sms=N (``--num_sms``)
+  pallas/cfg:  the tile-config sweep (``--tune``)
+One jitted call writes all W chunks of a [W * mc, n] output (W kernels,
+traced offsets c * mc), the output donated so every call updates it in
+place as the overlapped dataflows do; times are per chunk (call / W).
+
+``--kernel_mode=pieces``: the reduce-scatter's one-launch kernels on the
+ten shapes' per-device sizes (h [M, F/W] @ w [F/W, H], W pieces of M/W
+rows): XLA's dot of all rows, W launches of one piece each, one launch of
+all pieces, and one flagged launch (bumping a completion flag per piece, as
+the flagged granularity does); interleaved.
+
+Each shape is first checked once: output poisoned with NaN, relative error
+against an f32 dot, rows outside the chunk still NaN.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from lib import cases as cases_lib
+from lib import internal
+from lib import meta as meta_lib
+from lib import options
+from lib import report
+from lib import results
+from lib import timing
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("kernel_mode", "chunks", ["chunks", "pieces"],
+                  "kernel: chunk kernel vs XLA, or the reduce-scatter's"
+                  " one-launch and flagged kernels.")
+flags.DEFINE_list("mcs", ["512", "1024", "2048", "4096"],
+                  "kernel: chunk rows mc.")
+flags.DEFINE_list("num_sms", ["132", "112", "96"], "kernel: num_sms values.")
+flags.DEFINE_bool("tune", False, "kernel: also sweep tile configs.")
+
+
+def _tile_configs(cm) -> dict:
+  c = cm.ChunkMatmulConfig
+  return {
+      "128x256/wgM(64x256)": c(tile_m=64, tile_n=256, wg_dimension="m"),
+      "128x256/wgM(64x256)/w8": c(tile_m=64, tile_n=256, wg_dimension="m",
+                                  grid_tile_width=8),
+      "128x256/wgN(128x128)": c(tile_m=128, tile_n=128, wg_dimension="n"),
+      "256x128/wgM(128x128)": c(tile_m=128, tile_n=128, wg_dimension="m"),
+      "128x128/wgM(64x128)": c(tile_m=64, tile_n=128, wg_dimension="m"),
+  }
+
+
+def _check(cm, mc, k, n, w) -> dict:
+  """One kernel call into a NaN-poisoned output, against an f32 dot."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  x = jax.random.normal(jax.random.key(1), (mc, k), jnp.bfloat16)
+  wt = jax.random.normal(jax.random.key(2), (k, n), jnp.bfloat16)
+  ref = jnp.dot(x.astype(jnp.float32), wt.astype(jnp.float32),
+                precision=lax.Precision.HIGHEST)
+  off = (w - 1) * mc
+  out = jnp.full((w * mc, n), jnp.nan, jnp.bfloat16)
+  res = jax.jit(lambda o, x, wt: cm.chunk_matmul_into(o, x, wt, off))(out, x, wt)
+  got = res[off:off + mc].astype(jnp.float32)
+  rel = float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref))
+  untouched = bool(jnp.isnan(res[:off]).all())
+  return {"rel_err": rel, "untouched_rows_nan": untouched,
+          "ok": bool(rel < 1e-2 and untouched)}
+
+
+def _chunk_shapes(models: dict, w: int):
+  for model in FLAGS.models:
+    h, f_ = models[model]["H"], models[model]["F"]
+    if FLAGS.tiny:
+      h, f_ = cases_lib.tiny_dim(h), cases_lib.tiny_dim(f_)
+    for op in FLAGS.ops:
+      k, n = (h, f_ // w) if op == "ag" else (f_ // w, h)
+      for mc in map(int, FLAGS.mcs):
+        yield model, op, (cases_lib.tiny_dim(mc) if FLAGS.tiny else mc), k, n
+
+
+def run_chunks(rec, cm, w: int) -> None:
+  import json
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  with open(FLAGS.shapes) as f:
+    models = json.load(f)["models"]
+  tk = options.timing_kwargs()
+  num_sms = getattr(jax.devices()[0], "core_count", None)
+  for model, op, mc, k, n in _chunk_shapes(models, w):
+    what = f"{model} {op} mc={mc} K={k} n={n}"
+    if rec.over_budget():
+      rec.skip(what, "time budget")
+      continue
+    row = {"model": model, "op": op, "mc": mc, "K": k, "n": n,
+           "chunks_per_call": w, "times": {}}
+    row["check"] = results.guarded(rec, f"{what} check",
+                                   lambda: _check(cm, mc, k, n, w))
+    keys = jax.random.split(jax.random.key(mc + k + n), 2 * w + 1)
+    x_sets = [tuple(jax.random.normal(keys[s * w + c], (mc, k), jnp.bfloat16)
+                    for c in range(w)) for s in range(2)]
+    wt = jax.random.normal(keys[-1], (k, n), jnp.bfloat16)
+    offs = jnp.arange(w, dtype=jnp.int32) * mc  # Traced offsets.
+    arg_sets = [(xs, wt, offs) for xs in x_sets]
+
+    def dot(x, wt):
+      return lax.dot_general(x, wt, (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32
+                             ).astype(jnp.bfloat16)
+
+    def variant(chunk_fn, out0):
+      def step(out, xs, wt, offs):
+        for c in range(w):
+          out = chunk_fn(out, xs[c], wt, offs[c])
+        return out
+      _, t = timing.time_chain(jax.jit(step, donate_argnums=0), out0,
+                               arg_sets, **tk)
+      for key in ("median_ms", "min_ms"):
+        t[key] /= w
+      t["rounds_ms"] = [v / w for v in t["rounds_ms"]]
+      t["tflops"] = 2.0 * mc * k * n / (t["median_ms"] * 1e-3) / 1e12
+      return t
+
+    big = lambda: jnp.zeros((w * mc, n), jnp.bfloat16)  # noqa: E731
+    programs = {
+        # Each chunk's dot into a fresh [mc, n]; the carried tuple keeps all
+        # W results alive (and donated, so reused).
+        "xla_dot": (lambda o, x, wt, i: o[1:] + (dot(x, wt),),
+                    lambda: tuple(jnp.zeros((mc, n), jnp.bfloat16)
+                                  for _ in range(w))),
+        "xla_dot_dus": (lambda o, x, wt, i: lax.dynamic_update_slice(
+            o, dot(x, wt), (i, jnp.int32(0))), big),
+        "pallas": (lambda o, x, wt, i: cm.chunk_matmul_into(o, x, wt, i), big),
+    }
+    for s in map(int, FLAGS.num_sms):
+      programs[f"pallas/sm{s}"] = (
+          lambda o, x, wt, i, s=s: cm.chunk_matmul_into(o, x, wt, i,
+                                                        num_sms=s), big)
+    if FLAGS.tune:
+      for name, cfg in _tile_configs(cm).items():
+        try:
+          cfg.check_shapes(mc, n, k)
+        except ValueError:
+          continue  # This tile does not divide the shape.
+        programs[f"pallas/cfg:{name}"] = (
+            lambda o, x, wt, i, cfg=cfg: cm.chunk_matmul_into(
+                o, x, wt, i, config=cfg), big)
+    try:
+      row["default_config"] = str(cm.default_config(mc, k, n,
+                                                    num_sms=num_sms or 132))
+    except Exception as e:  # pylint: disable=broad-except
+      row["default_config"] = f"none: {results.short_error(e, 200)}"
+    for name, (fn, out0) in programs.items():
+      row["times"][name] = results.guarded(
+          rec, f"{what} {name}", lambda fn=fn, out0=out0: variant(fn, out0()))
+    for ref in ("xla_dot", "xla_dot_dus"):
+      t_ref = row["times"][ref].get("median_ms")
+      for t in row["times"].values():
+        if t_ref and t.get("median_ms"):
+          t[f"vs_{ref}"] = t_ref / t["median_ms"]
+    rec.data["rows"].append(row)
+    rec.save()
+
+
+def run_pieces(rec, cm, w: int) -> None:
+  """One-launch and flagged reduce-scatter kernels on the ten shapes."""
+  import jax
+  import jax.numpy as jnp
+  tk = options.timing_kwargs()
+  cases = options.case_list("rs") if (FLAGS.cases or FLAGS.preset
+                                      or FLAGS["models"].present) else \
+      cases_lib.build("rs", shapes_path=FLAGS.shapes, tiny=FLAGS.tiny,
+                      **cases_lib.PRESETS["ten"])
+  for case in cases:
+    if rec.over_budget():
+      rec.skip(case.name, "time budget")
+      continue
+    m, k, n = case.m, case.k // w, case.n
+    rows = m // w
+    keys = jax.random.split(jax.random.key(0), 4)
+    hs = [jax.random.normal(keys[i], (m, k), jnp.bfloat16) for i in range(2)]
+    ws = [jax.random.normal(keys[2 + i], (k, n), jnp.bfloat16) / k ** 0.5
+          for i in range(2)]
+    padded = k != cm.padded_k(k)
+    if padded:  # As the reduce-scatter does when K is not a multiple of 64.
+      hs = [cm.pad_k(h) for h in hs]
+    starts = [i * rows for i in range(w)]
+    kw = dict(x_zero_padded_k=padded)
+    variants = {
+        "xla": lambda h, wt: jnp.dot(h[:, :k], wt),
+        "pieces": lambda h, wt: [cm.chunk_matmul_pieces(h, [r], rows, wt, **kw)
+                                 for r in starts],
+        "one": lambda h, wt: cm.chunk_matmul_pieces(h, starts, rows, wt, **kw),
+        "flagged": lambda h, wt: cm.chunk_matmul_pieces(
+            h, starts, rows, wt, _flags=jnp.zeros((w,), jnp.int32), **kw),
+    }
+    rec_case = {"name": case.name, "local": {"h": [m, k], "w": [k, n],
+                                             "rows": rows}, "methods": {}}
+    with timing.interleaved():
+      for name, fn in variants.items():
+        rec_case["methods"][name] = results.guarded(
+            rec, f"{case.name} {name}", lambda fn=fn: timing.time_jax(
+                jax.jit(fn), list(zip(hs, ws)), **tk))
+    base = rec_case["methods"]["pieces"].get("median_ms")
+    for t in rec_case["methods"].values():
+      if base and t.get("median_ms"):
+        t["vs_pieces"] = base / t["median_ms"]
+    rec.data["rows"].append(rec_case)
+    rec.save()
+
+
+def run() -> int:
+  import jax
+  w = FLAGS.axis_size or 4  # The axis size the per-device shapes are cut for.
+  meta = meta_lib.collect("kernel")
+  data = {"meta": meta, "timing": options.configure_timing(), "axis_size": w,
+          "mode": FLAGS.kernel_mode, "device_sms":
+          getattr(jax.devices()[0], "core_count", None), "rows": []}
+  rec = results.Recorder(f"kernel_{FLAGS.kernel_mode}",
+                         results.out_dir(meta["device_kind"], 1), data,
+                         markdown)
+  cm = internal.chunk_matmul()
+  (run_chunks if FLAGS.kernel_mode == "chunks" else run_pieces)(rec, cm, w)
+  rec.finish()
+  return 0
+
+
+def markdown(data: dict) -> str:
+  lines = [f"# Pallas chunk kernel vs XLA ({data['mode']}, shapes cut for"
+           f" W={data['axis_size']})", ""]
+  lines += report.provenance(data["meta"]) + [""]
+  if data["mode"] == "chunks":
+    lines += ["Per chunk: median us (min), TFLOP/s, and speed against XLA's"
+              " dot and XLA's dot + update-slice (> 1: faster).", ""]
+    rows = []
+    for r in data["rows"]:
+      chk = r.get("check", {})
+      for name, t in r["times"].items():
+        if "median_ms" not in t:
+          rows.append([r["model"], r["op"], r["mc"], r["K"], r["n"], name,
+                       t.get("error", "error")[:100], "", "", "", ""])
+          continue
+        rows.append([r["model"], r["op"], r["mc"], r["K"], r["n"], name,
+                     f"{t['median_ms'] * 1e3:.1f} ({t['min_ms'] * 1e3:.1f})",
+                     f"{t['tflops']:.0f}", report.num(t.get("vs_xla_dot")),
+                     report.num(t.get("vs_xla_dot_dus")),
+                     ("ok" if chk.get("ok") else f"CHECK {chk}"[:80])
+                     if name == "pallas" else ""])
+    lines += report.table(["model", "op", "mc", "K", "n", "program",
+                           "us (min)", "TFLOP/s", "vs dot", "vs dot+DUS",
+                           "check"], rows)
+  else:
+    names = ["xla", "pieces", "one", "flagged"]
+    rows = []
+    for c in data["rows"]:
+      cells = []
+      for v in names:
+        t = c["methods"].get(v, {})
+        cells.append(f"{t['median_ms']:.4f} ({report.num(t.get('vs_pieces'))}x)"
+                     if t.get("median_ms") else "error")
+      rows.append([c["name"]] + cells)
+    lines += ["Median ms per call (speed against W one-piece launches).", ""]
+    lines += report.table(["case"] + names, rows)
+  return "\n".join(lines + report.skipped(data)) + "\n"

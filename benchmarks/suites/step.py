@@ -1,0 +1,295 @@
+"""Suite ``step``: a tensor-parallel transformer block's training step.
+
+The block is examples/tp_transformer.py (Megatron sequence parallelism on a
+``dp x tp`` mesh, pjit style). One step is forward + backward + Adam update,
+jitted with the parameters and optimizer state donated. Variants:
+
+  ficco  the four tensor-parallel matmuls through ficco_jax.sharded (the
+         first ``--schedules`` label; default: the library's choice);
+  xla    plain ``x @ w`` with the same sharding constraints, so XLA inserts
+         the all-gathers and reduce-scatters (and overlaps what it can).
+
+Timing: lib/timing.py's method with the training state threaded through the
+calls (`timing.time_chain`). Each variant records its warm-up losses (same
+seed, same data): the report says whether the first ones agree.
+
+Peak memory: each variant runs in a fresh subprocess of this command, so
+each device's ``peak_bytes_in_use`` is that variant's own (parameters,
+optimizer state, scratch, steps); ``--nostep_subprocess`` runs both in this
+process (then peaks are cumulative; ``memory_mode`` says which). The
+compiled step's ``memory_analysis()`` is recorded too (CPU runs have no
+allocator statistics).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+from absl import flags
+
+from lib import meta as meta_lib
+from lib import report
+from lib import results
+from lib import schedules as schedules_lib
+from lib import timing
+
+FLAGS = flags.FLAGS
+EXAMPLES = os.path.join(meta_lib.REPO, "examples")
+
+flags.DEFINE_integer("d_model", 8192, "step: model width.")
+flags.DEFINE_integer("heads", 64, "step: attention heads (divisible by tp).")
+flags.DEFINE_integer("d_ff", 28672, "step: MLP width (divisible by tp).")
+flags.DEFINE_integer("seq", 8192, "step: sequence length.")
+flags.DEFINE_integer("batch", 1, "step: global batch (divisible by dp).")
+flags.DEFINE_string("dtype", "bfloat16", "step: compute dtype (parameters"
+                    " float32).")
+flags.DEFINE_enum("attention", "xla", ["xla", "cudnn"],
+                  "step: the example's einsum softmax, or cuDNN's fused"
+                  " attention (GPU, bf16); the same in both variants.")
+flags.DEFINE_integer("dp", None, "step: data-parallel size (GPU default 1).")
+flags.DEFINE_integer("tp", None, "step: tensor-parallel size (default: all"
+                     " GPUs; CPU 4).")
+flags.DEFINE_list("variants", ["ficco", "xla"], "step: variants to time.")
+flags.DEFINE_float("lr", 1e-4, "step: Adam learning rate.")
+flags.DEFINE_bool("step_subprocess", True, "step: each variant in a fresh"
+                  " process (clean peak memory).")
+flags.DEFINE_integer("variant_timeout_s", 300, "step: one variant's limit.")
+flags.DEFINE_integer("profile_steps", 0, "step: after timing, trace this many"
+                     " steps and write the trace summary to"
+                     " step_profile_<variant>.txt.")
+# Set on the subprocesses.
+flags.DEFINE_string("step_variant", None, "Internal: run only this variant.")
+flags.DEFINE_string("step_result_file", None, "Internal: where it writes.")
+
+CPU_DEVICES = "--xla_force_host_platform_device_count=8"
+
+
+def sizes() -> dict:
+  """Model and run sizes after --tiny (CPU: d_model 64, f32, 1 round)."""
+  s = dict(d_model=FLAGS.d_model, heads=FLAGS.heads, d_ff=FLAGS.d_ff,
+           seq=FLAGS.seq, batch=FLAGS.batch, dtype=FLAGS.dtype,
+           warmup=FLAGS.warmup, rounds=FLAGS.rounds, iters=FLAGS.iters)
+  if FLAGS.tiny:
+    s.update(d_model=64, heads=8, d_ff=256, seq=64, batch=None,
+             dtype="float32", warmup=2, rounds=1, iters=2)
+  return s
+
+
+def _memory(devices) -> list[dict]:
+  out = []
+  for d in devices:
+    stats = d.memory_stats() or {}
+    out.append({k: stats.get(k) for k in
+                ("peak_bytes_in_use", "bytes_in_use", "bytes_limit")})
+  return out
+
+
+def _resolved(cfg, dp, tp, batch, seq) -> dict:
+  """What schedule=None runs for the block's four matmuls (ficco_jax.explain)."""
+  import ficco_jax
+  b, d, f = batch // dp, cfg.d_model, cfg.d_ff
+  problems = {"qkv": ("all_gather_matmul", (b, seq // tp, d), (d, 3 * d // tp)),
+              "up": ("all_gather_matmul", (b, seq // tp, d), (d, f // tp)),
+              "out": ("matmul_reduce_scatter", (b, seq, d // tp), (d // tp, d)),
+              "down": ("matmul_reduce_scatter", (b, seq, f // tp), (f // tp, d))}
+  out = {}
+  for name, (op, x, w) in problems.items():
+    try:
+      e = ficco_jax.explain(op, x_shape=x, w_shape=w, dtype=cfg.dtype,
+                            axis_size=tp, axis=1)
+      out[name] = f"{e.chosen.short()} ({e.source})"
+    except Exception as e:  # pylint: disable=broad-except
+      out[name] = f"unknown ({results.short_error(e, 200)})"
+  return out
+
+
+def run_variant(name: str) -> dict:
+  """Builds, compiles and times one variant in this process."""
+  import jax
+  import jax.numpy as jnp
+  sys.path.insert(0, EXAMPLES)
+  import tp_transformer as tpt  # pylint: disable=g-import-not-at-top
+
+  sz = sizes()
+  dp = FLAGS.dp
+  if jax.default_backend() != "cpu" and dp is None:
+    dp = 1
+  dp, tp = tpt.default_mesh_shape(dp, FLAGS.tp)
+  mesh = tpt.make_mesh(dp, tp)
+  batch = sz["batch"] or 2 * dp
+  cfg = tpt.Config(d_model=sz["d_model"], heads=sz["heads"], d_ff=sz["d_ff"],
+                   dtype=jnp.dtype(sz["dtype"]), attention=FLAGS.attention)
+  label, schedule = schedules_lib.parse(FLAGS.schedules)[0]
+  devices = list(mesh.devices.flat)
+  res = {"variant": name, "dp": dp, "tp": tp, "batch": batch,
+         "schedule": "XLA collectives" if name == "xla" else label,
+         "memory_before": _memory(devices)}
+  if name == "ficco" and schedule is None:
+    res["resolved"] = _resolved(cfg, dp, tp, batch, sz["seq"])
+  params = tpt.init_params(jax.random.key(0), cfg, mesh)
+  opt = tpt.adam_init(params)
+  batches = [tpt.make_batch(jax.random.key(100 + i), cfg, mesh, batch,
+                            sz["seq"]) for i in range(2)]
+  step = tpt.make_train_step(cfg, mesh, use_ficco=(name == "ficco"),
+                             schedule=schedule, lr=FLAGS.lr, donate=True)
+  t0 = time.perf_counter()
+  compiled = step.lower(params, opt, *batches[0]).compile()
+  res["compile_s"] = time.perf_counter() - t0
+  try:
+    ma = compiled.memory_analysis()
+    res["memory_analysis"] = {k: getattr(ma, k, None) for k in (
+        "temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
+        "alias_size_in_bytes", "generated_code_size_in_bytes")}
+  except Exception as e:  # pylint: disable=broad-except
+    res["memory_analysis"] = f"unavailable: {e}"
+  # Warm-up by hand, keeping the losses: the first is step 0 from the same
+  # seed and data in both variants.
+  losses = []
+  for k in range(max(1, sz["warmup"])):
+    params, opt, loss = compiled(params, opt, *batches[k % 2])
+    losses.append(float(loss))
+  res["warmup_losses"] = losses
+  state, t = timing.time_chain(lambda s, x, y: compiled(s[0], s[1], x, y),
+                               (params, opt, loss), batches, warmup=1,
+                               rounds=sz["rounds"], iters=sz["iters"])
+  res.update(t, final_loss=float(state[2]))
+  res["memory_after"] = _memory(devices)
+  peaks = [m["peak_bytes_in_use"] for m in res["memory_after"]]
+  res["peak_bytes_max_over_devices"] = (
+      max(peaks) if all(p is not None for p in peaks) else None)
+  if FLAGS.profile_steps:
+    res["profile"] = _profile(compiled, state, batches, name)
+  return res
+
+
+def _profile(compiled, state, batches, name: str) -> str:
+  """Traces a few steps; returns the summary's path (or why it failed)."""
+  from suites import profile  # pylint: disable=g-import-not-at-top
+  try:
+    text = profile.trace(lambda i, s: compiled(s[0], s[1], *batches[i % 2]),
+                         state, FLAGS.profile_steps)
+    path = os.path.join(FLAGS.out_dir or tempfile.gettempdir(),
+                        f"step_profile_{name}.txt")
+    results.write_text(path, f"# {name}: {FLAGS.profile_steps} steps\n{text}\n")
+    return path
+  except Exception as e:  # pylint: disable=broad-except
+    return f"failed: {results.short_error(e, 500)}"
+
+
+def _in_subprocess(name: str) -> dict:
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, f"{name}.json")
+    cmd = [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:],
+           f"--step_variant={name}", f"--step_result_file={path}"]
+    env = dict(os.environ)
+    if CPU_DEVICES.split("=")[0] not in env.get("XLA_FLAGS", ""):
+      # The CPU platform gets 8 virtual devices (a 2 x 4 mesh); this only
+      # sizes the CPU platform, so GPU hosts are unaffected.
+      env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + CPU_DEVICES).strip()
+    t0 = time.perf_counter()
+    try:
+      proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                            timeout=FLAGS.variant_timeout_s)
+    except subprocess.TimeoutExpired as e:
+      return {"variant": name, "error": f"timed out after {e.timeout} s",
+              "log_tail": str(e.stderr or "")[-3000:]}
+    if proc.returncode != 0 or not os.path.exists(path):
+      return {"variant": name, "error": f"exit {proc.returncode}",
+              "log_tail": (proc.stdout + proc.stderr)[-3000:]}
+    with open(path) as f:
+      res = json.load(f)
+    res["process_s"] = time.perf_counter() - t0
+    return res
+
+
+def run() -> int:
+  if FLAGS.step_variant:  # A subprocess: one variant, its JSON, nothing else.
+    try:
+      res = run_variant(FLAGS.step_variant)
+    except Exception:  # pylint: disable=broad-except
+      res = {"variant": FLAGS.step_variant,
+             "error": traceback.format_exc()[-3000:]}
+    results.write_json(FLAGS.step_result_file, res)
+    return 0
+  variants = {}
+  for name in FLAGS.variants:
+    if name not in ("ficco", "xla"):
+      raise ValueError(f"Unknown step variant {name!r} (ficco, xla).")
+    print(f"== step variant {name}", flush=True)
+    if FLAGS.step_subprocess:
+      variants[name] = _in_subprocess(name)
+    else:
+      try:
+        variants[name] = run_variant(name)
+      except Exception:  # pylint: disable=broad-except
+        variants[name] = {"variant": name,
+                          "error": traceback.format_exc()[-3000:]}
+    r = variants[name]
+    print({k: r.get(k) for k in ("median_ms", "min_ms", "compile_s",
+                                 "peak_bytes_max_over_devices", "error",
+                                 "warmup_losses")}, flush=True)
+    if "error" in r:
+      print(r.get("log_tail", r["error"]), flush=True)
+  # Only now does this process start JAX: the variants had the GPUs alone.
+  meta = meta_lib.collect("step")
+  ok = {n: r for n, r in variants.items() if "error" not in r}
+  some = next(iter(ok.values()), {})
+  data = {"meta": meta, "sizes": sizes(), "attention": FLAGS.attention,
+          "schedule": FLAGS.schedules[0], "variants": variants,
+          "memory_mode": ("fresh subprocess per variant"
+                          if FLAGS.step_subprocess
+                          else "one process; peaks are cumulative")}
+  if "ficco" in ok and "xla" in ok:
+    data["speedup"] = ok["xla"]["median_ms"] / ok["ficco"]["median_ms"]
+    a, b = ok["ficco"]["warmup_losses"][0], ok["xla"]["warmup_losses"][0]
+    rtol = 1e-4 if sizes()["dtype"] == "float32" else 2e-2
+    data["losses_match"] = bool(abs(a - b) <= rtol * abs(b))
+    data["loss_rtol"] = rtol
+  w = some.get("tp") or meta["device_count"]
+  rec = results.Recorder("step", results.out_dir(meta["device_kind"], w),
+                         data, markdown)
+  rec.finish()
+  return 0 if len(ok) == len(variants) and data.get("losses_match",
+                                                     True) else 1
+
+
+def _gib(b) -> str:
+  return "n/a" if b is None else f"{b / 2**30:.2f}"
+
+
+def markdown(data: dict) -> str:
+  lines = ["# Tensor-parallel block training step: ficco vs XLA collectives",
+           ""]
+  lines += report.provenance(data["meta"])
+  lines += [f"- sizes: {data['sizes']}, attention={data['attention']},"
+            f" {data['memory_mode']}", ""]
+  rows = []
+  for name, r in data["variants"].items():
+    if "error" in r:
+      rows.append([name, f"error: {r['error'][:200]}", "", "", "", "", "",
+                   "", ""])
+      continue
+    ma = r.get("memory_analysis")
+    temp = ma.get("temp_size_in_bytes") if isinstance(ma, dict) else None
+    rows.append([name, f"`{r['schedule']}`", f"{r.get('dp')}x{r.get('tp')}",
+                 f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}",
+                 f"{r['compile_s']:.1f}",
+                 _gib(r.get("peak_bytes_max_over_devices")), _gib(temp),
+                 f"{r['warmup_losses'][0]:.6f}"])
+  lines += report.table(["variant", "schedule", "dp x tp", "median ms",
+                         "min ms", "compile s", "peak GiB/device (max)",
+                         "temp GiB (compiled)", "first loss"], rows)
+  if "speedup" in data:
+    lines += ["", f"Speedup (xla / ficco): {data['speedup']:.3f}x; first"
+              f" losses match (rtol {data['loss_rtol']:g}):"
+              f" {data['losses_match']}"]
+  resolved = data["variants"].get("ficco", {}).get("resolved")
+  if resolved:
+    lines.append(f"\nschedule=None resolves to: {resolved}")
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,95 @@
+"""The benchmark command, run as users run it: a subprocess on CPU devices.
+
+No benchmark code is imported here; ``benchmarks/bench.py`` runs from /tmp
+so that it imports the installed ficco_jax, on 4 virtual CPU devices, with
+tiny cases and two rounds.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
+TINY_OPS = ["--suite=ops", "--tiny", "--cases=128x256x256",
+            "--schedules=default,none,direct/c1/dma", "--rounds=2",
+            "--iters=2", "--xla_overlap=on"]
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  proc = subprocess.run([sys.executable, str(BENCH), *args], cwd="/tmp",
+                        env=env, capture_output=True, text=True,
+                        timeout=timeout)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc
+
+
+@pytest.fixture(scope="module")
+def two_ops_runs(tmp_path_factory):
+  """Two ops-suite results of the same cases (a before/after pair)."""
+  dirs = [tmp_path_factory.mktemp(name) for name in ("before", "after")]
+  for d in dirs:
+    bench(*TINY_OPS, f"--out_dir={d}")
+  return dirs
+
+
+def test_ops_writes_results_with_provenance(two_ops_runs):
+  out = two_ops_runs[0]
+  data = json.loads((out / "ops.json").read_text())
+  meta = data["meta"]
+  assert meta["device_count"] == 4 and meta["platform"] == "cpu"
+  assert "--suite=ops" in meta["command"]
+  # The installed package, not the source tree.
+  assert "site-packages" in meta["ficco_jax_file"]
+  assert meta["env"]["JAX_PLATFORMS"] == "cpu"
+  assert data["in_progress"] is None and data["axis_size"] == 4
+  for key in ("ag", "rs"):
+    [case] = data["ops"][key]["cases"]
+    assert case["baselines"]["matmul"]["median_ms"] > 0
+    assert case["baselines"]["comm"]["median_ms"] > 0
+    for variant in ("shard_map", "overlap"):
+      assert case["xla"][variant]["ok"], case["xla"][variant]
+      assert len(case["xla"][variant]["rounds_ms"]) == 2
+    assert case["xla_best"]["variant"] in ("shard_map", "overlap")
+    labels = {m["label"]: m for m in case["methods"]}
+    assert set(labels) == {"default", "none/c1/xla/xla", "direct/c1/dma/xla"}
+    for m in labels.values():
+      assert m["ok"] and m["rel_err"] < 2e-2 and m["speedup"] > 0, m
+    assert labels["default"]["resolved"] == case["resolved"]
+    assert case["ficco_default"]["label"] == "default"
+    methods = {s["method"] for s in data["summary"][key]}
+    assert {"ficco default", "ficco best"} <= methods
+  md = (out / "ops.md").read_text()
+  assert "## all_gather_matmul" in md and "## matmul_reduce_scatter" in md
+  assert "xla_best" in md and meta["command"] in md
+
+
+def test_compare_pairs_every_case_and_schedule(two_ops_runs):
+  before, after = two_ops_runs
+  proc = bench("--suite=compare", f"--inputs={before}/ops.json,"
+               f"{after}/ops.json", "--tolerance=0.5", timeout=60)
+  data = json.loads((after / "compare.json").read_text())
+  # 2 ops x (3 schedules) per case.
+  assert len(data["rows"]) == 6
+  assert {r["method"] for r in data["rows"]} == {
+      "ficco default", "ficco none/c1/xla/xla", "ficco direct/c1/dma/xla"}
+  assert all(r["ratio"] > 0 for r in data["rows"])
+  assert "6 comparisons" in proc.stdout
+  assert "Before/after" in (after / "compare.md").read_text()
+
+
+def test_report_has_a_section_per_results_folder(two_ops_runs, tmp_path):
+  folder = tmp_path / "cpu_w4"
+  folder.mkdir()
+  (folder / "ops.json").write_text((two_ops_runs[0] / "ops.json").read_text())
+  out = tmp_path / "RESULTS.md"
+  bench("--suite=report", f"--results_dir={tmp_path}", f"--report_out={out}",
+        "--expect=nvidia_h200_w2", timeout=60)
+  text = out.read_text()
+  assert "## cpu, 4 GPU(s)" in text and "### Collective matmuls" in text
+  assert "## nvidia_h200, 2 GPU(s)\n\nNot yet measured" in text
