@@ -15,6 +15,7 @@ each under suites/; benchmarks/README.md describes them):
   autotune     fills an autotune cache from measured labels
   profile      JAX profiler traces of chosen programs, summarized
   report       regenerates benchmarks/RESULTS.md from benchmarks/results/
+  tests        the GPU test suite (pytest -m multigpu) on this host, recorded
 
 ``python benchmarks/bench.py --helpfull`` lists every flag.
 """
@@ -42,6 +43,7 @@ SUITES = {
     "autotune": "suites.autotune",
     "profile": "suites.profile",
     "report": "suites.report",
+    "tests": "suites.tests",
 }
 # Every suite's flags exist before parsing (imports are light: no JAX).
 MODULES = {name: importlib.import_module(path) for name, path in SUITES.items()}

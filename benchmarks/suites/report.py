@@ -27,6 +27,7 @@ from suites import ops_report
 from suites import peers
 from suites import profile
 from suites import step
+from suites import tests
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("results_dir", results.RESULTS_DIR,
@@ -52,6 +53,7 @@ def _renderers(folder: str):
   """(file stem, markdown renderer) in report order."""
   peers_data = ops_report.load_peers(os.path.join(folder, "peers.json"))
   return [
+      ("tests", tests.markdown),
       ("ops", lambda d: ops_report.markdown(d, peers_data)),
       ("compare", compare.markdown),
       ("peers", peers.markdown),

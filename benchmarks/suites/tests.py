@@ -1,0 +1,105 @@
+"""Suite ``tests``: the package's GPU test suite on this host, recorded.
+
+Runs ``pytest -m <marker>`` (default ``multigpu``: every test that runs on
+the local GPUs where there are at least two) over the repository's tests,
+from a scratch folder so that the installed ficco_jax is the one tested, and
+writes its summary (counts, failures, duration, command) to ``tests.json``
+and ``tests.md`` in the host's results folder, for RESULTS.md. This process
+never starts JAX's GPU backend, which would take GPU memory from the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from absl import flags
+
+from lib import meta as meta_lib
+from lib import report
+from lib import results
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("pytest_marker", "multigpu",
+                    "tests: the pytest marker expression to run.")
+flags.DEFINE_list("pytest_args", [],
+                  "tests: extra pytest arguments (e.g. -x,--maxfail=5).")
+flags.DEFINE_float("pytest_timeout_s", 0.0,
+                   "tests: stop pytest after this many seconds (0: never).")
+
+TESTS_DIR = os.path.join(meta_lib.REPO, "tests")
+_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|"
+                    r"xfailed|xpassed)")
+
+
+def _gpus() -> int:
+  try:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return 0
+  return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def summarize(log: str) -> dict:
+  """Counts, the closing line and the failed test ids of a pytest log."""
+  lines = [l for l in log.splitlines() if l.strip()]
+  closing = next((l.strip("= ") for l in reversed(lines)
+                  if _COUNT.search(l) and " in " in l), None)
+  counts = {}
+  for n, what in _COUNT.findall(closing or ""):
+    counts["errors" if what.startswith("error") else what] = int(n)
+  failures = [l.split(" - ")[0] for l in lines
+              if l.startswith(("FAILED ", "ERROR "))]
+  return {"closing_line": closing, "counts": counts, "failures": failures}
+
+
+def markdown(data: dict) -> str:
+  s = data["summary"]
+  lines = ["# Tests", ""] + report.provenance(data["meta"])
+  lines += [f"- pytest: `{data['pytest_command']}` (exit {data['returncode']},"
+            f" {data['seconds']:.0f} s)", "",
+            f"**{s['closing_line'] or 'no pytest summary line'}**"]
+  if s["failures"]:
+    lines += ["", "Failed:", ""] + [f"- `{f}`" for f in s["failures"]]
+  return "\n".join(lines) + "\n"
+
+
+def run() -> int:
+  gpus = _gpus()
+  kind = meta_lib.gpu_name_without_jax() or "cpu"
+  out = results.out_dir(kind, gpus or 1)
+  info = meta_lib.collect("tests", devices=False)
+  info.update(device_kind=kind, device_count=gpus or None)
+  cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-m", FLAGS.pytest_marker, *FLAGS.pytest_args, TESTS_DIR]
+  os.makedirs(out, exist_ok=True)
+  log_path = os.path.join(out, "tests.log")
+  start = time.monotonic()
+  with tempfile.TemporaryDirectory() as scratch, open(log_path, "w") as log:
+    proc = subprocess.Popen(cmd, cwd=scratch, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    # A time limit that still leaves the summary of what ran.
+    timer = threading.Timer(FLAGS.pytest_timeout_s, proc.kill)
+    if FLAGS.pytest_timeout_s > 0:
+      timer.start()
+    captured = []
+    for line in proc.stdout:  # Progress as it comes, and the whole log.
+      sys.stdout.write(line)
+      log.write(line)
+      captured.append(line)
+    rc = proc.wait()
+    timer.cancel()
+  data = {"meta": info, "pytest_command": " ".join(cmd[1:]),
+          "returncode": rc, "seconds": time.monotonic() - start,
+          "summary": summarize("".join(captured))}
+  results.write_json(os.path.join(out, "tests.json"), data)
+  results.write_text(os.path.join(out, "tests.md"), markdown(data))
+  print(f"wrote {out}/tests.json: {data['summary']['closing_line']}",
+        flush=True)
+  return 0 if rc == 0 else 1
