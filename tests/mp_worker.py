@@ -18,6 +18,11 @@
                 timeout that names the missing rank, within bounds.
   mode "die":   process 1 exits at once; the others block in a collective
                 (the launcher must stop them).
+  mode "raise": process 1 raises after a first collective; the others block
+                in the next one (the job must end at once, naming process 1).
+  mode "sleep": every process writes its pid to $FICCO_TEST_PID_DIR, ignores
+                SIGTERM and sleeps (the launcher, interrupted, must still
+                leave none behind).
 
 """
 
@@ -208,6 +213,23 @@ def main(mode: str) -> int:
     # Waits for process 1 forever: the launcher has to stop it.
     _run(ficco_jax.all_gather_matmul, mesh, x, w, P("x"), P(None, "x"),
          P(None, "x"), Schedule(dataflow="none")).block_until_ready()
+    return 0
+  if mode == "raise":
+    out = _run(ficco_jax.all_gather_matmul, mesh, x, w, P("x"), P(None, "x"),
+               P(None, "x"), Schedule(dataflow="ring"))
+    out.block_until_ready()
+    if jax.process_index() == 1:
+      raise RuntimeError("boom from process 1")
+    _run(ficco_jax.matmul_reduce_scatter, mesh, h, w2, P(None, "x"), P("x"),
+         P("x"), Schedule(dataflow="ring")).block_until_ready()
+    return 0
+  if mode == "sleep":
+    import signal  # pylint: disable=g-import-not-at-top
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(os.path.join(os.environ["FICCO_TEST_PID_DIR"],
+                           str(os.getpid())), "w") as fh:
+      fh.write("up")
+    time.sleep(300)
     return 0
   raise ValueError(f"unknown {mode=}")
 

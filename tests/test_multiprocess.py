@@ -5,6 +5,9 @@ virtual CPU devices each.
 """
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -67,6 +70,42 @@ def test_a_dead_process_does_not_hang_the_others():
   start = time.monotonic()
   assert _launch("die", timeout_s=240) == 7
   assert time.monotonic() - start < 120
+
+
+def test_a_raising_process_ends_the_job_at_once_naming_it(capfd):
+  """Process 1 raises while process 0 waits in a collective: the job ends
+  in seconds (not after the launcher's limit or a collective's timeout),
+  with process 1's exit code, its id and its last lines."""
+  start = time.monotonic()
+  assert _launch("raise", timeout_s=240) == 1
+  assert time.monotonic() - start < 90
+  err = capfd.readouterr().err
+  assert "ficco_jax.launch: process 1 exited with code 1" in err, err
+  assert "RuntimeError: boom from process 1" in err
+
+
+def test_an_interrupted_launcher_leaves_no_process_behind(tmp_path):
+  """SIGINT to `python -m ficco_jax.launch` stops every worker, even ones
+  that ignore SIGTERM, and exits 128 + SIGINT."""
+  env = dict(os.environ, **ENV, FICCO_TEST_PID_DIR=str(tmp_path))
+  n = LAYOUT["num_processes"]
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "ficco_jax.launch", "-n", str(n),
+       f"--devices_per_process={LAYOUT['devices_per_process']}", WORKER,
+       "sleep"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 120
+  while len(os.listdir(tmp_path)) < n and time.monotonic() < deadline:
+    time.sleep(0.2)
+  pids = [int(f) for f in os.listdir(tmp_path)]
+  assert len(pids) == n
+  launcher.send_signal(signal.SIGINT)
+  _, err = launcher.communicate(timeout=60)
+  assert launcher.returncode == 128 + signal.SIGINT, err
+  assert "interrupted" in err
+  for pid in pids:
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
 
 
 def test_launch_checks_its_arguments():

@@ -15,12 +15,16 @@ In the script, `initialize_from_env()` calls `jax.distributed.initialize`.
 from __future__ import annotations
 
 import argparse
+import atexit
+import collections
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from typing import Sequence
 
 ENV_COORDINATOR = "FICCO_COORDINATOR"
@@ -35,10 +39,43 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+# How long a stopped process may take to exit on SIGTERM before SIGKILL.
+STOP_GRACE_S = 3.0
+# Lines of each process's output kept to explain its failure.
+TAIL_LINES = 20
+
+
+class _Worker:
+  """One launched process: its output is forwarded line by line (prefixed
+  with its id when there are several) and its last lines are kept."""
+
+  def __init__(self, pid: int, proc: subprocess.Popen, prefix: str):
+    self.pid = pid
+    self.proc = proc
+    self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    self._prefix = prefix
+    self._pump = threading.Thread(target=self._forward, daemon=True)
+    self._pump.start()
+
+  def _forward(self) -> None:
+    for line in self.proc.stdout:
+      self.tail.append(line.rstrip("\n"))
+      sys.stdout.write(self._prefix + line)
+      sys.stdout.flush()
+
+  def drain(self) -> None:
+    self._pump.join(timeout=5)
+
+
 def launch(argv: Sequence[str], num_processes: int, *,
            devices_per_process: int | None = None, gpus: int | None = None,
            timeout_s: float = 600.0, env: dict[str, str] | None = None) -> int:
   """Runs ``python argv...`` in ``num_processes`` processes; returns an exit code.
+
+  A supervisor: it forwards every process's output (prefixed ``[i]``), and
+  when one process fails, the time limit passes or the launcher itself gets
+  SIGINT/SIGTERM, it stops every process (SIGTERM, then SIGKILL after
+  `STOP_GRACE_S`), says which process failed and shows its last lines.
 
   Args:
     argv: the script and its arguments.
@@ -53,7 +90,8 @@ def launch(argv: Sequence[str], num_processes: int, *,
 
   Returns:
     0 when every process exited 0; otherwise the first failure's code (124
-    for the time limit). The others are stopped as soon as one fails.
+    for the time limit, 128 + the signal for a launcher that was
+    interrupted).
   """
   if num_processes < 1:
     raise ValueError(f"{num_processes=} must be >= 1.")
@@ -68,48 +106,92 @@ def launch(argv: Sequence[str], num_processes: int, *,
     raise ValueError(f"{num_processes} processes x {devices_per_process} GPUs"
                      f" need more than the {gpus} GPUs here.")
   coordinator = f"127.0.0.1:{_free_port()}"
-  procs = []
-  for pid in range(num_processes):
-    penv = dict(os.environ, **(env or {}))
-    penv.update({ENV_COORDINATOR: coordinator, ENV_PROCESS_ID: str(pid),
-                 ENV_NUM_PROCESSES: str(num_processes),
-                 ENV_LOCAL_DEVICES: str(devices_per_process)})
-    if gpus:
-      first = pid * devices_per_process
-      penv["CUDA_VISIBLE_DEVICES"] = ",".join(
-          str(first + i) for i in range(devices_per_process))
-    procs.append(subprocess.Popen([sys.executable, *argv], env=penv,
-                                  start_new_session=True))
-  return _supervise(procs, timeout_s)
+  workers: list[_Worker] = []
+  interrupted: list[int] = []
+
+  def on_signal(signum, frame):
+    del frame
+    interrupted.append(signum)
+
+  handled = (signal.SIGINT, signal.SIGTERM)
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    previous = {s: signal.signal(s, on_signal) for s in handled}
+  try:
+    for pid in range(num_processes):
+      penv = dict(os.environ, **(env or {}))
+      penv.update({ENV_COORDINATOR: coordinator, ENV_PROCESS_ID: str(pid),
+                   ENV_NUM_PROCESSES: str(num_processes),
+                   ENV_LOCAL_DEVICES: str(devices_per_process),
+                   "PYTHONUNBUFFERED": "1"})
+      if gpus:
+        first = pid * devices_per_process
+        penv["CUDA_VISIBLE_DEVICES"] = ",".join(
+            str(first + i) for i in range(devices_per_process))
+      # Its own process group, so that stopping it stops what it started.
+      proc = subprocess.Popen([sys.executable, *argv], env=penv,
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+      workers.append(_Worker(pid, proc,
+                             f"[{pid}] " if num_processes > 1 else ""))
+    return _supervise(workers, timeout_s, interrupted)
+  finally:
+    _stop(workers)
+    for s, h in previous.items():
+      signal.signal(s, h)
 
 
-def _supervise(procs, timeout_s: float) -> int:
+def _supervise(workers: list[_Worker], timeout_s: float,
+               interrupted: list[int]) -> int:
   deadline = time.monotonic() + timeout_s
-  code = 0
   while True:
-    codes = [p.poll() for p in procs]
-    failed = [c for c in codes if c not in (None, 0)]
+    codes = [w.proc.poll() for w in workers]
+    failed = [(w, c) for w, c in zip(workers, codes) if c not in (None, 0)]
     if failed:
-      code = failed[0]
-      break
+      w, code = failed[0]
+      _stop(workers)
+      w.drain()
+      _say(f"process {w.pid} exited with code {code}; stopped the others."
+           + (" Its last lines:\n  " + "\n  ".join(w.tail) if w.tail else ""))
+      return code
     if all(c == 0 for c in codes):
+      for w in workers:
+        w.drain()
       return 0
+    if interrupted:
+      _say(f"interrupted (signal {interrupted[0]}); stopped every process.")
+      return 128 + interrupted[0]
     if time.monotonic() > deadline:
-      code = 124
-      break
+      _say(f"the {timeout_s:g} s limit passed; stopped every process"
+           f" (still running: {[w.pid for w, c in zip(workers, codes) if c is None]}).")
+      return 124
     time.sleep(0.05)
-  # One process failed or time ran out: the rest would wait forever in
-  # their next collective, so stop them (their whole process groups).
-  for p in procs:
-    if p.poll() is None:
-      os.killpg(p.pid, signal.SIGTERM)
-  for p in procs:
+
+
+def _stop(workers: list[_Worker]) -> None:
+  """Stops every running process's group: SIGTERM, then SIGKILL."""
+  running = [w for w in workers if w.proc.poll() is None]
+  for w in running:
+    _signal_group(w.proc, signal.SIGTERM)
+  end = time.monotonic() + STOP_GRACE_S
+  for w in running:
     try:
-      p.wait(timeout=10)
+      w.proc.wait(timeout=max(0.0, end - time.monotonic()))
     except subprocess.TimeoutExpired:
-      os.killpg(p.pid, signal.SIGKILL)
-      p.wait()
-  return code
+      _signal_group(w.proc, signal.SIGKILL)
+      w.proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+  try:
+    os.killpg(proc.pid, sig)
+  except ProcessLookupError:
+    pass
+
+
+def _say(message: str) -> None:
+  print(f"ficco_jax.launch: {message}", file=sys.stderr, flush=True)
 
 
 def count_gpus() -> int:
@@ -127,7 +209,11 @@ def initialize_from_env() -> None:
 
   Must run before anything touches a JAX backend. On CPU it also gives the
   process its virtual devices and turns on the gloo collectives that
-  cross-process CPU programs need.
+  cross-process CPU programs need. It also makes the process fail fast: an
+  uncaught exception prints its traceback and exits at once with code 1
+  (without the distributed shutdown barrier, which would hold it until its
+  peers leave, so the launcher would not see it fail), and a normal exit
+  shuts the distributed client down.
   """
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -144,6 +230,15 @@ def initialize_from_env() -> None:
                       int(os.environ.get(ENV_LOCAL_DEVICES, "1")))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator, num_processes=n, process_id=pid)
+
+  def fail_fast(kind, value, tb):
+    traceback.print_exception(kind, value, tb)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)  # pylint: disable=protected-access
+
+  sys.excepthook = fail_fast
+  atexit.register(jax.distributed.shutdown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
