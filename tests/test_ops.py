@@ -335,3 +335,27 @@ def test_pallas_reduce_scatter_pads_k_to_whole_steps(schedule):
   h, w = util.rand(rng, (4 * m, 4 * 96), dtype), util.rand(rng, (4 * 96, 128), dtype)
   out = util.run_rs(mesh, h, w, schedule=schedule, check_vma=util.on_gpu())
   assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(dtype)
+
+
+@pytest.mark.parametrize("comm", ["xla", "dma"])
+def test_mixed_dtypes_follow_jax_type_promotion(comm):
+  """float16 x bfloat16 computes in float32, as ``all_gather(x) @ w`` and
+  ``h @ w`` do, and the gradients keep their primals' dtypes."""
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(19)
+  schedule = Schedule(dataflow="direct", num_chunks=2, comm=comm)
+  x, w = util.rand(rng, (24, 10), np.float16), util.rand(rng, (10, 28), jnp.bfloat16)
+  out = util.run_ag(mesh, x, w, schedule=schedule)
+  assert out.dtype == jnp.result_type(x, w) == np.float32
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(np.float32)
+  h, w2 = util.rand(rng, (24, 20), jnp.bfloat16), util.rand(rng, (20, 9), np.float16)
+  out = util.run_rs(mesh, h, w2, schedule=schedule)
+  assert out.dtype == np.float32
+  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w2)) < util.tol(np.float32)
+  op = functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                         schedule=schedule)
+  grads = jax.jit(jax.grad(lambda x, w: jnp.sum(jax.shard_map(
+      op, mesh=mesh, in_specs=(P("x"), P(None, "x")),
+      out_specs=P(None, "x"))(x, w)), argnums=(0, 1)))(
+          util.put(mesh, P("x"), x), util.put(mesh, P(None, "x"), w))
+  assert [g.dtype for g in grads] == [np.float16, jnp.bfloat16]

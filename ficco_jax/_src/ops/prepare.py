@@ -6,11 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from ficco_jax._src import matmul
 from ficco_jax._src import resolve
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
+
+
+def promoted(a_name: str, a: jax.Array,
+             w: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``a`` and ``w`` in the dtype ``a @ w`` computes in (jax's type
+  promotion: float16 with bfloat16 gives float32), as the reference
+  ``all_gather(x) @ w`` / ``h @ w`` would."""
+  validation.check_array(a_name, a)
+  validation.check_array("w", w)
+  dtype = jnp.result_type(a, w)
+  return a.astype(dtype), w.astype(dtype)
 
 
 def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,

@@ -91,6 +91,7 @@ def all_gather_matmul(
     TypeError, ValueError: an argument is not what the op takes; the message
       names it, its shape and what was expected.
   """
+  x, w = prepare.promoted("x", x, w)
   axis, st = prepare.prepare(
       "all_gather_matmul", x, w, a_name="x", axis_arg="gather_axis",
       axis=gather_axis, axis_name=axis_name, schedule=schedule,

@@ -86,6 +86,7 @@ def matmul_reduce_scatter(
     TypeError, ValueError: an argument is not what the op takes; the message
       names it, its shape and what was expected.
   """
+  h, w = prepare.promoted("h", h, w)
   axis, st = prepare.prepare(
       "matmul_reduce_scatter", h, w, a_name="h", axis_arg="scatter_axis",
       axis=scatter_axis, axis_name=axis_name, schedule=schedule,
