@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 
 from ficco_jax._src.pallas import chunk_matmul as cm
+from ficco_jax._src.pallas import config as pallas_config
+from ficco_jax._src.pallas import hopper
+from ficco_jax._src.pallas import offsets
 
 POISON = -12345.0  # Exactly representable in bf16, f16 and f32.
 # On a GPU host the interpreter's f32 dots run on the GPU, as tf32.
@@ -211,7 +214,8 @@ def test_config_is_frozen_hashable_and_validated():
 def test_default_config_divides_and_fits(mc, k, n):
   cfg = cm.default_config(mc, k, n)
   cfg.check_shapes(mc, n, k)
-  assert cfg.smem_bytes(jnp.bfloat16, jnp.bfloat16) <= cm._SMEM_BUDGET
+  assert (cfg.smem_bytes(jnp.bfloat16, jnp.bfloat16)
+          <= pallas_config.SMEM_BUDGET)
 
 
 def test_default_config_rejects_unaligned_shapes():
@@ -259,8 +263,9 @@ def test_hopper_kernel_in_mosaic_gpu_interpreter(monkeypatch, tile_m, tile_n,
   mc, k, n = 2 * cfg.cta_tile_m, 128, 2 * cfg.cta_tile_n
   out, x, w = _inputs(8, 3 * mc, mc, k, n, jnp.bfloat16)
   out = out.at[:].set(jnp.nan)
-  result = cm._mgpu_into(out, x, w, cm._offset_operand(mc), num_sms=num_sms,
-                         config=cfg, mosaic_interpret=params)
+  result = hopper.mgpu_into(out, x, w, offsets.offset_operand(mc),
+                            num_sms=num_sms, config=cfg,
+                            mosaic_interpret=params)
   result = np.asarray(result, np.float64)
   ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   rel = np.linalg.norm(result[mc:2 * mc] - ref) / np.linalg.norm(ref)
@@ -386,9 +391,9 @@ def test_hopper_kernel_reads_rows_in_place_in_mosaic_gpu_interpreter(
   x = jnp.asarray(rng.standard_normal((3 * rows + 8, k)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
   x_row = rows + 8
-  result = cm._mgpu_into(None, x, w, cm._offset_operand(0, x_row),
-                         num_sms=3, config=cfg, rows=rows,
-                         out_dtype=jnp.bfloat16, mosaic_interpret=params)
+  result = hopper.mgpu_into(None, x, w, offsets.offset_operand(0, x_row),
+                            num_sms=3, config=cfg, rows=rows,
+                            out_dtype=jnp.bfloat16, mosaic_interpret=params)
   assert result.shape == (rows, n)
   ref = np.asarray(x, np.float64)[x_row:x_row + rows] @ np.asarray(w, np.float64)
   got = np.asarray(result, np.float64)
@@ -473,9 +478,9 @@ def test_hopper_kernel_pieces_in_mosaic_gpu_interpreter(monkeypatch, into):
   x_rows = [3 * rows, 0, rows]
   out_rows = [2 * rows, 0, 3 * rows] if into else [0, rows, 2 * rows]
   out = jnp.full((4 * rows, n), jnp.nan, jnp.bfloat16) if into else None
-  result = cm._mgpu_into(out, x, w, cm._offsets(out_rows, x_rows), num_sms=3,
-                         config=cfg, rows=3 * rows, out_dtype=jnp.bfloat16,
-                         mosaic_interpret=params)
+  result = hopper.mgpu_into(out, x, w, offsets.piece_offsets(out_rows, x_rows),
+                            num_sms=3, config=cfg, rows=3 * rows,
+                            out_dtype=jnp.bfloat16, mosaic_interpret=params)
   got = np.asarray(result, np.float64)
   assert got.shape == ((4 * rows, n) if into else (3 * rows, n))
   for dst, ref in zip(out_rows, _pieces_ref(x, x_rows, rows, w)):
@@ -537,11 +542,11 @@ def test_hopper_kernel_by_rank_offsets_in_mosaic_gpu_interpreter(monkeypatch,
   for r in (0, 2):
     out_rows = (cm.ByRank(jnp.int32(r), out_table) if into
                 else [0, rows])
-    off = cm._by_rank_offsets(out_rows, cm.ByRank(jnp.int32(r), x_table))
+    off = offsets.by_rank_offsets(out_rows, cm.ByRank(jnp.int32(r), x_table))
     out = jnp.full((4 * rows, n), jnp.nan, jnp.bfloat16) if into else None
-    result = cm._mgpu_into(out, x, w, off, num_sms=2, config=cfg,
-                           rows=2 * rows, out_dtype=jnp.bfloat16,
-                           mosaic_interpret=params)
+    result = hopper.mgpu_into(out, x, w, off, num_sms=2, config=cfg,
+                              rows=2 * rows, out_dtype=jnp.bfloat16,
+                              mosaic_interpret=params)
     got = np.asarray(result, np.float64)
     dests = out_table[r] if into else [0, rows]
     for dst, ref in zip(dests, _pieces_ref(x, x_table[r], rows, w)):
@@ -577,9 +582,9 @@ def test_hopper_kernel_flags_count_each_piece_in_mosaic_gpu_interpreter(
   x = jnp.asarray(rng.standard_normal((3 * rows, k)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
   x_rows = [2 * rows, 0, rows]
-  off = cm._offsets([0, rows, 2 * rows], x_rows)
+  off = offsets.piece_offsets([0, rows, 2 * rows], x_rows)
   flags = jnp.full((3,), 5, jnp.int32)  # Counts add to what is there.
-  result, got_flags, got_target = cm._mgpu_into(
+  result, got_flags, got_target = hopper.mgpu_into(
       None, x, w, off, num_sms=num_sms, config=cfg, rows=3 * rows,
       out_dtype=jnp.bfloat16, flags=flags, flag_variant=variant,
       mosaic_interpret=params)
@@ -655,18 +660,18 @@ def test_hopper_kernel_adds_addends_in_mosaic_gpu_interpreter(monkeypatch,
 
   def off(dest, src):
     if by_rank:  # Rank 1 of a two-rank table, as in the reduce-scatter.
-      return cm._by_rank_offsets([dest], cm.ByRank(jnp.int32(1),
-                                                   [[0], [src]]))
-    return cm._offsets([dest], [src])
+      return offsets.by_rank_offsets([dest], cm.ByRank(jnp.int32(1),
+                                                        [[0], [src]]))
+    return offsets.piece_offsets([dest], [src])
 
-  first = cm._mgpu_into(None, x, w, off(rows, 2 * rows), num_sms=3,
-                        config=cfg, rows=rows, out_dtype=jnp.bfloat16,
-                        addends=[a, b], addend_rows=[0, rows],
-                        fresh_rows=2 * rows, mosaic_interpret=params)
+  first = hopper.mgpu_into(None, x, w, off(rows, 2 * rows), num_sms=3,
+                           config=cfg, rows=rows, out_dtype=jnp.bfloat16,
+                           addends=[a, b], addend_rows=[0, rows],
+                           fresh_rows=2 * rows, mosaic_interpret=params)
   assert first.shape == (2 * rows, n)
-  both = cm._mgpu_into(first, x, w, off(0, 0), num_sms=3, config=cfg,
-                       rows=rows, addends=[b], addend_rows=[0],
-                       mosaic_interpret=params)
+  both = hopper.mgpu_into(first, x, w, off(0, 0), num_sms=3, config=cfg,
+                          rows=rows, addends=[b], addend_rows=[0],
+                          mosaic_interpret=params)
   f64 = lambda v: np.asarray(v, np.float64)
   want = [f64(x[:rows]) @ f64(w) + f64(b[:rows]),
           f64(x[2 * rows:]) @ f64(w) + f64(a) + f64(b[rows:])]
@@ -684,10 +689,10 @@ def test_hopper_kernel_with_addends_lowers_for_cuda():
   from jax import export  # pylint: disable=g-import-not-at-top
 
   def f(x, w, a, b):
-    return cm._mgpu_into(None, x, w, cm._offsets([256], [128]), num_sms=None,
-                         config=None, rows=256, out_dtype=jnp.bfloat16,
-                         addends=[a, b], addend_rows=[0, 256],
-                         fresh_rows=512)
+    return hopper.mgpu_into(None, x, w, offsets.piece_offsets([256], [128]),
+                            num_sms=None, config=None, rows=256,
+                            out_dtype=jnp.bfloat16, addends=[a, b],
+                            addend_rows=[0, 256], fresh_rows=512)
 
   s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
   exported = export.export(jax.jit(f), platforms=["cuda"])(

@@ -7,259 +7,49 @@ copy and no ``dynamic_update_slice`` after the kernel, and the other rows of
 ``out`` are left as they were. This is the compute step of the overlapped
 collective matmuls: chunk ``c`` of the gathered operand is multiplied straight
 into its place in the gathered output while chunk ``c + 1`` is still in flight.
+`chunk_matmul`, `chunk_matmul_rows`, `chunk_matmul_pieces` and
+`chunk_matmul_flagged` are the same kernels for a fresh result, rows read in
+place, several row pieces in one launch, and pieces that signal a flag each.
 
-Two formulations:
+This module holds the entry points: their argument checks, the choice of
+kernel and the XLA `_reference`. Two kernels compute the product:
 
-* **portable** (``_kernel``): a ``pl.pallas_call`` over a ``(mc // bm, n // bn)``
-  grid with BlockSpecs for ``x``/``w`` and the output left in place
-  (``pl.ANY``), written at a dynamic row offset read from a scalar operand. It
-  runs under ``interpret=True`` on CPU, which is how CI tests the chunk/offset
-  logic.
-* **Hopper** (``_mgpu_kernel``): a Mosaic GPU kernel, warp specialized (one
-  warpgroup issues TMA loads, two issue ``wgmma``), persistent over a grid of at
-  most ``num_sms`` CTAs that loop over the output tiles of the chunk. The
-  epilogue TMA-stores each tile at ``row_offset + tile row`` of the full output
-  (a TMA descriptor over all of ``out``, dynamic coordinates), so the dynamic
-  offset costs nothing.
+* the portable ``pl.pallas_call`` (`portable.py`), which runs under
+  ``interpret=True`` on CPU;
+* the Hopper kernel (`hopper.py`), Mosaic GPU, warp specialized and
+  persistent; its constraints (bf16/f16, whole tiles, row offsets multiples
+  of 8) are checked with a ValueError/TypeError naming the argument.
 
 ``interpret=None`` picks: interpret mode on CPU, the Hopper kernel on GPU.
-
-Hopper-path constraints (checked, with a ValueError/TypeError naming the
-argument): bf16/f16 operands (f32 operands only in interpret mode); the CTA
-tile must divide the chunk exactly -- mc and n multiples of 64 (128 for most
-tiles), K a multiple of 64 -- because a partial tile would be TMA-stored over
-the next chunk's rows (no masking); ``row_offset`` a multiple of 8. Mosaic
-GPU tiles the GMEM operand as it tiles shared memory, so x's K must be a
-multiple of the step depth: other K take half-depth steps, or a zero-padded
-x (`pad_k`, ``x_zero_padded_k``) with w read past its rows (TMA fills
-zeros). On an H200 the kernel matches or beats cuBLAS (XLA's dot) on the
-llama3/gpt3 chunk shapes with mc >= 512 (the ``kernel`` benchmark suite).
+The tile config, `pad_k` (`config.py`) and `ByRank` offsets (`offsets.py`)
+are re-exported here, where the ops and benchmarks import them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
 
+from ficco_jax._src.pallas import hopper
+from ficco_jax._src.pallas import portable
+from ficco_jax._src.pallas.config import ChunkMatmulConfig as ChunkMatmulConfig
+from ficco_jax._src.pallas.config import default_config as default_config
+from ficco_jax._src.pallas.config import Dim as Dim
+from ficco_jax._src.pallas.config import flag_target as flag_target
+from ficco_jax._src.pallas.config import pad_k as pad_k
+from ficco_jax._src.pallas.config import padded_k as padded_k
+from ficco_jax._src.pallas.offsets import by_rank_offsets
+from ficco_jax._src.pallas.offsets import ByRank as ByRank
+from ficco_jax._src.pallas.offsets import offset_operand
+from ficco_jax._src.pallas.offsets import piece_offsets
+from ficco_jax._src.pallas.offsets import static_rows
+
+# Dtypes the entry points take; the Hopper kernel's operands are 16-bit only.
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-# Dtypes the Hopper kernel's wgmma takes straight from shared memory.
-_MGPU_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# Shared memory a CTA may use on Hopper (227 KiB), less room for barriers.
-_SMEM_BUDGET = 227 * 1024 - 1024
-
-Dim = Literal["m", "n"]
-
-
-# ----------------------------------------------------------------------------
-# Config.
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ChunkMatmulConfig:
-  """Tiles of the Hopper kernel. Frozen, so it can be a jit static argument.
-
-  A CTA runs two compute warpgroups and one memory warpgroup. Each compute
-  warpgroup owns a ``tile_m x tile_n`` f32 accumulator; the two are placed
-  side by side along ``wg_dimension``, so a CTA's output tile is
-  ``(2 * tile_m) x tile_n`` (``"m"``) or ``tile_m x (2 * tile_n)`` (``"n"``).
-
-  Attributes:
-    tile_m: rows of one warpgroup's accumulator (multiple of 64).
-    tile_n: columns of one warpgroup's accumulator (multiple of 64, at most 256).
-    tile_k: depth of one pipeline step (its bytes per row must be a TMA swizzle:
-      32, 64 or 128 bytes, i.e. 64 for bf16/f16, or 32 when K is not a
-      multiple of 64).
-    max_concurrent_steps: pipeline stages in shared memory.
-    epi_tile_m, epi_tile_n: the epilogue stores the accumulator in sub-tiles of
-      this size, double buffered, so the TMA store of one overlaps the next.
-    wg_dimension: which dimension the two compute warpgroups split.
-    grid_minor_dim: the faster-moving dimension of the tile order.
-    grid_tile_width: width of the bands of the snake tile order (L2 reuse).
-  """
-
-  # Defaults: the 128x256 CTA tile (two 64x256 warpgroup tiles) that was best
-  # or tied on the H200 for the llama3-70b chunks.
-  tile_m: int = 64
-  tile_n: int = 256
-  tile_k: int = 64
-  max_concurrent_steps: int = 4
-  epi_tile_m: int = 64
-  epi_tile_n: int = 64
-  wg_dimension: Dim = "m"
-  grid_minor_dim: Dim = "n"
-  grid_tile_width: int = 1
-
-  def __post_init__(self):
-    for name in ("tile_m", "tile_n", "tile_k", "max_concurrent_steps",
-                 "epi_tile_m", "epi_tile_n", "grid_tile_width"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name}={v!r} must be a positive int.")
-    if self.tile_m % 64:
-      raise ValueError(f"{self.tile_m=} must be a multiple of 64 (wgmma M).")
-    if self.tile_n % 64 or self.tile_n > 256:
-      # 64: the (8, 64) tiling of the 128-byte-swizzled w tile in SMEM.
-      raise ValueError(f"{self.tile_n=} must be a multiple of 64, at most 256.")
-    if self.tile_m % self.epi_tile_m:
-      raise ValueError(f"{self.epi_tile_m=} must divide {self.tile_m=}.")
-    if self.tile_n % self.epi_tile_n:
-      raise ValueError(f"{self.epi_tile_n=} must divide {self.tile_n=}.")
-    if self.wg_dimension not in ("m", "n"):
-      raise ValueError(f"{self.wg_dimension=} must be 'm' or 'n'.")
-    if self.grid_minor_dim not in ("m", "n"):
-      raise ValueError(f"{self.grid_minor_dim=} must be 'm' or 'n'.")
-
-  @property
-  def cta_tile_m(self) -> int:
-    return self.tile_m * (2 if self.wg_dimension == "m" else 1)
-
-  @property
-  def cta_tile_n(self) -> int:
-    return self.tile_n * (2 if self.wg_dimension == "n" else 1)
-
-  def smem_bytes(self, in_dtype, out_dtype) -> int:
-    """Shared memory one CTA allocates (pipeline stages + epilogue buffers)."""
-    isz, osz = jnp.dtype(in_dtype).itemsize, jnp.dtype(out_dtype).itemsize
-    stage = (self.cta_tile_m + self.cta_tile_n) * self.tile_k * isz
-    slots = min(2, (self.tile_m * self.tile_n) // (self.epi_tile_m * self.epi_tile_n))
-    return (self.max_concurrent_steps * stage
-            + 2 * slots * self.epi_tile_m * self.epi_tile_n * osz)
-
-  def check_shapes(self, mc: int, n: int, k: int) -> None:
-    """Raises ValueError unless the tiles divide the problem exactly."""
-    # The Hopper kernel does not mask: a CTA tile that ran past row mc would be
-    # TMA-stored over the rows of the next chunk of ``out``, so tiles must
-    # divide the chunk exactly.
-    if mc % self.cta_tile_m:
-      raise ValueError(
-          f"mc={mc} (rows of x) must be a multiple of the CTA tile's rows"
-          f" {self.cta_tile_m} for config {self}.")
-    if n % self.cta_tile_n:
-      raise ValueError(
-          f"n={n} (columns of w) must be a multiple of the CTA tile's columns"
-          f" {self.cta_tile_n} for config {self}.")
-    if k % self.tile_k:
-      raise ValueError(f"K={k} must be a multiple of {self.tile_k=}.")
-
-
-# CTA tile shapes the heuristic weighs, as (tile_m, tile_n, wg_dimension) per
-# warpgroup, with their throughput relative to the 128x256 tile when every SM
-# is busy: smaller tiles re-read more operand bytes per flop. The first four
-# are read off an H200 sweep (the ``kernel`` benchmark suite); the 64-row ones
-# are guesses that only matter for chunks no larger tile divides.
-_CANDIDATES = (
-    (64, 256, "m", 1.0),    # CTA 128x256
-    (128, 128, "m", 0.97),  # CTA 256x128
-    (64, 192, "m", 0.95),   # CTA 128x192
-    (64, 128, "m", 0.87),   # CTA 128x128
-    (64, 64, "m", 0.6),     # CTA 128x64
-    (64, 128, "n", 0.6),    # CTA 64x256
-    (64, 64, "n", 0.45),    # CTA 64x128
-)
-
-
-def default_config(mc: int, k: int, n: int, in_dtype=jnp.bfloat16,
-                   out_dtype=jnp.bfloat16,
-                   num_sms: int = 132) -> ChunkMatmulConfig:
-  """The config used when none is given (``config=None``).
-
-  Order: an explicit ``config`` argument wins (in ``chunk_matmul_into``);
-  otherwise this heuristic. Among the CTA tiles of ``_CANDIDATES`` whose tiles
-  divide the shape, it picks the one with the least estimated time
-  ``ceil(tiles / num_sms) * tile_area / relative_throughput``: the kernel runs
-  in whole waves of ``num_sms`` tiles, so a tile that leaves most of the last
-  wave empty (e.g. 192 tiles of 128x256 on 132 SMs) loses to a smaller one
-  that fills the waves. Then the most pipeline stages (<= 4) that fit in
-  shared memory.
-
-  Raises:
-    ValueError: if no candidate divides the shape (mc not a multiple of 64
-      (128 for most tiles), n not a multiple of 64 / 128, K not a multiple
-      of 32 for 2-byte dtypes).
-  """
-  # 128-byte swizzle rows; a K that is not a multiple of them (qwen2-72b's
-  # 29568 / 4 = 7392 = 115.5 x 64) takes 64-byte rows, at half the depth
-  # per pipeline step: 20-25% slower on an H100. Callers that can afford a
-  # copy of x pad it with pad_k instead (the reduce-scatter does).
-  tile_k = 128 // jnp.dtype(in_dtype).itemsize
-  if k % tile_k:
-    tile_k //= 2
-  k_iters = max(1, k // tile_k)
-  best, best_cost = None, math.inf
-  for tm, tn, wg, rel in _CANDIDATES:
-    for steps in (4, 3, 2):
-      cfg = ChunkMatmulConfig(
-          tile_m=tm, tile_n=tn, tile_k=tile_k,
-          max_concurrent_steps=min(steps, k_iters), epi_tile_m=64,
-          epi_tile_n=64, wg_dimension=wg, grid_minor_dim="n",
-          grid_tile_width=1)
-      if (mc % cfg.cta_tile_m or n % cfg.cta_tile_n or k % cfg.tile_k
-          or cfg.smem_bytes(in_dtype, out_dtype) > _SMEM_BUDGET):
-        continue
-      tiles = (mc // cfg.cta_tile_m) * (n // cfg.cta_tile_n)
-      cost = (math.ceil(tiles / num_sms) * cfg.cta_tile_m * cfg.cta_tile_n
-              / rel)
-      if cost < best_cost:
-        best, best_cost = cfg, cost
-      break  # Most stages that fit.
-  if best is None:
-    raise ValueError(
-        f"No Hopper tile config divides mc={mc}, n={n}, K={k}: the kernel"
-        f" needs mc and n multiples of 64 and K a multiple of {tile_k} (it"
-        " does not mask partial tiles). Use compute='xla' for this shape.")
-  return best
-
-
-# ----------------------------------------------------------------------------
-# Offsets that are a function of the device's rank.
-
-
-@dataclasses.dataclass(frozen=True)
-class ByRank:
-  """Piece offsets that depend only on this device's rank along a mesh axis.
-
-  ``table[r]`` lists the offsets (one per piece) that rank ``r`` uses;
-  ``rank`` is the traced rank (``lax.axis_index``, or the flagged
-  reduce-scatter's `peer_copy.arm` rank, which spares the program XLA's
-  partition-id). The Hopper kernel
-  compiles the table in and reads only the rank at run time: every Pallas
-  call of an op takes the same one-element operand, which XLA computes once
-  (compiled HLO of a reduce-scatter: one ``partition-id``, one operand for
-  its four kernels), instead of an offsets array per call, each its own
-  tiny kernel launch (4 to 7 per reduce-scatter, ~1 us of device and
-  several us of host time each, in a profile on 4xH200).
-
-  Attributes:
-    rank: int32 scalar, this device's rank in ``[0, len(table))``.
-    table: per rank, one static offset per piece.
-  """
-
-  rank: Any
-  table: tuple[tuple[int, ...], ...]
-
-  def __post_init__(self):
-    table = tuple(tuple(int(v) for v in row) for row in self.table)
-    if not table or len({len(row) for row in table}) != 1 or not table[0]:
-      raise ValueError(
-          f"ByRank.table must have one non-empty row per rank, all of one"
-          f" length; got row lengths {[len(r) for r in table]}.")
-    object.__setattr__(self, "table", table)
-
-  def __len__(self) -> int:
-    return len(self.table[0])
-
-  def traced(self) -> list[jax.Array]:
-    """This rank's offsets as traced int32 scalars (portable paths)."""
-    t = jnp.asarray(np.asarray(self.table, np.int32))
-    return [t[self.rank, i] for i in range(len(self))]
 
 
 # ----------------------------------------------------------------------------
@@ -326,522 +116,64 @@ def _check_num_sms(num_sms) -> None:
     raise ValueError(f"num_sms={num_sms!r} must be None or a positive int.")
 
 
-def _offset_operand(row_offset, x_row_offset=0) -> jax.Array:
-  """The offsets of one piece: see `_offsets`."""
-  return _offsets([row_offset], [x_row_offset])
-
-
-def _offsets(out_rows, x_rows) -> jax.Array:
-  # A (2 * pieces,) int32 operand: the first row each piece is written at in
-  # out, then the first row each piece is read from in x. The kernels read
-  # it at run time, so traced offsets (e.g. from lax.axis_index) compile once
-  # for all devices.
-  return jnp.stack([jnp.asarray(r, jnp.int32)
-                    for r in (*out_rows, *x_rows)])
-
-
-# ----------------------------------------------------------------------------
-# Portable formulation (interpret mode on CPU).
-
-
-def _out_type_like(out) -> jax.ShapeDtypeStruct:
-  return _out_type(out.shape, out.dtype, like=(out,))
-
-
-def _invariant_out_type(shape, dtype) -> jax.ShapeDtypeStruct:
-  """A result typed as varying over no mesh axis, explicitly (jax >= 0.11
-  under check_vma demands a type): a fresh constant's type, in any jax."""
-  mat = getattr(jax.typeof(jnp.zeros((), jnp.int32)), "manual_axis_type", None)
-  if mat is not None:
-    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat)
-  return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def _out_type(shape, dtype, *, like) -> jax.ShapeDtypeStruct:
-  # Inside shard_map with check_vma the result varies over the mesh axes that
-  # out varies over (jax >= 0.10: manual_axis_type; older: vma). Note that
-  # jax 0.10.2's Pallas interpreter rejects even trivial kernels under
-  # check_vma=True ("requires varying manual axes to match"), so interpret
-  # mode inside shard_map needs check_vma=False; the Hopper kernel does not.
-  # ``like``: the operands the result is computed from; it varies over the
-  # axes any of them varies over.
-  avals = [jax.typeof(a) for a in like]
-  typed = [a for a in avals if getattr(a, "manual_axis_type", None) is not None]
-  if typed:
-    return jax.ShapeDtypeStruct(shape, dtype,
-                                manual_axis_type=typed[0].manual_axis_type)
-  vma = frozenset().union(*(getattr(a, "vma", None) or () for a in avals))
-  if vma:
-    return jax.ShapeDtypeStruct(shape, dtype, vma=vma)
-  return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def _largest_divisor_at_most(v: int, cap: int) -> int:
-  for d in range(min(v, cap), 0, -1):
-    if v % d == 0:
-      return d
-  return 1
-
-
-def _kernel(off_ref, x_ref, w_ref, out_in_ref, out_ref, *, block_m, block_n):
-  # off_ref:    (2,) int32, whole: [0] first row of the chunk inside out.
-  # x_ref:      (block_m, K) block of x at (i, 0).
-  # w_ref:      (K, block_n) block of w at (0, j).
-  # out_in_ref: (M, n) all of out, unblocked (pl.ANY); aliased to out_ref and
-  #             never read: it is here only to carry the aliasing.
-  # out_ref:    (M, n) all of out, unblocked (pl.ANY); the product's block
-  #             lands at rows off + i * block_m, columns j * block_n.
-  del out_in_ref
-  i, j = pl.program_id(0), pl.program_id(1)
-  acc = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
-  rows = pl.ds(off_ref[0] + i * block_m, block_m)
-  cols = pl.ds(pl.multiple_of(j * block_n, block_n), block_n)
-  out_ref[rows, cols] = acc.astype(out_ref.dtype)
-
-
-def _portable_into(out, x, w, off, *, interpret):
-  mc, k = x.shape
-  n = w.shape[1]
-  # Blocks need not be aligned in interpret mode; take the largest divisors so
-  # any mc and n work without masking.
-  block_m = _largest_divisor_at_most(mc, 128)
-  block_n = _largest_divisor_at_most(n, 256)
-  return pl.pallas_call(
-      functools.partial(_kernel, block_m=block_m, block_n=block_n),
-      out_shape=_out_type_like(out),
-      grid=(mc // block_m, n // block_n),
-      in_specs=[
-          pl.BlockSpec(memory_space=pl.ANY),
-          pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-          pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
-          pl.BlockSpec(memory_space=pl.ANY),
-      ],
-      out_specs=pl.BlockSpec(memory_space=pl.ANY),
-      input_output_aliases={3: 0},
-      name="ficco_chunk_matmul_into",
-      interpret=interpret,
-  )(off, x, w, out)
-
-
-# ----------------------------------------------------------------------------
-# Hopper formulation (Mosaic GPU, wgmma + TMA, persistent over <= num_sms CTAs).
-
-
-def _device_num_sms() -> int:
-  try:
-    abstract_device = jax.sharding.get_abstract_mesh().abstract_device
-    if abstract_device is not None:
-      return abstract_device.num_cores
-  except AttributeError:
-    pass
-  return getattr(jax.devices()[0], "core_count", None) or 1
-
-
-def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
-                 pieces, rank_table=None, addend_rows=(), interpreted=False,
-                 flagged=False, num_ctas=1, flag_walk="piece",
-                 flag_bump="piece_end"):
-  # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
-  #           out, then the first row of each piece inside x. The mc rows of
-  #           the product are `pieces` equal pieces, each a whole number of
-  #           CTA tiles, so a tile never straddles two. With `rank_table`
-  #           (ByRank): (1,) int32, the rank, and rank r's offsets are
-  #           rank_table[r] (compiled in).
-  # x_gmem:   (>= mc, K) GMEM, TMA-loaded in (cta_tile_m, tile_k) blocks from
-  #           its piece's x row on, so pieces of a larger operand need no
-  #           gathering copy.
-  # w_gmem:   (K, n) GMEM, TMA-loaded in (tile_k, cta_tile_n) blocks.
-  # rest:     the addends, then out_gmem.
-  # addends:  one GMEM array per entry of addend_rows; rows a0 + t of
-  #           addend i (a0 = addend_rows[i]) are added, in f32, to row t of
-  #           the product (its pieces stacked) before it is rounded and
-  #           stored. Read straight into registers in the epilogue: the
-  #           pipeline's shared memory is all taken by its stages.
-  # out_gmem: (M, n) GMEM, all of out (aliased, or a fresh (mc, n) output);
-  #           (epi_tile_m, epi_tile_n) sub-tiles are TMA-stored at row
-  #           offset + tile row.
-  # flagged:  rest holds flags_gmem (pieces,) int32 (aliased) before
-  #           out_gmem: each compute warpgroup bumps a piece's flag once
-  #           its stores of that piece are complete (flag_signal; see
-  #           flag_bump), so a flag reaches flag_target(...) when its piece
-  #           is written.
-  # num_ctas: the grid (CTAs of the persistent loop): a CTA's tiles are
-  #           lin, lin + num_ctas, ...
-  # flag_walk: "piece": the tiles of piece 0 first, then piece 1, ..., and
-  #           inside a piece the config's own walk (grid_minor_dim, width);
-  #           "rows": one tile row after another over all pieces (for the
-  #           kernel benchmark's comparison).
-  # flag_bump: "piece_end": a CTA bumps a piece's flag once, at its last
-  #           tile of that piece, after waiting for all of its stores (the
-  #           wait covers every earlier tile's stores too), so a flag
-  #           reaches 2 * min(tiles per piece, CTAs) (flag_target). Each bump
-  #           is a system-scope release, which costs far more beside peer
-  #           traffic than alone (one per tile makes the kernel 15-18%
-  #           slower in the 4-GPU op, not on one GPU); this makes a few per
-  #           CTA. "tile": every tile waits for its stores and bumps (for
-  #           the kernel benchmark's comparison).
-  import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
-
-  if flagged:
-    from ficco_jax._src.pallas import flag_signal  # pylint: disable=g-import-not-at-top
-    *addend_gmems, flags_gmem, out_gmem = rest
-
-    def bump(piece):
-      if interpreted:
-        # jax's Mosaic GPU interpreter has no atomics and no rule for
-        # flag_signal: each (CTA, compute warpgroup) counts into its own
-        # slot of a (pieces, CTAs, 2) buffer, which _mgpu_into checks and
-        # sums, so the tests check the bump logic on CPU.
-        at = (piece, lax.axis_index("sm"), lax.axis_index("wg"))
-        flags_gmem[at] = flags_gmem[at] + 1
-      else:
-        flag_signal.signal(flags_gmem, piece)
-  else:
-    *addend_gmems, out_gmem = rest
-
-  dtype = x_gmem.dtype
-  out_dtype = out_gmem.dtype
-  n = w_gmem.shape[1]
-  c = config
-  tile_m, tile_n, tile_k = c.tile_m, c.tile_n, c.tile_k
-  cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
-  m_iters, n_iters = mc // cta_tile_m, n // cta_tile_n
-  epi_tile_m, epi_tile_n = c.epi_tile_m, c.epi_tile_n
-  tiles_per_piece = m_iters // pieces
-
-  swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
-  swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
-  transforms = (plgpu.TilingTransform((8, swizzle_elems)),
-                plgpu.SwizzleTransform(swizzle))
-  # One epilogue slot suffices when a warpgroup has a single epilogue tile.
-  num_out_slots = min(2, (tile_m * tile_n) // (epi_tile_m * epi_tile_n))
-  out_swizzle = plgpu.find_swizzle(epi_tile_n * jnp.dtype(out_dtype).itemsize * 8)
-  out_swizzle_elems = out_swizzle // jnp.dtype(out_dtype).itemsize
-  out_transforms = (plgpu.TilingTransform((8, out_swizzle_elems)),
-                    plgpu.SwizzleTransform(out_swizzle))
-  minor = 0 if c.grid_minor_dim == "m" else 1
-
-  def get_pipeline(pipeline_body, compute_context):
-    return plgpu.emit_pipeline_warp_specialized(
-        pipeline_body,
-        grid=(k_iters,),
-        memory_registers=40,
-        in_specs=[
-            plgpu.BlockSpec((cta_tile_m, tile_k), lambda kk: (0, kk),
-                            transforms=transforms, memory_space=plgpu.SMEM),
-            plgpu.BlockSpec((tile_k, cta_tile_n), lambda kk: (kk, 0),
-                            transforms=transforms, memory_space=plgpu.SMEM),
-        ],
-        wg_axis="wg",
-        num_compute_wgs=2,
-        max_concurrent_steps=c.max_concurrent_steps,
-        compute_context=compute_context,
-    )
-
-  # The bodies don't influence the allocations the pipeline needs.
-  ignore = lambda *_, **__: None
-
-  @functools.partial(
-      pl.run_scoped,
-      pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(x_gmem, w_gmem),
-      out_smem=plgpu.SMEM((2, num_out_slots, epi_tile_m, epi_tile_n), out_dtype,
-                          transforms=out_transforms),
-      collective_axes="wg",
-  )
-  def _scope(pipeline_allocs, out_smem):
-    wg_idx = lax.axis_index("wg")
-    if rank_table is None:
-      off_at = lambda q: off_gmem[q]
-    else:
-      rank = off_gmem[0]
-
-      def off_at(q):
-        # A select chain over the ranks' compiled-in offsets (a few ranks).
-        v = jnp.asarray(rank_table[0][q], jnp.int32)
-        for r in range(1, len(rank_table)):
-          v = jnp.where(rank == r, jnp.asarray(rank_table[r][q], jnp.int32), v)
-        return v
-    if pieces == 1:
-      out_base, x_base = off_at(0), off_at(1)
-
-    def tile_rows(m_idx):
-      """First rows of tile row m_idx in out and in x."""
-      if pieces == 1:
-        piece_out, piece_x, within = out_base, x_base, m_idx
-      else:
-        # A short select chain over static indices: pieces <= 8 or so, and
-        # it needs no dynamic scalar load.
-        piece = m_idx // tiles_per_piece
-        within = m_idx - piece * tiles_per_piece
-        piece_out, piece_x = off_at(0), off_at(pieces)
-        for q in range(1, pieces):
-          hit = piece == q
-          piece_out = jnp.where(hit, off_at(q), piece_out)
-          piece_x = jnp.where(hit, off_at(pieces + q), piece_x)
-      # The hint lets layout inference keep the (8, swizzle) tiling of
-      # out_smem for TMA stores at a run-time row, and TMA loads at a
-      # run-time row need the same proof; the wrappers require every
-      # offset % 8 == 0.
-      return (pl.multiple_of(piece_out + within * cta_tile_m, 8),
-              pl.multiple_of(piece_x + within * cta_tile_m, 8))
-
-    num_tiles = m_iters * n_iters
-    piece_tiles = tiles_per_piece * n_iters
-    piece_of = lambda lin: lin // piece_tiles  # Pieces are runs of lin.
-
-    def ends_piece(lin):
-      # The CTA's next tile is in another piece, or there is none.
-      nxt = lin + num_ctas
-      return (nxt >= num_tiles) | (piece_of(nxt) != piece_of(lin))
-
-    @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-    def _mn_loop(info):
-      # jax 0.10+ passes an NDLoopInfo; older versions a tuple of indices.
-      (lin_idx,) = getattr(info, "index", info)
-      if flagged and flag_walk == "piece":
-        piece = piece_of(lin_idx)
-        m_in, n_idx = plgpu.planar_snake(
-            lin_idx - piece * piece_tiles, (tiles_per_piece, n_iters), minor,
-            c.grid_tile_width)
-        m_idx = piece * tiles_per_piece + m_in
-      else:
-        m_idx, n_idx = plgpu.planar_snake(
-            lin_idx, (m_iters, n_iters), minor, c.grid_tile_width)
-      out_row, x_row = tile_rows(m_idx)
-      cta_m_slice = pl.ds(x_row, cta_tile_m)
-      cta_n_slice = pl.ds(n_idx * cta_tile_n, cta_tile_n)
-      if c.wg_dimension == "m":
-        wg_m_slice, wg_n_slice = pl.ds(wg_idx * tile_m, tile_m), slice(None)
-      else:
-        wg_m_slice, wg_n_slice = slice(None), pl.ds(wg_idx * tile_n, tile_n)
-
-      def compute_context(eval_pipeline):
-        @functools.partial(
-            pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
-        def _acc_scope(acc_ref):
-          eval_pipeline(acc_ref)
-          acc = acc_ref[...]
-          if not addend_gmems:
-            acc = acc.astype(out_dtype)
-          # The chunk's rows start at a run-time offset inside out: the TMA
-          # descriptor spans all of out and takes the offset as a coordinate.
-          out_rows = pl.ds(out_row, cta_tile_m)
-          out_tile = out_gmem.at[out_rows, cta_n_slice].at[wg_m_slice, wg_n_slice]
-          # Let the previous tile's stores finish reading out_smem first.
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          for epi_mi in range(tile_m // epi_tile_m):
-            for epi_ni in range(tile_n // epi_tile_n):
-              epi_m = slice(epi_mi * epi_tile_m, (epi_mi + 1) * epi_tile_m)
-              epi_n = slice(epi_ni * epi_tile_n, (epi_ni + 1) * epi_tile_n)
-              slot = (epi_mi * (tile_n // epi_tile_n) + epi_ni) % 2
-              # Double buffered: wait until at most one store is in flight.
-              plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-              tile = acc[epi_m, epi_n]
-              if addend_gmems:
-                r0 = m_idx * cta_tile_m + epi_mi * epi_tile_m
-                c0 = n_idx * cta_tile_n + epi_ni * epi_tile_n
-                if c.wg_dimension == "m":
-                  r0 = r0 + wg_idx * tile_m
-                else:
-                  c0 = c0 + wg_idx * tile_n
-                for a_gmem, a_row in zip(addend_gmems, addend_rows):
-                  idx = (pl.ds(r0 + a_row, epi_tile_m), pl.ds(c0, epi_tile_n))
-                  if interpreted:
-                    # jax's Mosaic GPU interpreter has no rule for
-                    # plgpu.load; a plain read of the same tile.
-                    a_tile = a_gmem[idx]
-                  else:
-                    # Not "optimized": Mosaic GPU has no tiled transfer
-                    # from GMEM into the wgmma layout, only element-wise
-                    # loads (a plain read would demand the tiled one).
-                    a_tile = plgpu.load(a_gmem, idx, optimized=False)
-                  tile = tile + a_tile.astype(jnp.float32)
-                tile = tile.astype(out_dtype)
-              out_smem[wg_idx, slot] = tile
-              plgpu.commit_smem()
-              plgpu.copy_smem_to_gmem(out_smem.at[wg_idx, slot],
-                                      out_tile.at[epi_m, epi_n])
-          if flagged:
-            # Complete in GMEM, not only read out of shared memory: the
-            # copy engines read these rows once the flag says so.
-            def publish():
-              plgpu.wait_smem_to_gmem(0, wait_read_only=False)
-              bump(piece_of(lin_idx))
-
-            if flag_bump == "tile":
-              publish()
-            else:
-              pl.when(ends_piece(lin_idx))(publish)
-
-      def mma_body(_, x_smem, w_smem, acc_ref):
-        plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
-        plgpu.wgmma_wait(0)
-        return acc_ref
-
-      get_pipeline(mma_body, compute_context)(
-          x_gmem.at[cta_m_slice, :],
-          w_gmem.at[:, cta_n_slice],
-          allocations=pipeline_allocs,
-      )
-
-  # Await all stores before the kernel exits.
-  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
-def flag_target(config: "ChunkMatmulConfig", piece_rows: int, n: int,
-                num_ctas: int, bump: str = "piece_end") -> int:
-  """A piece's flag once the flagged kernel has written it: one bump per
-  compute warpgroup (2) per CTA that has tiles in the piece (``piece_end``:
-  a piece's tiles are a run of consecutive tile indices, dealt round-robin
-  to ``num_ctas`` CTAs), or per CTA tile of the piece (``tile``)."""
-  tiles = (piece_rows // config.cta_tile_m) * (n // config.cta_tile_n)
-  return 2 * (tiles if bump == "tile" else min(tiles, num_ctas))
-
-
-def _mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
-               mosaic_interpret=None, rows=None, out_dtype=None,
-               addends=(), addend_rows=(), fresh_rows=None, flags=None,
-               flag_variant=("piece", "piece_end")):
-  """The Hopper kernel: for each of the ``len(off) // 2`` pieces ``i`` of
-  ``rows / pieces`` rows, ``x[off[P + i]:][:rows / P] @ w`` into rows
-  ``off[i]:`` of ``out`` (aliased), or of a fresh ``[rows, n]`` array when
-  ``out`` is None (every tile is written, so nothing needs zeroing first),
-  or of a fresh ``[fresh_rows, n]`` array (rows no piece covers are left
-  unwritten). ``off`` may be a `ByRank` of the same ``2 * pieces`` offsets
-  per rank. Row ``t`` of the product (pieces stacked) gets
-  ``addends[i][addend_rows[i] + t]`` added for every ``i``, in f32 before
-  rounding."""
-  # mosaic_interpret: tests only; jax's Mosaic GPU interpreter params, which
-  # run this very kernel on CPU (simulated threads, TMA and wgmma).
-  import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
-
-  # x may carry zero columns past w's K rows (pad_k): the kernel then runs
-  # whole steps over x, and TMA zero-fills the rows of w past its end.
-  k = x.shape[1]
-  k_w = w.shape[0]
-  if k != k_w and k != padded_k(k_w):
-    raise ValueError(f"x.shape={x.shape} and w.shape={w.shape}: x must have"
-                     f" K={k_w} columns, or padded_k(K) from pad_k.")
-  mc = x.shape[0] if rows is None else rows
-  n = w.shape[1]
-  out_dtype = out.dtype if out is not None else out_dtype
-  if jnp.dtype(x.dtype) not in _MGPU_DTYPES:
+def _check_int_scalar(label, r) -> None:
+  """``r`` is an int or an integer scalar array (traced or not)."""
+  if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
+    return
+  dt = getattr(r, "dtype", None)
+  if (isinstance(r, bool) or dt is None or jnp.ndim(r) != 0
+      or not jnp.issubdtype(dt, jnp.integer)):
     raise TypeError(
-        f"x.dtype={x.dtype}: the Hopper kernel takes bfloat16 or float16"
-        " operands (wgmma from shared memory); use compute='xla' for float32.")
-  device_sms = _device_num_sms()
-  sms = min(num_sms, device_sms) if num_sms is not None else device_sms
-  if mosaic_interpret and num_sms is not None:
-    # The interpreter simulates as many SMs as asked for; the CPU device
-    # reports none (so `device_sms` is 1 there, which would run one CTA).
-    sms = num_sms
-  rank_table = None
-  if isinstance(off, ByRank):
-    rank_table = off.table
-    off = jnp.asarray(off.rank, jnp.int32).reshape(1)
-  pieces = (off.shape[0] if rank_table is None else len(rank_table[0])) // 2
-  piece_rows = mc // pieces
-  if config is None:
-    # Waves are counted over all the pieces' tiles; tiles must divide each.
-    config = default_config(mc, k, n, x.dtype, out_dtype, num_sms=sms)
-    if piece_rows % config.cta_tile_m:
-      config = default_config(piece_rows, k, n, x.dtype, out_dtype,
-                              num_sms=sms)
-  elif not isinstance(config, ChunkMatmulConfig):
-    raise TypeError(f"config must be a ChunkMatmulConfig, got {type(config)}.")
-  config.check_shapes(piece_rows, n, k)
-  flag_walk, flag_bump = flag_variant
-  if flag_walk not in ("piece", "rows") or flag_bump not in ("piece_end",
-                                                             "tile"):
-    raise ValueError(f"flag_variant={flag_variant!r}: the walk is 'piece' or"
-                     " 'rows', the bump 'piece_end' or 'tile'.")
-  if flags is not None and out is not None:
-    raise ValueError("flags need a fresh result (out=None).")
-  if flags is not None and flag_walk == "rows":
-    # Row-major bands of one tile row over all pieces.
-    config = dataclasses.replace(config, grid_minor_dim="m",
-                                 grid_tile_width=1)
-  if isinstance(off_static, int) and off_static % 8:
-    raise ValueError(
-        f"row_offset={off_static} must be a multiple of 8 on the Hopper path"
-        " (TMA transfers of 8-row tiled shared memory).")
-  num_tiles = (mc // config.cta_tile_m) * (n // config.cta_tile_n)
-  grid = min(sms, num_tiles)
+        f"{label} must be an int or an integer scalar array, got"
+        f" {type(r).__name__} with dtype={dt},"
+        f" shape={getattr(r, 'shape', None)}.")
 
-  kernel = pl.kernel(
-      functools.partial(_mgpu_kernel, config=config,
-                        k_iters=k // config.tile_k, mc=mc, pieces=pieces,
-                        rank_table=rank_table,
-                        addend_rows=tuple(int(a) for a in addend_rows),
-                        interpreted=bool(mosaic_interpret),
-                        flagged=flags is not None, num_ctas=grid,
-                        flag_walk=flag_walk, flag_bump=flag_bump),
-      out_type=(() if out is not None
-                # A fresh_rows result is written into by later calls (a
-                # Ref), which jax >= 0.11 allows only typed invariant; the
-                # caller restores its type (vma.vary_like).
-                else _invariant_out_type((fresh_rows, n), out_dtype)
-                if fresh_rows is not None
-                else _out_type((mc, n), out_dtype, like=(x, w, off))),
-      mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",),
-                      num_threads=3, thread_name="wg"),
-      compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-      name="ficco_chunk_matmul_into",
-      interpret=mosaic_interpret or False,
-  )
-  if flags is not None:
-    target = flag_target(config, piece_rows, n, grid, flag_bump)
-    if mosaic_interpret:
-      # Per-(CTA, warpgroup) counts (see bump in _mgpu_kernel).
-      counts_ref = jax.new_ref(jnp.zeros((pieces, grid, 2), jnp.int32))
-      result = kernel(off, x, w, *addends, counts_ref)
-      counts = jax.freeze(counts_ref)
-      flags = flags + counts.sum((1, 2))
-      if flag_bump == "piece_end":
-        # Its contract is one bump per (CTA, warpgroup, piece): a second
-        # would release the piece's copies before another CTA has stored
-        # its tiles. Poison the flag so that the tests see it.
-        flags = flags + 1000 * (counts > 1).sum((1, 2))
-      return result, flags, target
-    flags_ref = jax.new_ref(flags)
-    result = kernel(off, x, w, *addends, flags_ref)
-    return result, jax.freeze(flags_ref), target
-  if out is None:
-    return kernel(off, x, w, *addends)
-  # A Ref operand is aliased in and out of the kernel (input_output_aliases
-  # after discharge): the kernel writes the chunk's rows of out in place.
-  out_ref = jax.new_ref(out)
-  kernel(off, x, w, *addends, out_ref)
-  return jax.freeze(out_ref)
+
+def _static_int(name, v) -> int:
+  if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+    raise TypeError(f"{name} must hold static ints, got {v!r}"
+                    f" ({type(v).__name__}).")
+  return int(v)
+
+
+def _check_addends(addends, addend_rows, rows, n) -> None:
+  """Each addend holds ``rows`` rows of ``n`` columns from its first row."""
+  if len(addend_rows) != len(addends):
+    raise ValueError(f"addend_rows has {len(addend_rows)} entries, addends"
+                     f" {len(addends)}: one per addend.")
+  for i, (a, a0) in enumerate(zip(addends, addend_rows)):
+    shape = getattr(a, "shape", None)
+    if getattr(a, "ndim", None) != 2 or shape[1] != n:
+      raise ValueError(f"addends[{i}].shape={shape} must be 2-D with w's {n}"
+                       " columns.")
+    if jnp.dtype(a.dtype) not in _DTYPES:
+      raise TypeError(f"addends[{i}].dtype={a.dtype} must be one of"
+                      " bfloat16, float16, float32.")
+    if not 0 <= a0 <= shape[0] - rows:
+      raise ValueError(
+          f"addend_rows[{i}]={a0} with the result's {rows} rows must lie in"
+          f" [0, {shape[0] - rows}] (addends[{i}].shape={shape}).")
+
+
+def _check_piece_rows(name, offsets, rows, shape):
+  """Each static offset keeps its ``rows`` rows inside ``shape``; traced
+  ones must be integer scalars (their range is not checked)."""
+  if isinstance(offsets, ByRank):
+    _check_int_scalar(f"{name}.rank", offsets.rank)
+    offsets = static_rows(offsets)
+  for i, r in enumerate(offsets):
+    if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
+      if not 0 <= r <= shape[0] - rows:
+        raise ValueError(
+            f"{name}[{i}]={r} with rows={rows} must lie in"
+            f" [0, {shape[0] - rows}] so the piece fits in {shape[0]} rows"
+            f" (shape {tuple(shape)}).")
+      continue
+    _check_int_scalar(f"{name}[{i}]", r)
 
 
 # ----------------------------------------------------------------------------
-# Public (in _src) entry points.
-
-
-def padded_k(k: int) -> int:
-  """The columns `pad_k` gives an operand of ``k`` columns."""
-  return k if k % 64 == 0 or k % 8 else -(-k // 64) * 64
-
-
-def pad_k(x: jax.Array) -> jax.Array:
-  """``x [..., K]`` with zero columns up to a multiple of 64, for the Hopper
-  kernel's 16-bit dtypes and K % 8 == 0 (16-byte rows).
-
-  Why: Mosaic GPU tiles an operand in GMEM as it tiles shared memory, so the
-  Hopper kernel's x needs K a multiple of its 64-deep steps; otherwise it
-  falls back to 32-deep steps throughout, 20-25% slower on an H100. One
-  padding copy of x (and
-  none of w: TMA fills w's rows past K with zeros) buys full-depth steps
-  for a K such as qwen2-72b's 29568 / 4 = 7392. Returns ``x`` itself when
-  no padding applies (K a multiple of 64 or not of 8, or a dtype the Hopper
-  kernel does not take).
-  """
-  k = x.shape[-1]
-  if padded_k(k) == k or jnp.dtype(x.dtype) not in _MGPU_DTYPES:
-    return x
-  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, padded_k(k) - k)])
+# Entry points.
 
 
 def _hopper_offset(row_offset) -> int | None:
@@ -903,12 +235,12 @@ def chunk_matmul_into(
   """
   _check_args(out, x, w, row_offset, preferred_element_type)
   _check_num_sms(num_sms)
-  off = _offset_operand(row_offset)
+  off = offset_operand(row_offset)
   if _resolve_interpret(interpret):
-    return _portable_into(out, x, w, off, interpret=True)
+    return portable.portable_into(out, x, w, off, interpret=True)
   off_static = _hopper_offset(row_offset)
-  return _mgpu_into(out, x, w, off, num_sms=num_sms, config=config,
-                    off_static=off_static)
+  return hopper.mgpu_into(out, x, w, off, num_sms=num_sms, config=config,
+                         off_static=off_static)
 
 
 def chunk_matmul(
@@ -971,91 +303,6 @@ def chunk_matmul_rows(
   return chunk_matmul_pieces(x, [row_offset], rows, w, num_sms=num_sms,
                              preferred_element_type=preferred_element_type,
                              interpret=interpret, config=config)
-
-
-def _static_rows(offsets) -> list:
-  """The offsets to check: a `ByRank`'s every rank's, else the list."""
-  if isinstance(offsets, ByRank):
-    return [v for row in offsets.table for v in row]
-  return list(offsets)
-
-
-def _by_rank_offsets(dest_rows, x_rows) -> ByRank:
-  """The kernel's ``2 * pieces`` offsets per rank, as a `ByRank`; a plain
-  list (static ints) is the same for every rank."""
-  # Both ByRank: they must hold the same rank (a traced value cannot be
-  # compared here); the kernel reads the first one's.
-  given = [o for o in (dest_rows, x_rows) if isinstance(o, ByRank)]
-  ranks = {len(o.table) for o in given}
-  if len(ranks) != 1:
-    raise ValueError("out_rows and x_rows given as ByRank must have one row"
-                     f" per rank each, got {sorted(ranks)} rows.")
-  rows_of = lambda o, r: (o.table[r] if isinstance(o, ByRank)
-                          else [int(v) for v in o])
-  for o in (dest_rows, x_rows):
-    if not isinstance(o, ByRank) and any(
-        not isinstance(v, (int, np.integer)) for v in o):
-      raise TypeError("With a ByRank offset list, the other list must hold"
-                      " static ints (or be a ByRank too).")
-  table = tuple(tuple(rows_of(dest_rows, r)) + tuple(rows_of(x_rows, r))
-                for r in range(ranks.pop()))
-  return ByRank(given[0].rank, table)
-
-
-def _check_int_scalar(label, r) -> None:
-  """``r`` is an int or an integer scalar array (traced or not)."""
-  if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
-    return
-  dt = getattr(r, "dtype", None)
-  if (isinstance(r, bool) or dt is None or jnp.ndim(r) != 0
-      or not jnp.issubdtype(dt, jnp.integer)):
-    raise TypeError(
-        f"{label} must be an int or an integer scalar array, got"
-        f" {type(r).__name__} with dtype={dt},"
-        f" shape={getattr(r, 'shape', None)}.")
-
-
-def _static_int(name, v) -> int:
-  if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-    raise TypeError(f"{name} must hold static ints, got {v!r}"
-                    f" ({type(v).__name__}).")
-  return int(v)
-
-
-def _check_addends(addends, addend_rows, rows, n) -> None:
-  """Each addend holds ``rows`` rows of ``n`` columns from its first row."""
-  if len(addend_rows) != len(addends):
-    raise ValueError(f"addend_rows has {len(addend_rows)} entries, addends"
-                     f" {len(addends)}: one per addend.")
-  for i, (a, a0) in enumerate(zip(addends, addend_rows)):
-    shape = getattr(a, "shape", None)
-    if getattr(a, "ndim", None) != 2 or shape[1] != n:
-      raise ValueError(f"addends[{i}].shape={shape} must be 2-D with w's {n}"
-                       " columns.")
-    if jnp.dtype(a.dtype) not in _DTYPES:
-      raise TypeError(f"addends[{i}].dtype={a.dtype} must be one of"
-                      " bfloat16, float16, float32.")
-    if not 0 <= a0 <= shape[0] - rows:
-      raise ValueError(
-          f"addend_rows[{i}]={a0} with the result's {rows} rows must lie in"
-          f" [0, {shape[0] - rows}] (addends[{i}].shape={shape}).")
-
-
-def _check_piece_rows(name, offsets, rows, shape):
-  """Each static offset keeps its ``rows`` rows inside ``shape``; traced
-  ones must be integer scalars (their range is not checked)."""
-  if isinstance(offsets, ByRank):
-    _check_int_scalar(f"{name}.rank", offsets.rank)
-    offsets = _static_rows(offsets)
-  for i, r in enumerate(offsets):
-    if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
-      if not 0 <= r <= shape[0] - rows:
-        raise ValueError(
-            f"{name}[{i}]={r} with rows={rows} must lie in"
-            f" [0, {shape[0] - rows}] so the piece fits in {shape[0]} rows"
-            f" (shape {tuple(shape)}).")
-      continue
-    _check_int_scalar(f"{name}[{i}]", r)
 
 
 def chunk_matmul_pieces(
@@ -1210,7 +457,7 @@ def chunk_matmul_pieces(
     for piece, r in zip(pieces, out_rows):
       out = chunk_matmul_into(out, piece, w, r, interpret=True)
     return out
-  for r in (*_static_rows(x_rows), *_static_rows(out_rows or ()),
+  for r in (*static_rows(x_rows), *static_rows(out_rows or ()),
             *addend_rows):
     if isinstance(r, (int, np.integer)) and r % 8:
       raise ValueError(
@@ -1220,14 +467,14 @@ def chunk_matmul_pieces(
   dest_rows = (out_rows if out_rows is not None
                else [i * rows for i in range(n_pieces)])
   if isinstance(x_rows, ByRank) or isinstance(dest_rows, ByRank):
-    off = _by_rank_offsets(dest_rows, x_rows)
+    off = by_rank_offsets(dest_rows, x_rows)
   else:
-    off = _offsets(dest_rows, x_rows)
-  return _mgpu_into(out, x, w, off,
-                    num_sms=num_sms, config=config, rows=n_pieces * rows,
-                    out_dtype=dtype, addends=addends, addend_rows=addend_rows,
-                    fresh_rows=fresh_rows, flags=_flags,
-                    flag_variant=_flag_variant)
+    off = piece_offsets(dest_rows, x_rows)
+  return hopper.mgpu_into(out, x, w, off,
+                         num_sms=num_sms, config=config, rows=n_pieces * rows,
+                         out_dtype=dtype, addends=addends,
+                         addend_rows=addend_rows, fresh_rows=fresh_rows,
+                         flags=_flags, flag_variant=_flag_variant)
 
 
 def chunk_matmul_flagged(
