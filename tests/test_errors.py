@@ -252,3 +252,16 @@ def test_vmap_of_a_copy_engine_op_is_one_clear_error(where):
   with pytest.raises(NotImplementedError,
                      match="comm='dma' does not support jax.vmap"):
     f(xs, w)
+
+
+@pytest.mark.skipif(util.on_gpu(), reason="the interpreter runs off GPUs only")
+def test_pallas_interpreter_under_check_vma_says_how_to_run():
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(2)
+  h, w = util.rand(rng, (48, 56), np.float32), util.rand(rng, (56, 8), np.float32)
+  schedule = Schedule(dataflow="direct", num_chunks=3, comm="dma",
+                      compute="pallas", reduce_in_epilogue=True)
+  with pytest.raises(ValueError, match=r"Pallas's interpreter.*check_vma=False"):
+    util.run_rs(mesh, h, w, schedule=schedule)  # check_vma=True: jax's default
+  out = util.run_rs(mesh, h, w, schedule=schedule, check_vma=False)
+  assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
