@@ -34,6 +34,8 @@ from ficco_jax._src.dma import peer_copy
 
 import util
 
+pytestmark = pytest.mark.multigpu
+
 TIMEOUT_S = 30.0
 SHARD_ROWS = 6  # divisible by 1 and 3 chunks, not a power of two
 

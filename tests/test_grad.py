@@ -33,7 +33,7 @@ def _loss(op, mesh, in_specs, out_spec, r, **kw):
 
 @pytest.mark.parametrize("schedule", CASES, ids=[s.short() for s in CASES])
 def test_grad_all_gather_matmul(schedule):
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(10)
   x, w = util.rand(rng, (2, 24, 10), np.float64), util.rand(rng, (10, 28), np.float64)
   r = util.rand(rng, (2, 24, 28), np.float64)
@@ -47,7 +47,7 @@ def test_grad_all_gather_matmul(schedule):
 
 
 # The reduce-scatter's halving granularity: its gradient's all-gather runs
-# at the all-gather's default granularity (api._backward_static).
+# at the all-gather's default granularity (matmul.backward_static).
 RS_CASES = CASES[:4] + CASES[-1:] + [
     Schedule(dataflow="direct", num_chunks=2, comm="dma",
              compute_granularity="halving")]
@@ -55,7 +55,7 @@ RS_CASES = CASES[:4] + CASES[-1:] + [
 
 @pytest.mark.parametrize("schedule", RS_CASES, ids=[s.short() for s in RS_CASES])
 def test_grad_matmul_reduce_scatter(schedule):
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(11)
   h, w = util.rand(rng, (2, 24, 20), np.float64), util.rand(rng, (20, 9), np.float64)
   r = util.rand(rng, (2, 24, 9), np.float64)
@@ -69,7 +69,7 @@ def test_grad_matmul_reduce_scatter(schedule):
 
 
 def test_grad_bf16_keeps_dtypes():
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(12)
   x, w = util.rand(rng, (24, 16), jnp.bfloat16), util.rand(rng, (16, 8), jnp.bfloat16)
   r = util.rand(rng, (24, 8), jnp.bfloat16)

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import ficco_jax
 from ficco_jax import Schedule
+from ficco_jax._src import schedule as schedule_lib
 import util
 
 pytestmark = pytest.mark.multigpu
@@ -104,11 +105,12 @@ def _calls(schedule):
 
 @pytest.mark.parametrize("schedule", _cases(AG), ids=Schedule.short)
 def test_all_gather_matmul(schedule):
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
+  p = mesh.devices.size
   rng = np.random.default_rng(0)
   dtype, m, k, n, check_vma = _sizes(schedule)
   for _ in range(_calls(schedule)):
-    x, w = util.rand(rng, (4 * m, k), dtype), util.rand(rng, (k, 4 * n), dtype)
+    x, w = util.rand(rng, (p * m, k), dtype), util.rand(rng, (k, p * n), dtype)
     out = util.run_ag(mesh, x, w, schedule=schedule, check_vma=check_vma)
     assert out.dtype == dtype
     assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(dtype)
@@ -116,12 +118,13 @@ def test_all_gather_matmul(schedule):
 
 @pytest.mark.parametrize("schedule", _cases(RS), ids=Schedule.short)
 def test_matmul_reduce_scatter(schedule):
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
+  p = mesh.devices.size
   rng = np.random.default_rng(1)
   dtype, m, k, n, check_vma = _sizes(schedule)
   for _ in range(_calls(schedule)):
-    h = util.rand(rng, (4 * m, 4 * n), dtype)
-    w = util.rand(rng, (4 * n, k), dtype)
+    h = util.rand(rng, (p * m, p * n), dtype)
+    w = util.rand(rng, (p * n, k), dtype)
     out = util.run_rs(mesh, h, w, schedule=schedule, check_vma=check_vma)
     assert out.dtype == dtype
     ref = util.ref_matmul_reduce_scatter(h, w)
@@ -152,7 +155,7 @@ def test_bf16_on_8_devices(schedule):
 
 
 def test_preferred_element_type_f32_from_bf16():
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(3)
   x, w = util.rand(rng, (24, 10), jnp.bfloat16), util.rand(rng, (10, 28), jnp.bfloat16)
   out = util.run_ag(mesh, x, w,
@@ -170,7 +173,7 @@ RANK3 += [dataclasses.replace(s, comm="dma") for s in RANK3]
 
 @pytest.mark.parametrize("schedule", RANK3, ids=Schedule.short)
 def test_rank3_operands_along_axis_1(schedule):
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(4)
   x, w = util.rand(rng, (3, 24, 5), np.float64), util.rand(rng, (5, 12), np.float64)
   out = util.run_ag(mesh, x, w, gather_axis=1, schedule=schedule)
@@ -185,11 +188,12 @@ def test_flagged_rank3_sequence_parallel_operand(num_chunks):
   """A flagged reduce-scatter of a [b, S, F] activation (sequence-parallel
   output, batch first), forward and gradient: the kernel folds the middle
   dims into rows."""
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
+  p = mesh.devices.size
   rng = np.random.default_rng(18)
   gpu = util.on_gpu()
-  dtype, s, f, n = ((jnp.bfloat16, 4 * 768, 4 * 64, 128) if gpu else
-                    (np.float32, 4 * 6, 4 * 5, 7))
+  dtype, s, f, n = ((jnp.bfloat16, p * 768, p * 64, 128) if gpu else
+                    (np.float32, p * 6, p * 5, 7))
   schedule = Schedule(dataflow="direct", num_chunks=num_chunks, comm="dma",
                       compute="pallas", compute_granularity="flagged")
   h, w = util.rand(rng, (2, s, f), dtype), util.rand(rng, (f, n), dtype)
@@ -229,7 +233,7 @@ def test_2d_mesh_dp_tp(comm):
 
 
 def test_default_schedule_is_reported_and_correct():
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(7)
   x, w = util.rand(rng, (24, 10), np.float32), util.rand(rng, (10, 28), np.float32)
   out = util.run_ag(mesh, x, w)
@@ -254,7 +258,7 @@ def test_both_ops_dma_with_async_issue(schedule):
   peers and issues, start returns at once), on the CPU twin or the GPUs."""
   from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
 
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(10)
   h, w = util.rand(rng, (48, 20), np.float32), util.rand(rng, (20, 9), np.float32)
   x, wg = util.rand(rng, (24, 10), np.float32), util.rand(rng, (10, 20), np.float32)
@@ -299,7 +303,7 @@ def test_step_granularity_moves_the_same_bytes_in_fewer_starts():
   """The step reduce-scatter's program has one peer-copy start per chunk
   (the piece one P - 1, the halving one 2 on 4 devices), and all give the
   same result."""
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(13)
   h, w = util.rand(rng, (24, 8), np.float32), util.rand(rng, (8, 6), np.float32)
   texts = {}
@@ -315,7 +319,9 @@ def test_step_granularity_moves_the_same_bytes_in_fewer_starts():
     texts[g] = f.lower(*args).as_text()
     assert util.rel_err(f(*args), util.ref_matmul_reduce_scatter(h, w)) < util.tol(np.float32)
   starts = {g: t.count("ficco_peer_copy_start") for g, t in texts.items()}
-  assert starts == {"step": 2, "piece": 6, "halving": 4}, starts
+  p = mesh.devices.size
+  halving = len(schedule_lib.halving_groups(p - 1))
+  assert starts == {"step": 2, "piece": 2 * (p - 1), "halving": 2 * halving}, starts
 
 
 PADS_K = [Schedule(dataflow=d, num_chunks=c, comm="dma", compute="pallas",
@@ -328,11 +334,12 @@ PADS_K = [Schedule(dataflow=d, num_chunks=c, comm="dma", compute="pallas",
 def test_pallas_reduce_scatter_pads_k_to_whole_steps(schedule):
   """K = 96 per device leaves half a 64-deep step: h is zero-padded once per
   op (qwen2-72b's 7392 is the case that matters), w is read as it is."""
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
+  p = mesh.devices.size
   rng = np.random.default_rng(17)
   m = 768 if util.on_gpu() else 6
   dtype = jnp.bfloat16
-  h, w = util.rand(rng, (4 * m, 4 * 96), dtype), util.rand(rng, (4 * 96, 128), dtype)
+  h, w = util.rand(rng, (p * m, p * 96), dtype), util.rand(rng, (p * 96, 128), dtype)
   out = util.run_rs(mesh, h, w, schedule=schedule, check_vma=util.on_gpu())
   assert util.rel_err(out, util.ref_matmul_reduce_scatter(h, w)) < util.tol(dtype)
 
@@ -341,7 +348,7 @@ def test_pallas_reduce_scatter_pads_k_to_whole_steps(schedule):
 def test_mixed_dtypes_follow_jax_type_promotion(comm):
   """float16 x bfloat16 computes in float32, as ``all_gather(x) @ w`` and
   ``h @ w`` do, and the gradients keep their primals' dtypes."""
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(19)
   schedule = Schedule(dataflow="direct", num_chunks=2, comm=comm)
   x, w = util.rand(rng, (24, 10), np.float16), util.rand(rng, (10, 28), jnp.bfloat16)

@@ -61,7 +61,7 @@ def test_mlp_forward_and_grad_match_reference(schedule):
 @pytest.mark.parametrize("comm", ["xla", "dma"])
 def test_inside_scan(comm):
   """Layers in a scan: one call site runs many times per execution."""
-  mesh = util.mesh((4,), ("x",))
+  mesh = util.tp_mesh()
   rng = np.random.default_rng(21)
   layers = 3
   x = util.rand(rng, (24, 8), np.float64)

@@ -35,6 +35,14 @@ def mesh(shape, names):
   return jax.make_mesh(shape, names, devices=devices[:need])
 
 
+def tp_mesh(max_size: int = 4, name: str = "x"):
+  """A 1-D mesh of every test device up to ``max_size`` (at least 2): the
+  ops' tests run at P = 4 on CPU and at the GPU count on a 2- or 4-GPU
+  host. Size shapes by ``mesh.devices.size``."""
+  n = min(max_size, len(test_devices()))
+  return mesh((max(n, 2),), (name,))
+
+
 def rand(rng, shape, dtype):
   return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
