@@ -68,8 +68,11 @@ def markdown(data: dict) -> str:
   lines = ["# Before/after: ops speedups over xla_best", ""]
   lines += report.provenance(data["meta"])
   for tag, m in (("a", a), ("b", b)):
+    package = (f", package {m['package_commit']}" if m.get("package_commit")
+               else "")
     lines.append(f"- {tag}: `{m['path']}`: ficco_jax {m.get('ficco_jax')}"
-                 f" ({m.get('ficco_jax_file')}), commit {m.get('git_commit')},"
+                 f" ({m.get('ficco_jax_file')}), commit {m.get('git_commit')}"
+                 f"{package},"
                  f" {m.get('device_count')} x {m.get('device_kind')},"
                  f" jax {m.get('jax')}, {m.get('date')}")
   tol = data["tolerance"]

@@ -84,7 +84,9 @@ def _device_kind(folder: str) -> str | None:
 
 
 def section(folder: str) -> list[str]:
-  """The markdown of one results folder (one device kind and GPU count)."""
+  """The markdown of one results folder (one device kind and GPU count),
+  then of its subfolders (re-checks of some cases, e.g. a before/after
+  comparison repeated where the first one flagged a case)."""
   out = []
   for stem, render in _renderers(folder):
     path = os.path.join(folder, f"{stem}.json")
@@ -95,6 +97,11 @@ def section(folder: str) -> list[str]:
         out += ["", report.demote(render(json.load(f)), 2).rstrip()]
     except Exception as e:  # pylint: disable=broad-except
       out += ["", f"### {stem}", "", f"Unreadable: {results.short_error(e)}"]
+  for sub in sorted(glob.glob(os.path.join(folder, "*", ""))):
+    body = section(sub.rstrip(os.sep))
+    if body:
+      out += ["", f"### Re-check: `{os.path.basename(sub.rstrip(os.sep))}`"]
+      out += [report.demote(chunk, 1) for chunk in body]
   return out
 
 
