@@ -60,6 +60,16 @@ def gpu_name_without_jax() -> str | None:
   return out[0].strip() if out else None
 
 
+def gpu_count_without_jax() -> int:
+  """The host's GPUs from nvidia-smi (0 without it), likewise."""
+  try:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return 0
+  return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
 def collect(suite: str, *, devices: bool = True) -> dict[str, Any]:
   """The run's metadata; ``devices`` adds JAX's device kind and count."""
   info: dict[str, Any] = {

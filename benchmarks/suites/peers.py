@@ -35,18 +35,9 @@ NO_MULTICAST = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _gpu_count() -> int:
-  try:
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                         timeout=30, check=True).stdout
-  except (OSError, subprocess.SubprocessError):
-    return 0
-  return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
 def run() -> int:
   kind = meta_lib.gpu_name_without_jax() or "cpu"
-  w = FLAGS.axis_size or _gpu_count() or 1
+  w = FLAGS.axis_size or meta_lib.gpu_count_without_jax() or 1
   directory = results.out_dir(kind, w)
   out = os.path.join(directory, "peers.json")
   if importlib.util.find_spec("torch") is None:

@@ -37,15 +37,6 @@ _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|"
                     r"xfailed|xpassed)")
 
 
-def _gpus() -> int:
-  try:
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True,
-                         text=True, timeout=30, check=True).stdout
-  except (OSError, subprocess.SubprocessError):
-    return 0
-  return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
 def summarize(log: str) -> dict:
   """Counts, the closing line and the failed test ids of a pytest log."""
   lines = [l for l in log.splitlines() if l.strip()]
@@ -71,7 +62,7 @@ def markdown(data: dict) -> str:
 
 
 def run() -> int:
-  gpus = _gpus()
+  gpus = meta_lib.gpu_count_without_jax()
   kind = meta_lib.gpu_name_without_jax() or "cpu"
   out = results.out_dir(kind, gpus or 1)
   info = meta_lib.collect("tests", devices=False)
