@@ -1,10 +1,7 @@
-"""ficco_jax internals the tuning and kernel suites need (the public API
-cannot fit a cost model or time one kernel).
-
-The tuning modules live in ``ficco_jax._src.tuning``; an installed package
-that predates that layout has them directly under ``ficco_jax._src``, so each
-import falls back to the old path. The ops suite imports none of this: it
-runs against any release with the public API.
+"""ficco_jax internals the tuning, kernel and characterization suites need
+(the public API cannot fit a cost model, time one kernel, or copy bytes
+without a matmul). The ops suite imports none of this: it runs against any
+release with the public API.
 """
 
 from __future__ import annotations
@@ -12,25 +9,30 @@ from __future__ import annotations
 import importlib
 
 
-def _first(*paths: str):
-  errors = []
-  for path in paths:
-    try:
-      return importlib.import_module(path)
-    except ImportError as e:
-      errors.append(f"{path}: {e}")
-  raise ImportError("; ".join(errors))
-
-
 def tuning(name: str):
   """``ficco_jax._src.tuning.<name>`` (cost_model, device_params,
   heuristics, autotune_cache)."""
-  return _first(f"ficco_jax._src.tuning.{name}", f"ficco_jax._src.{name}")
+  return importlib.import_module(f"ficco_jax._src.tuning.{name}")
 
 
 def chunk_matmul():
-  return _first("ficco_jax._src.pallas.chunk_matmul")
+  return importlib.import_module("ficco_jax._src.pallas.chunk_matmul")
 
 
 def dma_library():
-  return _first("ficco_jax._src.dma.library")
+  return importlib.import_module("ficco_jax._src.dma.library")
+
+
+def gather():
+  """The piecewise gather engine (`gather.run` / `gather.finish`)."""
+  return importlib.import_module("ficco_jax._src.gather")
+
+
+def plan():
+  """Transfer plans (`plan.gather_plan`)."""
+  return importlib.import_module("ficco_jax._src.plan")
+
+
+def matmul():
+  """A call's static config (`matmul.make_static`)."""
+  return importlib.import_module("ficco_jax._src.matmul")

@@ -3,7 +3,38 @@
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import Iterable, Sequence
+
+# The repository root, so that paths in reports can be shown relative to it.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def where_installed(path: str | None) -> str:
+  """What a ``ficco_jax.__file__`` was, without the machine's paths."""
+  if not path:
+    return "unknown"
+  if path.startswith(REPO + os.sep):
+    return "source tree"
+  if "site-packages" in path or "dist-packages" in path:
+    return "installed"
+  return "installed apart"
+
+
+def shown_command(command: str | None) -> str:
+  """A recorded command line as a reader would type it in the repository:
+  the interpreter as ``python``, paths inside the repository relative to
+  it, and ``--out_dir`` (where the files were first written) left out."""
+  out = []
+  for i, tok in enumerate((command or "").split(" ")):
+    if tok.startswith("--out_dir="):
+      continue
+    if i == 0 and re.search(r"python[0-9.]*$", tok):
+      tok = "python"
+    out.append(tok.replace(REPO + os.sep, ""))
+  return " ".join(out)
 
 
 def num(v: float | None, digits: int = 3) -> str:
@@ -29,12 +60,14 @@ def provenance(meta: dict) -> list[str]:
   kind, count = meta.get("device_kind"), meta.get("device_count")
   dev = f"{count} x {kind}" if count else (kind or "none used")
   procs = meta.get("process_count")
+  package = meta.get("package_commit")
   lines = [f"- device: {dev}" + (f", {procs} processes" if procs and procs > 1
                                  else ""),
            f"- jax {meta.get('jax')}, ficco_jax {meta.get('ficco_jax')}"
-           f" ({meta.get('ficco_jax_file')}), commit"
+           f" ({where_installed(meta.get('ficco_jax_file'))}"
+           + (f", {package}" if package else "") + "), commit"
            f" {meta.get('git_commit')}, {meta.get('date')}",
-           f"- command: `{meta.get('command')}`"]
+           f"- command: `{shown_command(meta.get('command'))}`"]
   env = meta.get("env") or {}
   if env:
     lines.append("- env: " + ", ".join(f"`{k}={v}`" for k, v in env.items()))

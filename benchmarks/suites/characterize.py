@@ -39,6 +39,7 @@ import time
 from absl import flags
 
 from lib import fit as fit_lib
+from lib import internal
 from lib import meta as meta_lib
 from lib import options
 from lib import results
@@ -181,19 +182,11 @@ def _mesh(p: int):
 
 
 def _gather_api(engine: str, p: int):
-  """(run, finish) of ficco's gather primitive on ``engine``, for both of
-  its call forms: a call config (`Static`), or keywords."""
-  import inspect
+  """(run, finish) of ficco's gather engine on ``engine``."""
   from ficco_jax import Schedule
-  from ficco_jax._src import gather  # The copy primitive (module docstring).
 
-  if "st" not in inspect.signature(gather.run).parameters:
-    kw = dict(axis_name="x", comm=engine, op_name="characterize",
-              timeout_s=60.0)
-    return (lambda buf, gplan, **c: gather.run(buf, gplan, **c, **kw),
-            lambda result, keep: gather.finish(result, keep, **kw))
-  from ficco_jax._src import matmul  # pylint: disable=g-import-not-at-top
-  st = matmul.make_static(
+  gather = internal.gather()
+  st = internal.matmul().make_static(
       "all_gather_matmul", axis_name="x", axis_size=p,
       schedule=Schedule(dataflow="direct", num_chunks=1, comm=engine),
       precision=None, preferred_element_type=None, timeout_s=60.0)
@@ -210,7 +203,7 @@ def _gather_fn(mesh, engine: str, mm: bool):
   from jax.sharding import PartitionSpec as P
 
   from ficco_jax import Schedule
-  from ficco_jax._src import plan as plan_lib
+  plan_lib = internal.plan()
 
   p = mesh.shape["x"]
   run, finish = _gather_api(engine, p)

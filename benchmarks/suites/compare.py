@@ -70,9 +70,10 @@ def markdown(data: dict) -> str:
   for tag, m in (("a", a), ("b", b)):
     package = (f", package {m['package_commit']}" if m.get("package_commit")
                else "")
-    lines.append(f"- {tag}: `{m['path']}`: ficco_jax {m.get('ficco_jax')}"
-                 f" ({m.get('ficco_jax_file')}), commit {m.get('git_commit')}"
-                 f"{package},"
+    lines.append(f"- {tag}: `{report.shown_command(m['path'])}`: ficco_jax"
+                 f" {m.get('ficco_jax')}"
+                 f" ({report.where_installed(m.get('ficco_jax_file'))}),"
+                 f" commit {m.get('git_commit')}{package},"
                  f" {m.get('device_count')} x {m.get('device_kind')},"
                  f" jax {m.get('jax')}, {m.get('date')}")
   tol = data["tolerance"]

@@ -8,7 +8,6 @@ import os
 
 from lib import report
 
-XLA_VARIANTS = ("shard_map", "overlap")
 
 
 def _ok(m: dict | None) -> bool:

@@ -119,7 +119,8 @@ def markdown(results_dir: str, expect) -> str:
   for name in names:
     folder = os.path.join(results_dir, name)
     parts = re.fullmatch(r"(.+)_w(\d+)(?:_p(\d+))?", name)
-    title = _device_kind(folder) or (parts.group(1) if parts else name)
+    title = _device_kind(folder) or (
+        parts.group(1).replace("_", " ").upper() if parts else name)
     if parts:
       title += f", {parts.group(2)} GPU(s)"
       if parts.group(3):

@@ -1,7 +1,7 @@
 """Suite ``tests``: the package's GPU test suite on this host, recorded.
 
-Runs ``pytest -m <marker>`` (default ``multigpu``: every test that runs on
-the local GPUs where there are at least two) over the repository's tests,
+Runs ``pytest -m <marker>`` (default ``"multigpu or gpu"``: every test that
+runs on the local GPUs) over the repository's tests,
 from a scratch folder so that the installed ficco_jax is the one tested, and
 writes its summary (counts, failures, duration, command) to ``tests.json``
 and ``tests.md`` in the host's results folder, for RESULTS.md. This process
@@ -25,7 +25,7 @@ from lib import report
 from lib import results
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("pytest_marker", "multigpu",
+flags.DEFINE_string("pytest_marker", "multigpu or gpu",
                     "tests: the pytest marker expression to run.")
 flags.DEFINE_list("pytest_args", [],
                   "tests: extra pytest arguments (e.g. -x,--maxfail=5).")
@@ -69,6 +69,7 @@ def run() -> int:
   info.update(device_kind=kind, device_count=gpus or None)
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "-m", FLAGS.pytest_marker, *FLAGS.pytest_args, TESTS_DIR]
+  shown = ["pytest", *cmd[3:-1], "tests"]  # As run from the repository.
   os.makedirs(out, exist_ok=True)
   log_path = os.path.join(out, "tests.log")
   start = time.monotonic()
@@ -86,7 +87,7 @@ def run() -> int:
       captured.append(line)
     rc = proc.wait()
     timer.cancel()
-  data = {"meta": info, "pytest_command": " ".join(cmd[1:]),
+  data = {"meta": info, "pytest_command": " ".join(shown),
           "returncode": rc, "seconds": time.monotonic() - start,
           "summary": summarize("".join(captured))}
   results.write_json(os.path.join(out, "tests.json"), data)

@@ -51,7 +51,8 @@ class Static:
 def make_static(op: str, *, axis_name: str, axis_size: int,
                 schedule: schedule_lib.Schedule, precision: Any,
                 preferred_element_type: Any, timeout_s: float) -> Static:
-  """The `Static` of a public call, with its arguments checked."""
+  """The `Static` of a public call (its arguments checked by the caller,
+  `ops.prepare`)."""
   pet = (None if preferred_element_type is None
          else np.dtype(preferred_element_type))
   return Static(axis_name=axis_name, axis_size=axis_size, schedule=schedule,

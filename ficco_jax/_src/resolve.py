@@ -7,7 +7,7 @@ First match wins:
    axis, dtype, process count): the user's file
    (`ficco_jax.set_autotune_cache`, default
    ``~/.cache/ficco_jax/autotune.json``) over the package's shipped data;
-3. the heuristic, a cost model (`heuristics.choose_schedule`).
+3. the heuristic, a cost model (`heuristics.decide`).
 
 Steps 2 and 3 run at trace time, so a jitted function keeps the schedule it
 was traced with: autotune before the first call to use its result. The ops,

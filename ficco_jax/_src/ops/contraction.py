@@ -15,6 +15,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from ficco_jax._src import gather
+from ficco_jax._src import matmul
 from ficco_jax._src import plan as plan_lib
 from ficco_jax._src.matmul import Static
 
@@ -40,8 +41,7 @@ def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
   shard, full = (a0, g0) if gather_operand == "a" else (g0, a0)
   m = shard.shape[0]
   lead = tuple(range(a0.ndim - 1))
-  acc_dtype = jnp.promote_types(jnp.promote_types(a0.dtype, g0.dtype),
-                                jnp.float32)
+  acc_dtype = matmul.acc_dtype(jnp.promote_types(a0.dtype, g0.dtype))
 
   def contract(shard_piece, full_piece):
     a, g = ((shard_piece, full_piece) if gather_operand == "a"

@@ -260,9 +260,9 @@ def store(key: Key, schedule: schedule_lib.Schedule, *,
     data: dict[str, Any] = {"format": FORMAT, "entries": []}
     if path.exists():
       try:
-        _load(path)
         data = _read(path)
-      except (OSError, ValueError) as err:
+        _parse(data, str(path))
+      except (OSError, UnicodeDecodeError, ValueError) as err:
         aside = path.with_name(f"{path.name}.corrupt-{time.time_ns()}")
         os.replace(path, aside)
         _log.warning("ficco_jax: the autotune cache %s did not read (%s);"

@@ -335,8 +335,9 @@ def _ag_timeline(prob: Problem, sched, params, alpha, beta):
 def _rs_timeline(prob: Problem, sched, params, alpha, beta):
   """Partials computed piece by piece, each sent once computed.
 
-  Follows the program order of ``rs_matmul`` for comm='dma' (comm='xla'
-  direct with several chunks sums each chunk as it goes; modelled alike).
+  Follows the program order of `ops/matmul_reduce_scatter` (`direct_dma`,
+  `ring_dma`) for comm='dma' (comm='xla' direct with several chunks sums
+  each chunk as it goes; modelled alike).
   ring / bidirectional: per
   chunk and ring (the two rings of bidirectional one after the other, half
   of the rows each), ``P`` accumulate-and-forward steps: the running sum

@@ -132,7 +132,7 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
 
   Args:
     op, x_shape, w_shape, dtype, axis_size, axis, platform: as for
-      `choose_schedule`.
+      `heuristic_schedule`.
     params: the cost model's constants for the target device.
     assume_dma: plan as if the copy-engine library were available
       (``ficco_jax.explain`` for a device kind that is not at hand).

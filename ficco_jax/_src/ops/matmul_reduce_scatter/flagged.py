@@ -83,8 +83,8 @@ def _rendezvous(h0, w, st: Static, mc, out_dtype, slots, table):
   flags, rank, landings = peer_copy.arm(
       h0, len(table[0]), plan, site=site,
       dtype=out_dtype, row_shape=(w.shape[1],), **_arm_kwargs(kw))
-  parts, flags, target = _kernel(h0, w, st, mc, out_dtype, flags,
-                                         rank, table)
+  parts, flags, target = _kernel(h0, w, st, mc, out_dtype, flags, rank,
+                                 table)
   landing = peer_copy.start(
       [parts], plan, site=site, flags=flags, landings=landings,
       flag_target=target, src_flags=tuple(range(len(slots))), **kw)[0]
@@ -131,8 +131,8 @@ def _push(h0, w, st: Static, mc, out_dtype, slots, table):
   row_bytes = w.shape[1] * jnp.dtype(out_dtype).itemsize
   half = push.half_bytes(len(slots) * mc, row_bytes)
   flags, rank = push.arm(h0, len(table[0]), half, **_arm_kwargs(kw))
-  parts, flags, target = _kernel(h0, w, st, mc, out_dtype, flags,
-                                         rank, table)
+  parts, flags, target = _kernel(h0, w, st, mc, out_dtype, flags, rank,
+                                 table)
   # Piece i (chunk j, shift s) goes to rank r + s, at the row where that
   # rank's finish expects chunk j's piece from rank (r + s) - s.
   moves = [(s, i * mc, i * mc, mc, i) for i, (_, s) in enumerate(slots)]
