@@ -16,10 +16,10 @@ def where_installed(path: str | None) -> str:
   """What a ``ficco_jax.__file__`` was, without the machine's paths."""
   if not path:
     return "unknown"
-  if path.startswith(REPO + os.sep):
-    return "source tree"
   if "site-packages" in path or "dist-packages" in path:
     return "installed"
+  if path.startswith(REPO + os.sep):
+    return "source tree"
   return "installed apart"
 
 

@@ -260,8 +260,9 @@ def store(key: Key, schedule: schedule_lib.Schedule, *,
     data: dict[str, Any] = {"format": FORMAT, "entries": []}
     if path.exists():
       try:
-        data = _read(path)
-        _parse(data, str(path))
+        existing = _read(path)
+        _parse(existing, str(path))
+        data = existing
       except (OSError, UnicodeDecodeError, ValueError) as err:
         aside = path.with_name(f"{path.name}.corrupt-{time.time_ns()}")
         os.replace(path, aside)
