@@ -62,12 +62,8 @@ def gpu_name_without_jax() -> str | None:
 
 def gpu_count_without_jax() -> int:
   """The host's GPUs from nvidia-smi (0 without it), likewise."""
-  try:
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                         timeout=30, check=True).stdout
-  except (OSError, subprocess.SubprocessError):
-    return 0
-  return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+  from ficco_jax import launch  # pylint: disable=g-import-not-at-top
+  return launch.count_gpus()
 
 
 def collect(suite: str, *, devices: bool = True) -> dict[str, Any]:
