@@ -41,6 +41,18 @@ def test_no_overlap_is_one_all_gather():
 
 
 @pytest.mark.parametrize("dataflow", ["direct", "ring", "bidirectional"])
+@pytest.mark.parametrize("comm", ["xla", "dma"])
+def test_all_gather_writes_each_output_row_once(dataflow, comm):
+  """No zero-filled result updated piece by piece (a write of the whole
+  output and a copy of every piece): each piece's dot has its own buffer
+  and one pass assembles them (compute="xla")."""
+  text = _compiled(Schedule(dataflow=dataflow, num_chunks=3, comm=comm))
+  assert _count(text, "dynamic-update-slice") == 0, text
+  # The [24, 7] result per device: no broadcast constant of that shape.
+  assert not re.search(r"f32\[24,7\]\{[^}]*\} broadcast\(", text), text
+
+
+@pytest.mark.parametrize("dataflow", ["direct", "ring", "bidirectional"])
 @pytest.mark.parametrize("chunks", [1, 3])
 def test_xla_comm_is_decomposed(dataflow, chunks):
   schedule = Schedule(dataflow=dataflow, num_chunks=chunks)

@@ -110,7 +110,7 @@ def pick(case, params):
   preds = tuple(cost_model.predict(prob, s, params) for s in times
                 if s in allowed)
   ok = lambda s: cost_model.eligible(params, case.op, s, case.p)  # noqa: E731
-  margin = cost_model.min_gain_for(params, case.p)  # The heuristic's own.
+  margin = cost_model.min_gain_for(params, case.p, case.op)  # The heuristic's own.
   free = cost_model.best(cost_model.rank(prob, params, heuristics.COMMS),
                          min_gain=margin, allowed=ok)
   return (cost_model.best(preds, min_gain=margin, allowed=ok).schedule,

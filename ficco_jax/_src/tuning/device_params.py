@@ -76,9 +76,10 @@ class DeviceParams:
       entry are not corrected.
     calibrated_axis_size: the axis size the calibration was fitted at; at
       other sizes it does not apply (0: at every size).
-    pallas_pieces: ops whose copy-engine schedules run their pieces on
-      ficco's Pallas kernel by default where its tiles divide them (full
-      depth steps), because it measured faster than XLA's dot there.
+    pallas_pieces: ``(op, axis_sizes)`` pairs: the ops whose copy-engine
+      schedules run their pieces on ficco's Pallas kernel by default where
+      its tiles divide them (full depth steps), because it measured faster
+      than XLA's dot there, over these axis sizes (``()``: every size).
     measured: which fields were measured on this device kind rather than
       guessed (for explain).
   """
@@ -103,7 +104,7 @@ class DeviceParams:
   contention: tuple[tuple[str, float, float], ...]
   calibration: tuple[tuple[str, str, int, str, float, float], ...] = ()
   calibrated_axis_size: int = 0
-  pallas_pieces: tuple[str, ...] = ()
+  pallas_pieces: tuple[tuple[str, tuple[int, ...]], ...] = ()
   measured: tuple[str, ...] = ()
 
   def __post_init__(self):
@@ -116,6 +117,12 @@ class DeviceParams:
     rows = [r for r, _ in self.decomposition]
     if rows != sorted(rows):
       raise ValueError(f"{self.decomposition=} must be sorted by tiles.")
+
+  def pieces_on_pallas(self, op: str, axis_size: int) -> bool:
+    """Whether ``op``'s copy-engine pieces run on the Pallas kernel by
+    default over ``axis_size`` devices (`pallas_pieces`)."""
+    return any(o == op and (not sizes or axis_size in sizes)
+               for o, sizes in self.pallas_pieces)
 
   def calibrated_at(self, axis_size: int) -> bool:
     """Whether the calibration applies to ops over ``axis_size`` devices."""
@@ -192,8 +199,13 @@ _H200 = DeviceParams(
     # slice copy first. In same-run pairs of one schedule on 4xH200 the
     # kernel is faster in 31 of 40, at most 7% slower (ops under 0.5 ms), at
     # most 3% on ops of 1 ms and more. With half-depth steps (K % 64 != 0,
-    # qwen2-72b) it loses 6-9%, so those keep XLA's dot.
-    pallas_pieces=("matmul_reduce_scatter",),
+    # qwen2-72b) it loses 6-9%, so those keep XLA's dot. The all-gather's
+    # kernels write each product in place into the result, where XLA's dots
+    # need one more pass to assemble it: on 2xH200, direct c1 on the kernel
+    # against the same on XLA's dot, ten shapes in one run, 1.00-1.13x
+    # (geomean 1.04x). Not at P = 4: there llama3-70b at 8192 tokens ran
+    # 1.00x against 1.10x on XLA's dots (4xH200, five shapes, one run).
+    pallas_pieces=(("matmul_reduce_scatter", ()), ("all_gather_matmul", (2,))),
     measured=("matmul_flops", "matmul_eff", "hbm_bw", "decomposition",
               "receive_bw", "collective_bw", "collective_latency_s",
               "contention[dma]", "contention[xla]", "p2p_bw",
@@ -247,7 +259,11 @@ def _coerce(name: str, value: Any) -> Any:
   if name == "calibration":
     return tuple((str(o), str(d), int(c), str(m), float(a), float(b))
                  for o, d, c, m, a, b in value)
-  if name in ("receive_bw", "measured", "pallas_pieces"):
+  if name == "pallas_pieces":
+    # An op alone (a string) means every axis size.
+    return tuple((v, ()) if isinstance(v, str) else
+                 (str(v[0]), tuple(int(p) for p in v[1])) for v in value)
+  if name in ("receive_bw", "measured"):
     return tuple(value)
   return value
 

@@ -204,7 +204,7 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     preds.append(cost_model.predict(prob, chosen, params))
   chosen_pred = next(pr for pr in preds if pr.schedule == chosen)
   none = next(pr for pr in preds if not pr.schedule.overlapped)
-  margin = cost_model.min_gain_for(params, axis_size)
+  margin = cost_model.min_gain_for(params, axis_size, op)
   eligible = lambda s: cost_model.eligible(params, op, s, axis_size)  # noqa: E731
   return Explanation(
       op=op, x_shape=x_shape, w_shape=w_shape, dtype=np.dtype(dtype).name,

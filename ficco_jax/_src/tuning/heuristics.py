@@ -101,15 +101,18 @@ def pallas_fits(op: str, schedule: schedule_lib.Schedule, *, x_shape,
   """Whether every piece of ``schedule`` suits the Hopper kernel at full
   depth: 16-bit operands, CTA tiles dividing every piece's rows and the
   output columns, and K a multiple of 64. Other K run full-depth steps on
-  h zero-padded once per op (`chunk_matmul.pad_k`), which on qwen2-72b runs
-  level with XLA's dot pieces on 4xH200, so the heuristic keeps XLA's."""
-  if (op != "matmul_reduce_scatter"
-      or jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16),
-                                  jnp.dtype(jnp.float16))):
+  h zero-padded once per op (`chunk_matmul.pad_k`, the reduce-scatter's
+  only), which on qwen2-72b runs level with XLA's dot pieces on 4xH200, so
+  the heuristic keeps XLA's."""
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return False
   from ficco_jax._src.pallas import chunk_matmul  # pylint: disable=g-import-not-at-top
 
-  m = x_shape[axis] // axis_size
+  # The rows of one device's share: the reduce-scatter's operand holds every
+  # rank's rows, the all-gather's only its own shard.
+  m = x_shape[axis]
+  if op == "matmul_reduce_scatter":
+    m //= axis_size
   fold = math.prod(d for i, d in enumerate(x_shape[:-1]) if i != axis)
   mc = m // schedule.num_chunks
   rows = {m, mc}
@@ -155,7 +158,7 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
                             axis_size=axis_size, axis=axis)
   preds = cost_model.rank(prob, params, comms=COMMS)
   allowed = lambda s: cost_model.eligible(params, op, s, axis_size)  # noqa: E731
-  margin = cost_model.min_gain_for(params, axis_size)
+  margin = cost_model.min_gain_for(params, axis_size, op)
   chosen = cost_model.best(preds, min_gain=margin, allowed=allowed)
   none = next(pr for pr in preds if not pr.schedule.overlapped)
   gain = 1 - chosen.total / none.total
@@ -163,7 +166,7 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
     reason = (f"lowest predicted time, {100 * gain:.1f}% faster than no"
               " overlap")
     schedule = chosen.schedule
-    if (schedule.comm == "dma" and op in params.pallas_pieces
+    if (schedule.comm == "dma" and params.pieces_on_pallas(op, axis_size)
         and pallas_fits(op, schedule, x_shape=x_shape, w_shape=w_shape,
                         dtype=dtype, axis_size=axis_size, axis=axis)):
       # The model times XLA's dot; the kernel measured faster for this op
