@@ -99,8 +99,9 @@ def test_push_matches_the_reference_call_after_call(layout, num_chunks, dtype):
     ref = util.ref_matmul_reduce_scatter(h_np, w_np)
     assert util.rel_err(out, ref) < util.tol(dtype)
   jax.block_until_ready(out)
-  platform = library.platform_id(_platform())
-  assert windows.pending_entries(platform) == 0
+  # The last finish's entry goes once its completion thread has run, which
+  # may be just after the result is ready.
+  assert util.window_entries_after(_platform()) == 0
 
 
 def test_push_equals_the_rendezvous_path():

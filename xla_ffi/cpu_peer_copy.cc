@@ -161,6 +161,7 @@ struct Pending {
   bool completed = false;
   int64_t remaining = 0;
   Found<CpuBackend> found;  // Released on completion (it holds the invocation).
+  Watchdog::Timer timer;    // Cancelled on completion.
 };
 
 // The wait or done whose handler is running on this thread. Only its own
@@ -172,12 +173,15 @@ thread_local const Pending* in_handler = nullptr;
 
 void Finish(const std::shared_ptr<Pending>& p, const std::string& failure) {
   Found<CpuBackend> f;
+  Watchdog::Timer timer;
   {
     std::lock_guard<std::mutex> lock(p->mu);
     if (p->completed) return;
     p->completed = true;
     f = std::move(p->found);
+    timer = p->timer;
   }
+  Watchdog::Get().Cancel(timer);
   std::optional<ffi::Error> error;
   if (failure.empty()) {
     if (p->is_done) MarkLeft(*f.inv, f.rank);
@@ -250,9 +254,17 @@ ffi::Future Await(Found<CpuBackend> found, int32_t device, int64_t timeout_ms,
   // deadline (p->found, which holds it, is emptied on completion).
   in_handler = p.get();
   std::weak_ptr<Invocation<CpuBackend>> weak = inv;
-  Watchdog::Get().At(DeadlineAfter(timeout_ms), [p, weak] {
+  const auto timer = Watchdog::Get().At(DeadlineAfter(timeout_ms), [p, weak] {
     if (auto inv = weak.lock()) Finish(p, FailureOf(*inv, p->timeout_ms));
   });
+  bool completed;
+  {
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->timer = timer;
+    completed = p->completed;
+  }
+  // Completed on another thread before the timer was stored: cancel here.
+  if (completed) Watchdog::Get().Cancel(timer);
   if (now) arm();
   in_handler = nullptr;
   return future;
@@ -363,7 +375,12 @@ ffi::Error ArmImpl(ffi::RunId run_id, int32_t device,
 }  // namespace
 
 int64_t CpuLiveInvocations() { return Invocation<CpuBackend>::live.load(); }
-int64_t CpuPendingEntries() { return Registry<CpuBackend>::Get().Pending(); }
+// The rendezvous entries and the wait deadlines not yet fired or cancelled
+// (those of both CPU transports: one watchdog).
+int64_t CpuPendingEntries() {
+  return Registry<CpuBackend>::Get().Pending() +
+         static_cast<int64_t>(Watchdog::Get().Pending());
+}
 void CpuEventCounts(int device, int64_t* created, int64_t* pooled) {
   Pools().Counts(device, created, pooled);
 }

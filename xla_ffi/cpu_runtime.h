@@ -90,19 +90,43 @@ inline CopyQueue& Queue(int32_t device, int64_t stream) {
 // thread of their own per device.
 inline CopyQueue& Completer(int32_t device) { return Queue(device, -1); }
 
-// Fires callbacks at deadlines: the bound of every asynchronous wait.
+// Fires callbacks at deadlines: the bound of every asynchronous wait. A
+// wait that completes cancels its timer: a timer left to its deadline would
+// hold the wait's state for `timeout_s` (60 s by default), which at
+// thousands of calls a second is hundreds of megabytes.
 class Watchdog {
  public:
+  struct Timer {
+    Clock::time_point when;
+    uint64_t id = 0;  // 0: no timer
+  };
   static Watchdog& Get() {
     static Watchdog* watchdog = new Watchdog();  // Leaked, like the queues.
     return *watchdog;
   }
-  void At(Clock::time_point when, std::function<void()> callback) {
+  Timer At(Clock::time_point when, std::function<void()> callback) {
+    Timer t{when, 0};
     {
       std::lock_guard<std::mutex> lock(mu_);
-      timers_.emplace(when, std::move(callback));
+      t.id = ++next_id_;
+      timers_.emplace(std::make_pair(when, t.id), std::move(callback));
     }
     cv_.notify_one();
+    return t;
+  }
+  // Drops a timer that has not fired; a no-op once it has (or for {}).
+  void Cancel(const Timer& t) {
+    if (t.id == 0) return;
+    std::function<void()> dropped;  // Destroyed outside the lock.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = timers_.find({t.when, t.id});
+    if (it == timers_.end()) return;
+    dropped = std::move(it->second);
+    timers_.erase(it);
+  }
+  size_t Pending() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return timers_.size();
   }
 
  private:
@@ -112,8 +136,8 @@ class Watchdog {
     for (;;) {
       if (timers_.empty()) {
         cv_.wait(lock);
-      } else if (Clock::now() < timers_.begin()->first) {
-        cv_.wait_until(lock, timers_.begin()->first);
+      } else if (Clock::now() < timers_.begin()->first.first) {
+        cv_.wait_until(lock, timers_.begin()->first.first);
       } else {
         auto callback = std::move(timers_.begin()->second);
         timers_.erase(timers_.begin());
@@ -126,7 +150,9 @@ class Watchdog {
   }
   std::mutex mu_;
   std::condition_variable cv_;
-  std::multimap<Clock::time_point, std::function<void()>> timers_;
+  uint64_t next_id_ = 0;
+  std::map<std::pair<Clock::time_point, uint64_t>, std::function<void()>>
+      timers_;
 };
 
 // A pending event from `pools` (both CPU transports keep per-device pools).

@@ -202,10 +202,12 @@ struct Await : std::enable_shared_from_this<Await> {
   int64_t remaining = 0;
   bool in_handler = false;
   std::thread::id handler_thread;
+  Watchdog::Timer timer;  // Cancelled on completion.
 
   void Finish(bool ok, const std::string& why) {
     std::shared_ptr<Inv> held;
     bool inline_now;
+    Watchdog::Timer t;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (completed) return;
@@ -213,7 +215,9 @@ struct Await : std::enable_shared_from_this<Await> {
       held = std::move(inv);
       inline_now =
           in_handler && std::this_thread::get_id() == handler_thread;
+      t = timer;
     }
+    Watchdog::Get().Cancel(t);
     auto self = shared_from_this();
     auto complete = [self, ok, why] {
       if (ok) {
@@ -242,7 +246,7 @@ ffi::Future AwaitEvents(int32_t device, const std::shared_ptr<Inv>& inv,
   a->handler_thread = std::this_thread::get_id();
   std::weak_ptr<Await> weak = a;
   const int64_t ms = inv->plan.timeout_ms;
-  Watchdog::Get().At(DeadlineAfter(ms), [weak, ms] {
+  const auto timer = Watchdog::Get().At(DeadlineAfter(ms), [weak, ms] {
     auto a = weak.lock();
     if (!a) return;
     std::shared_ptr<Inv> inv;
@@ -259,6 +263,10 @@ ffi::Future AwaitEvents(int32_t device, const std::shared_ptr<Inv>& inv,
     }
     a->Finish(false, why);
   });
+  {
+    std::lock_guard<std::mutex> lock(a->mu);
+    a->timer = timer;
+  }
   if (events.empty()) a->Finish(true, "");
   for (CpuEvent* e : events) {
     e->OnSet([a](CpuEvent::State s) {

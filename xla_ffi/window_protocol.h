@@ -106,11 +106,7 @@ class WindowIndex {
            const std::vector<const void*>& landings, const void* source0) {
     std::lock_guard<std::mutex> lock(mu_);
     const Window* w = inv->win.get();
-    for (auto* m : {&waits_, &dones_}) {
-      for (auto it = m->begin(); it != m->end();) {
-        it = it->second.inv->win.get() == w ? m->erase(it) : std::next(it);
-      }
-    }
+    SweepLocked(w);
     for (size_t b = 0; b < landings.size(); ++b) {
       waits_[Key(w->family, device, landings[b])] =
           Entry{inv, static_cast<int64_t>(b)};
@@ -128,10 +124,25 @@ class WindowIndex {
   }
   int64_t Pending() {
     std::lock_guard<std::mutex> lock(mu_);
+    SweepLocked(nullptr);
     return static_cast<int64_t>(waits_.size() + dones_.size());
   }
 
  private:
+  // Drops the entries of window `w` (an earlier run's, which a new start on
+  // it replaces) and those of poisoned windows: a failed execution stops
+  // before its later waits and dones run, and a poisoned window takes no
+  // more starts, so nothing would ever take them.
+  void SweepLocked(const Window* w) {
+    for (auto* m : {&waits_, &dones_}) {
+      for (auto it = m->begin(); it != m->end();) {
+        const Window* mine = it->second.inv->win.get();
+        it = mine == w || !mine->Sticky().empty() ? m->erase(it)
+                                                   : std::next(it);
+      }
+    }
+  }
+
   using Key = std::tuple<int64_t, int32_t, const void*>;
   struct Entry {
     std::shared_ptr<Inv> inv;

@@ -174,7 +174,8 @@ def live_invocations(platform: str = "cpu") -> int:
 
 
 def pending_entries(platform: str = "cpu") -> int:
-  """Rendezvous, wait and done entries still registered (0 when idle)."""
+  """Rendezvous, wait and done entries still registered, and on CPU the
+  waits' deadline timers not yet cancelled (0 when idle)."""
   n = _library().FiccoPendingEntries(platform_id(platform))
   if n < 0:
     raise RuntimeError(f"{platform} handlers are not compiled in.")
