@@ -20,6 +20,9 @@ flags.DEFINE_float("time_budget_s", 0.0,
                    "Soft budget: no new case (or program) starts after this"
                    " many seconds; what was not run is listed as skipped."
                    " 0: none.")
+flags.DEFINE_integer("processes", 1,
+                     "ops, profile: run as this many JAX processes (python"
+                     " -m ficco_jax.launch); process 0 writes the results.")
 flags.DEFINE_integer("axis_size", None,
                      "W: devices on the mesh axis, the first W devices"
                      " (default: all).")

@@ -53,9 +53,6 @@ flags.DEFINE_enum("xla_overlap", "auto", ["auto", "on", "off"],
 flags.DEFINE_float("tol", 2e-2, "Relative error a bf16 result may have"
                    " (or twice XLA's own, if larger).")
 flags.DEFINE_bool("check", True, "Check every program against f32 once.")
-flags.DEFINE_integer("processes", 1,
-                     "Run as this many JAX processes (python -m"
-                     " ficco_jax.launch); process 0 writes the results.")
 
 
 def run() -> int:

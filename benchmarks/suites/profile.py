@@ -8,6 +8,11 @@ or ``xla`` for XLA's collective + dot). Per spec: compile, warm up, trace
 call's timeline, host self time). Each summary goes to
 ``profile_<n>.txt``; ``profile.{json,md}`` collect them. Suite ``step``
 traces training steps with the same code (``--profile_steps``).
+
+With ``--processes=N`` the suite runs as N JAX processes (one per GPU
+group, as the ``ops`` suite does): every process traces the same calls of
+its own devices; process ``k`` writes ``profile_<n>_p<k>.txt`` and process
+0 also the JSON and markdown, with every process's summary.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from absl import flags
 from lib import cases as cases_lib
 from lib import jax_util
 from lib import meta as meta_lib
+from lib import multiprocess
 from lib import programs
 from lib import report
 from lib import results
@@ -68,14 +74,33 @@ def _program(spec: str, w: int):
   return op.shard_mapped(mesh, body), op.inputs(mesh, case, 2)
 
 
+def _gathered(text: str) -> list[str]:
+  """Every process's ``text``, in process order (one process: ``[text]``)."""
+  import jax
+  if jax.process_count() == 1:
+    return [text]
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  raw = np.frombuffer(text.encode(), np.uint8)
+  size = multihost_utils.process_allgather(np.int32(raw.size)).max()
+  padded = np.zeros(int(size), np.uint8)
+  padded[:raw.size] = raw
+  rows = multihost_utils.process_allgather(padded)
+  return [bytes(r).rstrip(b"\0").decode() for r in np.asarray(rows)]
+
+
 def run() -> int:
+  if FLAGS.processes > 1 and not multiprocess.is_child():
+    return multiprocess.relaunch(FLAGS.processes)
   import jax
   w = FLAGS.axis_size or jax.device_count()
   meta = meta_lib.collect("profile")
-  directory = results.out_dir(meta["device_kind"], w)
+  directory = results.out_dir(meta["device_kind"], w, jax.process_count())
   data = {"meta": meta, "axis_size": w, "calls": FLAGS.calls,
-          "profiles": []}
-  rec = results.Recorder("profile", directory, data, markdown)
+          "processes": jax.process_count(), "profiles": []}
+  rec = results.Recorder("profile", directory, data, markdown,
+                         writer=multiprocess.is_writer(),
+                         agree=multiprocess.agree)
   for i, spec in enumerate(FLAGS.specs):
     def one(spec=spec):
       fn, args = _program(spec, w)
@@ -87,10 +112,14 @@ def run() -> int:
     r = results.guarded(rec, f"profile {spec}", one)
     r["spec"] = spec
     text = r.get("summary") or f"FAILED {r.get('error')}"
-    r["file"] = f"profile_{i}.txt"
+    k = jax.process_index()
+    r["file"] = f"profile_{i}.txt" if k == 0 else f"profile_{i}_p{k}.txt"
     results.write_text(os.path.join(directory, r["file"]),
                        f"# {spec} ({FLAGS.calls} calls)\n{text}\n")
     print(f"# {spec}\n{text}", flush=True)
+    texts = _gathered(text)
+    if len(texts) > 1:
+      r["process_summaries"] = texts
     data["profiles"].append(r)
     rec.save()
   rec.finish()
@@ -101,6 +130,11 @@ def markdown(data: dict) -> str:
   lines = [f"# Profiles, W={data['axis_size']}, {data['calls']} calls each",
            ""] + report.provenance(data["meta"])
   for p in data["profiles"]:
-    lines += ["", f"## `{p['spec']}` ({p['file']})", "", "```",
-              p.get("summary") or f"FAILED {p.get('error')}", "```"]
+    texts = p.get("process_summaries") or [
+        p.get("summary") or f"FAILED {p.get('error')}"]
+    for k, text in enumerate(texts):
+      name = p["file"] if k == 0 else p["file"].replace(".txt", f"_p{k}.txt")
+      where = f", process {k}" if len(texts) > 1 else ""
+      lines += ["", f"## `{p['spec']}` ({name}{where})", "", "```",
+                text, "```"]
   return "\n".join(lines) + "\n"
