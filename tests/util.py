@@ -117,6 +117,19 @@ def platform_name() -> str:
 
 
 @contextlib.contextmanager
+def failing_at(device_ordinal: int, step: str):
+  """Within the block, ficco's handlers of protocol ``step`` ("start",
+  "wait" or "done") on ``device_ordinal`` fail at once (the fault hook)."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+
+  library.set_fault(device_ordinal, step)
+  try:
+    yield
+  finally:
+    library.clear_never_arrive()
+
+
+@contextlib.contextmanager
 def never_arriving(device_ordinal: int):
   """Within the block, ficco's handlers on ``device_ordinal`` refuse to run
   (the library's never-arrive test hook), as a peer that never arrives."""

@@ -304,6 +304,11 @@ ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
   if (buf.untyped_data() != out->untyped_data()) {
     return Failed(ffi::Error::Internal("ficco window wait: output not aliased"));
   }
+  if (Faults(device, kFaultWait)) {
+    return Failed(ffi::Error(ffi::ErrorCode::kUnavailable,
+                             WindowWho("wait", attrs.op_name, device) +
+                                 ": refused by the fault test hook"));
+  }
   auto [inv, landing] = WindowIndex<CpuWindowBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
   if (!inv) {
@@ -323,6 +328,11 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
                      ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
   if (out_in.untyped_data() != out->untyped_data()) {
     return Failed(ffi::Error::Internal("ficco window done: output not aliased"));
+  }
+  if (Faults(device, kFaultDone)) {
+    return Failed(ffi::Error(ffi::ErrorCode::kUnavailable,
+                             WindowWho("done", attrs.op_name, device) +
+                                 ": refused by the fault test hook"));
   }
   auto first = keepalive.get<ffi::AnyBuffer>(0);
   if (!first.has_value()) return Failed(first.error());

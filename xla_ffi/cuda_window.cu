@@ -319,6 +319,11 @@ ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
   if (buf.untyped_data() != out->untyped_data()) {
     return ffi::Error::Internal("ficco window wait: output not aliased");
   }
+  if (Faults(device, kFaultWait)) {
+    return ffi::Error(ffi::ErrorCode::kUnavailable,
+                      WindowWho("wait", attrs.op_name, device) +
+                          ": refused by the fault test hook");
+  }
   auto [inv, landing] = WindowIndex<CudaWindowBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
   if (!inv) {
@@ -342,6 +347,11 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
                     ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
   if (out_in.untyped_data() != out->untyped_data()) {
     return ffi::Error::Internal("ficco window done: output not aliased");
+  }
+  if (Faults(device, kFaultDone)) {
+    return ffi::Error(ffi::ErrorCode::kUnavailable,
+                      WindowWho("done", attrs.op_name, device) +
+                          ": refused by the fault test hook");
   }
   auto first = keepalive.get<ffi::AnyBuffer>(0);
   if (!first.has_value()) return first.error();

@@ -10,10 +10,16 @@
 
 namespace ficco {
 namespace {
-std::atomic<int32_t> never_arrive{-1};
+// (device, step) of the fault hook; device -1: off.
+std::atomic<int64_t> fault{-1};
+int64_t FaultKey(int device, int step) {
+  return device < 0 ? -1 : (int64_t{device} << 8) | step;
+}
 }  // namespace
 
-bool NeverArrives(int32_t device) { return never_arrive.load() == device; }
+bool Faults(int32_t device, int step) {
+  return fault.load() == FaultKey(device, step);
+}
 
 }  // namespace ficco
 
@@ -125,7 +131,12 @@ void FiccoTraceMark(int device, int64_t tag) {
   ficco::Trace(device, ficco::kTraceMark, tag);
 }
 
-void FiccoTestSetNeverArrive(int device) { ficco::never_arrive.store(device); }
-void FiccoTestClearNeverArrive(void) { ficco::never_arrive.store(-1); }
+void FiccoTestSetNeverArrive(int device) {
+  ficco::fault.store(ficco::FaultKey(device, ficco::kFaultStart));
+}
+void FiccoTestSetFault(int device, int step) {
+  ficco::fault.store(ficco::FaultKey(device, step));
+}
+void FiccoTestClearNeverArrive(void) { ficco::fault.store(-1); }
 
 }  // extern "C"

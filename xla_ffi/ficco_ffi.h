@@ -89,6 +89,9 @@ int64_t FiccoTraceGpuTimes(int device, int64_t* out, int64_t max);
 // Test hook: every start on `device` fails at once without joining its
 // peers, which then run into their timeout. -1 (or the clear call) disables.
 void FiccoTestSetNeverArrive(int device);
+// step: 1 start (rendezvous/window start, push arm), 2 wait (window wait,
+// push start), 3 done (window done, push finish).
+void FiccoTestSetFault(int device, int step);
 void FiccoTestClearNeverArrive(void);
 
 // --- The window transport (docs/windows.md), driven from Python at

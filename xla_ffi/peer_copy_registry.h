@@ -78,9 +78,15 @@ inline Clock::time_point DeadlineAfter(int64_t ms) {
   return Clock::now() + std::chrono::milliseconds(ms);
 }
 
-// Test hook (diagnostics.cc): true if `device` must behave as a rank that
-// never arrives, so the timeout path can be exercised.
-bool NeverArrives(int32_t device);
+// Test hooks (diagnostics.cc), so that failure paths can be exercised: a
+// protocol step of one device fails at once. The steps, per transport:
+//   kFaultStart: rendezvous start, window start, push arm;
+//   kFaultWait:  window wait, push start;
+//   kFaultDone:  window done, push finish.
+inline constexpr int kFaultStart = 1, kFaultWait = 2, kFaultDone = 3;
+bool Faults(int32_t device, int step);
+// A rank that never arrives: its first step fails.
+inline bool NeverArrives(int32_t device) { return Faults(device, kFaultStart); }
 
 // Order of enqueues on the side queues, process-wide: a queue's enqueues
 // come from one thread at a time (its device's thread, or the last arriver

@@ -237,7 +237,7 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
                      ffi::AnyBuffer flags, const PushStartAttrs& a) {
   using Inv = WindowInvocation<B>;
   auto who = [&] { return PushWho("start", a.op_name, device); };
-  auto found = UsableWindow<B>(a.window, device, who);
+  auto found = UsableWindow<B>(a.window, device, who, kFaultWait);
   if (!found.has_value()) return found.error();
   std::shared_ptr<Window> win = *found;
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
@@ -249,7 +249,9 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
         " on this device never reached its finish (two ops sharing the"
         " window ran interleaved, or an execution failed between them)";
     win->Poison(why);
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, why);
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      why + "; its ranks no longer agree on epochs: call"
+                      " jax.clear_caches() to lower onto fresh windows");
   }
   typename PushStates<B>::Armed armed;
   if (!PushStates<B>::Get().TakeArmed(a.window, device, &armed)) {
@@ -398,7 +400,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
     B& backend, int32_t device, ffi::AnyBuffer parts, ffi::AnyBuffer out,
     const PushFinishAttrs& a) {
   auto who = [&] { return PushWho("finish", a.op_name, device); };
-  auto found = UsableWindow<B>(a.window, device, who);
+  auto found = UsableWindow<B>(a.window, device, who, kFaultDone);
   if (!found.has_value()) return ffi::Unexpected(found.error());
   std::shared_ptr<Window> win = *found;
   auto inv = PushStates<B>::Get().TakeStarted(a.window, device);

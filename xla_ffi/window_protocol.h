@@ -185,6 +185,13 @@ inline std::string Unsignalled(const Window& w, const uint32_t* header,
   return out;
 }
 
+// "ficco window wait of 'op' on device 2", for errors.
+inline std::string WindowWho(std::string_view phase, std::string_view op,
+                             int32_t device) {
+  return "ficco window " + std::string(phase) + " of '" + std::string(op) +
+         "' on device " + std::to_string(device);
+}
+
 inline std::string WindowMiss(std::string_view phase, std::string_view op,
                               int32_t device) {
   return "ficco window " + std::string(phase) + " of '" + std::string(op) +
@@ -355,11 +362,13 @@ ffi::Error WindowIssue(B& backend, int32_t device,
 }
 
 // The window of `family` on `device`, if a call may use it: made, not
-// poisoned, not refused by the never-arrive test hook. `who` names the call
-// in errors ("ficco window start of 'op' on device 2"), built only then.
+// poisoned, not refused by the fault test hook at `step` (kFaultStart, ...).
+// `who` names the call in errors ("ficco window start of 'op' on device
+// 2"), built only then.
 template <class B, class Who>
 ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
-                                                   int32_t device, Who who) {
+                                                   int32_t device, Who who,
+                                                   int step = kFaultStart) {
   std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
   if (win == nullptr) {
     return ffi::Unexpected(ffi::Error::InvalidArgument(
@@ -373,10 +382,11 @@ ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
         " no longer agree on epochs; call jax.clear_caches() to lower onto"
         " fresh windows. The failure: " + sticky));
   }
-  if (NeverArrives(device)) {
+  if (Faults(device, step)) {
     return ffi::Unexpected(ffi::Error(
         ffi::ErrorCode::kUnavailable,
-        who() + ": refused by the never-arrive test hook"));
+        who() + ": refused by the " +
+            (step == kFaultStart ? "never-arrive" : "fault") + " test hook"));
   }
   return win;
 }

@@ -109,6 +109,8 @@ def _library() -> ctypes.CDLL:
   lib.FiccoTraceMark.argtypes = [ctypes.c_int, ctypes.c_int64]
   lib.FiccoTestSetNeverArrive.argtypes = [ctypes.c_int]
   lib.FiccoTestSetNeverArrive.restype = None
+  lib.FiccoTestSetFault.argtypes = [ctypes.c_int, ctypes.c_int]
+  lib.FiccoTestSetFault.restype = None
   lib.FiccoTestClearNeverArrive.restype = None
   return lib
 
@@ -352,5 +354,20 @@ def set_never_arrive(device_ordinal: int) -> None:
   _library().FiccoTestSetNeverArrive(device_ordinal)
 
 
+# Protocol steps of the fault hook, per transport: "start" is the
+# rendezvous and window start and the push arm; "wait" the window wait and
+# the push start; "done" the window done and the push finish.
+FAULT_STEPS = ("start", "wait", "done")
+
+
+def set_fault(device_ordinal: int, step: str) -> None:
+  """Test hook: the handlers of protocol ``step`` (`FAULT_STEPS`) on this
+  device fail at once, as a rank that raises there would."""
+  if step not in FAULT_STEPS:
+    raise ValueError(f"step={step!r} must be one of {FAULT_STEPS}.")
+  _library().FiccoTestSetFault(device_ordinal, FAULT_STEPS.index(step) + 1)
+
+
 def clear_never_arrive() -> None:
+  """Turns the never-arrive and fault hooks off."""
   _library().FiccoTestClearNeverArrive()

@@ -1,0 +1,115 @@
+"""Fault injection: a rank that fails at any protocol step.
+
+The library's fault hook makes one device's handlers of one protocol step
+fail at once, as a rank that raises there would: the start (rendezvous and
+window start, push arm), the wait (window wait, push start) or the done
+(window done, push finish). Whatever the step, the call must end within
+the op's ``timeout_s`` (plus slack) with an error that names the failing
+rank or the hook, never hang; the library must keep nothing registered
+for it; and the program must work again afterwards, at most after the one
+``jax.clear_caches()`` that a poisoned window asks for.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import ficco_jax
+from ficco_jax import Schedule
+from ficco_jax._src.dma import library
+from ficco_jax._src.dma import windows
+import util
+
+pytestmark = pytest.mark.multigpu
+
+TIMEOUT_S = 1.0
+
+# transport -> (op, schedule label, the steps it has)
+CASES = {
+    "rendezvous": ("ag", "direct/c2/dma/xla/rendezvous", ("start",)),
+    "window": ("ag", "direct/c2/dma/xla/window", ("start", "wait", "done")),
+    "push": ("rs", "direct/c1/dma/pallas/flagged/push",
+             ("start", "wait", "done")),
+}
+
+
+def _program(mesh, op, label):
+  schedule = Schedule.from_short(label)
+  if op == "ag":
+    return jax.jit(jax.shard_map(
+        functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                          schedule=schedule, timeout_s=TIMEOUT_S),
+        mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
+  return jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                        schedule=schedule, timeout_s=TIMEOUT_S),
+      mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x"),
+      check_vma=util.on_gpu()))
+
+
+def _inputs(mesh, op, rng):
+  p = mesh.devices.size
+  if util.on_gpu():  # Whole Hopper tiles for the flagged kernel.
+    dtype, m, k, n = jnp.bfloat16, 768 * p, 256 * p, 128 * p
+  else:
+    dtype, m, k, n = np.float32, 6 * p, 10 * p, 7 * p
+  x = util.rand(rng, (m, k), dtype)
+  w = util.rand(rng, (k, n), dtype)
+  specs = ((P("x"), P(None, "x")) if op == "ag" else (P(None, "x"), P("x")))
+  args = tuple(jax.device_put(a, NamedSharding(mesh, s))
+               for a, s in zip((x, w), specs))
+  return args, util.ref_all_gather_matmul(x, w), dtype
+
+
+@pytest.mark.parametrize("transport,step", [
+    (t, s) for t, (_, _, steps) in CASES.items() for s in steps])
+def test_a_rank_that_fails_at_a_step_ends_the_call_and_the_next_works(
+    transport, step):
+  op, label, _ = CASES[transport]
+  mesh = util.tp_mesh()
+  last = mesh.devices.size - 1
+  f = _program(mesh, op, label)
+  args, ref, dtype = _inputs(mesh, op, np.random.default_rng(3))
+  assert util.rel_err(f(*args), ref) < util.tol(dtype)
+  platform = util.platform_name()
+  ordinal = windows.handler_ordinal(mesh.devices.flat[last],
+                                    library.platform_id(platform))
+
+  t0 = time.monotonic()
+  with util.failing_at(ordinal, step), pytest.raises(Exception) as info:
+    jax.block_until_ready(f(*args))
+  assert time.monotonic() - t0 < TIMEOUT_S + 20
+  message = str(info.value)
+  # jax reports one device's error: the failing device's own, or a peer's
+  # timeout naming the failing rank.
+  assert "test hook" in message or f"rank {last}" in message, message
+
+  # Every peer has given up by now; then the program works again, after
+  # the jax.clear_caches() a poisoned window asks for, if it does.
+  time.sleep(TIMEOUT_S + 1)
+  try:
+    out = f(*args)
+    jax.block_until_ready(out)
+  except Exception as e:  # pylint: disable=broad-except
+    assert "clear_caches" in str(e), str(e)
+    jax.clear_caches()
+    f = _program(mesh, op, label)
+    out = f(*args)
+  assert util.rel_err(out, ref) < util.tol(dtype)
+  assert util.window_entries_after(platform) == 0
+  if platform == "cpu":
+    deadline = time.monotonic() + 10
+    while library.pending_entries("cpu") and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert library.pending_entries("cpu") == 0
+
+
+def test_fault_steps_are_checked():
+  with pytest.raises(ValueError, match="step='finish' must be one of"):
+    library.set_fault(0, "finish")
