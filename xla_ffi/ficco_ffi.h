@@ -17,6 +17,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoFlagsArmCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowStartCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushArmCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushStartCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushFinishCpu);
 
 #ifdef FICCO_WITH_CUDA
 // CUDA (cuda_peer_copy.cu, cuda_window.cu): cudaMemcpyAsync on side
@@ -27,6 +30,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoFlagsArmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowWaitCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushArmCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushStartCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushFinishCuda);
 #endif
 
 // Platforms of the diagnostics below.
