@@ -309,6 +309,10 @@ def test_all_gather_overlaps_at_uncalibrated_axis_sizes(gpu_with_dma):
   h200 = device_params.params_for("NVIDIA H200")
   assert cost_model.min_gain_for(h200, 2, "all_gather_matmul") == (
       cost_model.MIN_GAIN)
+  # Only where it was checked: not at P = 8 (nor at 4, where the fitted
+  # calibration applies anyway).
+  assert cost_model.min_gain_for(h200, 8, "all_gather_matmul") == (
+      cost_model.UNCALIBRATED_MIN_GAIN)
   # qwen2-72b, 2048 tokens over 2 GPUs: predicted ~5.6% faster.
   kw = dict(x_shape=(1024, 8192), w_shape=(8192, 14784), dtype=BF16,
             axis_size=2, axis=0, platform="gpu", params=h200)
@@ -430,6 +434,11 @@ def test_device_params_lookup_and_overrides():
   assert p.pieces_on_pallas("matmul_reduce_scatter", 4)
   assert p.pieces_on_pallas("all_gather_matmul", 8)
   assert not p.pieces_on_pallas("all_gather_matmul", 4)
+  p = device_params.params_for("NVIDIA H200", overrides={
+      "checked_at": [["matmul_reduce_scatter", [2]]]})
+  hash(p)
+  assert p.model_checked_at("matmul_reduce_scatter", 2)
+  assert not p.model_checked_at("all_gather_matmul", 2)
   with pytest.raises(ValueError, match="Unknown DeviceParams"):
     device_params.params_for("NVIDIA H200", overrides={"bogus": 1})
   assert device_params.slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"

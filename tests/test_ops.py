@@ -154,13 +154,24 @@ def test_bf16_on_8_devices(schedule):
   assert util.rel_err(out, ref) < util.tol(jnp.bfloat16)
 
 
-def test_preferred_element_type_f32_from_bf16():
+@pytest.mark.parametrize("schedule", [
+    Schedule(dataflow="direct", num_chunks=2),
+    # Pallas pieces create the result themselves (no zero fill to type it).
+    Schedule(dataflow="direct", num_chunks=1, comm="dma", compute="pallas"),
+    Schedule(dataflow="ring", num_chunks=1, comm="dma", compute="pallas"),
+], ids=Schedule.short)
+def test_preferred_element_type_f32_from_bf16(schedule):
   mesh = util.tp_mesh()
   rng = np.random.default_rng(3)
-  x, w = util.rand(rng, (24, 10), jnp.bfloat16), util.rand(rng, (10, 28), jnp.bfloat16)
-  out = util.run_ag(mesh, x, w,
-                    schedule=Schedule(dataflow="direct", num_chunks=2),
-                    preferred_element_type=jnp.float32)
+  p = mesh.devices.size
+  if util.on_gpu() and schedule.compute == "pallas":
+    shape_x, shape_w = (128 * p, 64), (64, 256 * p)  # Whole Hopper tiles.
+  else:
+    shape_x, shape_w = (24, 10), (10, 28)
+  x, w = util.rand(rng, shape_x, jnp.bfloat16), util.rand(rng, shape_w, jnp.bfloat16)
+  out = util.run_ag(mesh, x, w, schedule=schedule,
+                    preferred_element_type=jnp.float32,
+                    check_vma=util.on_gpu() or schedule.compute != "pallas")
   assert out.dtype == np.float32
   # Products of bf16 values are exact in f32: only the f32 sums round.
   assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < 1e-5

@@ -126,7 +126,7 @@ def failing_at(device_ordinal: int, step: str):
   try:
     yield
   finally:
-    library.clear_never_arrive()
+    library.clear_faults()
 
 
 @contextlib.contextmanager
@@ -139,7 +139,7 @@ def never_arriving(device_ordinal: int):
   try:
     yield
   finally:
-    library.clear_never_arrive()
+    library.clear_faults()
 
 
 def window_entries_after(platform: str, timeout_s: float = 10.0) -> int:

@@ -312,8 +312,8 @@ ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
   auto [inv, landing] = WindowIndex<CpuWindowBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
   if (!inv) {
-    return Failed(ffi::Error::InvalidArgument(
-        WindowMiss("wait", attrs.op_name, device)));
+    return Failed(WindowMissError<CpuWindowBackend>(attrs.window, "wait",
+                                                    attrs.op_name, device));
   }
   std::vector<CpuEvent*> events;
   for (size_t i = 0; i < inv->plan.transfers.size(); ++i) {
@@ -339,8 +339,8 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
   auto inv = WindowIndex<CpuWindowBackend>::Get().TakeDone(
       attrs.window, device, first->untyped_data());
   if (!inv) {
-    return Failed(ffi::Error::InvalidArgument(
-        WindowMiss("done", attrs.op_name, device)));
+    return Failed(WindowMissError<CpuWindowBackend>(attrs.window, "done",
+                                                    attrs.op_name, device));
   }
   // The sources have been staged (XLA may reuse them) and this rank's own
   // pulls are over; peers' reads of the window are the next start's

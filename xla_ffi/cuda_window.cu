@@ -327,7 +327,8 @@ ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
   auto [inv, landing] = WindowIndex<CudaWindowBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
   if (!inv) {
-    return ffi::Error::InvalidArgument(WindowMiss("wait", attrs.op_name, device));
+    return WindowMissError<CudaWindowBackend>(attrs.window, "wait",
+                                              attrs.op_name, device);
   }
   if (auto err = Sticky(*inv->win, "wait", attrs.op_name, device);
       err.failure()) {
@@ -358,7 +359,8 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
   auto inv = WindowIndex<CudaWindowBackend>::Get().TakeDone(
       attrs.window, device, first->untyped_data());
   if (!inv) {
-    return ffi::Error::InvalidArgument(WindowMiss("done", attrs.op_name, device));
+    return WindowMissError<CudaWindowBackend>(attrs.window, "done",
+                                              attrs.op_name, device);
   }
   if (auto err = Sticky(*inv->win, "done", attrs.op_name, device);
       err.failure()) {

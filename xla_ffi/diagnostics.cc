@@ -137,6 +137,6 @@ void FiccoTestSetNeverArrive(int device) {
 void FiccoTestSetFault(int device, int step) {
   ficco::fault.store(ficco::FaultKey(device, step));
 }
-void FiccoTestClearNeverArrive(void) { ficco::fault.store(-1); }
+void FiccoTestClearFaults(void) { ficco::fault.store(-1); }
 
 }  // extern "C"

@@ -98,7 +98,7 @@ void FiccoTestSetNeverArrive(int device);
 // step: 1 start (rendezvous/window start, push arm), 2 wait (window wait,
 // push start), 3 done (window done, push finish).
 void FiccoTestSetFault(int device, int step);
-void FiccoTestClearNeverArrive(void);
+void FiccoTestClearFaults(void);
 
 // --- The window transport (docs/windows.md), driven from Python at
 // lowering. ---

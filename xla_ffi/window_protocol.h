@@ -124,7 +124,6 @@ class WindowIndex {
   }
   int64_t Pending() {
     std::lock_guard<std::mutex> lock(mu_);
-    SweepLocked(nullptr);
     return static_cast<int64_t>(waits_.size() + dones_.size());
   }
 
@@ -132,7 +131,8 @@ class WindowIndex {
   // Drops the entries of window `w` (an earlier run's, which a new start on
   // it replaces) and those of poisoned windows: a failed execution stops
   // before its later waits and dones run, and a poisoned window takes no
-  // more starts, so nothing would ever take them.
+  // more starts, so nothing would ever take them. (A wait or done that
+  // does still come finds its window's failure: `WindowMissError`.)
   void SweepLocked(const Window* w) {
     for (auto* m : {&waits_, &dones_}) {
       for (auto it = m->begin(); it != m->end();) {
@@ -191,6 +191,12 @@ inline std::string WindowWho(std::string_view phase, std::string_view op,
   return "ficco window " + std::string(phase) + " of '" + std::string(op) +
          "' on device " + std::to_string(device);
 }
+
+// A wait or done that found no entry: the failure of its window, if an
+// earlier invocation poisoned it (its entries were swept), else a misuse.
+template <class B>
+ffi::Error WindowMissError(int64_t family, std::string_view phase,
+                           std::string_view op, int32_t device);
 
 inline std::string WindowMiss(std::string_view phase, std::string_view op,
                               int32_t device) {
@@ -389,6 +395,22 @@ ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
             (step == kFaultStart ? "never-arrive" : "fault") + " test hook"));
   }
   return win;
+}
+
+template <class B>
+ffi::Error WindowMissError(int64_t family, std::string_view phase,
+                           std::string_view op, int32_t device) {
+  std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
+  if (win != nullptr) {
+    if (std::string sticky = win->Sticky(); !sticky.empty()) {
+      return ffi::Error(
+          ffi::ErrorCode::kFailedPrecondition,
+          WindowWho(phase, op, device) + ": an earlier invocation on this"
+          " window failed; call jax.clear_caches() to lower onto fresh"
+          " windows. The failure: " + sticky);
+    }
+  }
+  return ffi::Error::InvalidArgument(WindowMiss(phase, op, device));
 }
 
 // start on `device`: see docs/windows.md, "start, wait and done".

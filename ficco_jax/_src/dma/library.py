@@ -111,7 +111,7 @@ def _library() -> ctypes.CDLL:
   lib.FiccoTestSetNeverArrive.restype = None
   lib.FiccoTestSetFault.argtypes = [ctypes.c_int, ctypes.c_int]
   lib.FiccoTestSetFault.restype = None
-  lib.FiccoTestClearNeverArrive.restype = None
+  lib.FiccoTestClearFaults.restype = None
   return lib
 
 
@@ -362,12 +362,14 @@ FAULT_STEPS = ("start", "wait", "done")
 
 def set_fault(device_ordinal: int, step: str) -> None:
   """Test hook: the handlers of protocol ``step`` (`FAULT_STEPS`) on this
-  device fail at once, as a rank that raises there would."""
+  device fail at once, as a rank that raises there would. The rendezvous
+  transport has the hook at its start only (its waits and dones are one
+  sync handler): "wait" and "done" leave it untouched."""
   if step not in FAULT_STEPS:
     raise ValueError(f"step={step!r} must be one of {FAULT_STEPS}.")
   _library().FiccoTestSetFault(device_ordinal, FAULT_STEPS.index(step) + 1)
 
 
-def clear_never_arrive() -> None:
+def clear_faults() -> None:
   """Turns the never-arrive and fault hooks off."""
-  _library().FiccoTestClearNeverArrive()
+  _library().FiccoTestClearFaults()

@@ -605,18 +605,15 @@ def min_gain_for(params: device_params.DeviceParams, axis_size: int,
                  op: str | None = None) -> float:
   """The margin overlap must be predicted to win by on this device and axis.
 
-  ``MIN_GAIN`` where a fitted calibration applies. Elsewhere
-  ``UNCALIBRATED_MIN_GAIN``, except for the all-gather on a device kind
-  whose parameters were measured (``params.measured``): its overlapped
-  forms write every output row once (no zero fill, no copy per piece), and
-  on 2xH200 each of the ten benchmark shapes, which the component model
-  predicts 4.1-19.6% faster, measured 1.01-1.44x over XLA's best program
-  (`direct/c1/dma/pallas`, same-run medians; benchmarks/RESULTS.md): the
-  model is not optimistic for it, so the ordinary margin applies.
+  ``MIN_GAIN`` where a fitted calibration applies, or where the model's
+  picks for ``op`` at this axis size were checked against measurements
+  and held (``params.checked_at``: on H200 the all-gather at P = 2, whose
+  overlapped forms write every output row once); elsewhere
+  ``UNCALIBRATED_MIN_GAIN``.
   """
   if params.calibrated_at(axis_size):
     return MIN_GAIN
-  if op == "all_gather_matmul" and params.measured:
+  if op is not None and params.model_checked_at(op, axis_size):
     return MIN_GAIN
   return UNCALIBRATED_MIN_GAIN
 

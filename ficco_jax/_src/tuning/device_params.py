@@ -80,6 +80,10 @@ class DeviceParams:
       schedules run their pieces on ficco's Pallas kernel by default where
       its tiles divide them (full depth steps), because it measured faster
       than XLA's dot there, over these axis sizes (``()``: every size).
+    checked_at: ``(op, axis_sizes)`` pairs where no calibration applies but
+      the component model's picks were checked against measurements and
+      held: there overlap needs only the ordinary margin
+      (`cost_model.min_gain_for`).
     measured: which fields were measured on this device kind rather than
       guessed (for explain).
   """
@@ -105,6 +109,7 @@ class DeviceParams:
   calibration: tuple[tuple[str, str, int, str, float, float], ...] = ()
   calibrated_axis_size: int = 0
   pallas_pieces: tuple[tuple[str, tuple[int, ...]], ...] = ()
+  checked_at: tuple[tuple[str, tuple[int, ...]], ...] = ()
   measured: tuple[str, ...] = ()
 
   def __post_init__(self):
@@ -117,6 +122,11 @@ class DeviceParams:
     rows = [r for r, _ in self.decomposition]
     if rows != sorted(rows):
       raise ValueError(f"{self.decomposition=} must be sorted by tiles.")
+
+  def model_checked_at(self, op: str, axis_size: int) -> bool:
+    """Whether ``op``'s uncalibrated picks over ``axis_size`` devices were
+    checked against measurements (`checked_at`)."""
+    return any(o == op and axis_size in sizes for o, sizes in self.checked_at)
 
   def pieces_on_pallas(self, op: str, axis_size: int) -> bool:
     """Whether ``op``'s copy-engine pieces run on the Pallas kernel by
@@ -203,9 +213,15 @@ _H200 = DeviceParams(
     # kernels write each product in place into the result, where XLA's dots
     # need one more pass to assemble it: on 2xH200, direct c1 on the kernel
     # against the same on XLA's dot, ten shapes in one run, 1.00-1.13x
-    # (geomean 1.04x). Not at P = 4: there llama3-70b at 8192 tokens ran
-    # 1.00x against 1.10x on XLA's dots (4xH200, five shapes, one run).
+    # (geomean 1.04x; benchmarks/results/nvidia_h200_w2/schedules). Not at
+    # P = 4, where it was mixed (4xH200, five shapes, one run): llama3-70b
+    # at 8192 tokens 1.00x against 1.10x on XLA's dots, llama3-8b and the
+    # 16384 square a little ahead, gpt3-175b level.
     pallas_pieces=(("matmul_reduce_scatter", ()), ("all_gather_matmul", (2,))),
+    # At P = 2 the model predicts the all-gather's overlap 4.1-19.6% faster
+    # on the ten benchmark shapes, and every one measured faster than XLA's
+    # best program (1.01-1.40x, benchmarks/results/nvidia_h200_w2).
+    checked_at=(("all_gather_matmul", (2,)),),
     measured=("matmul_flops", "matmul_eff", "hbm_bw", "decomposition",
               "receive_bw", "collective_bw", "collective_latency_s",
               "contention[dma]", "contention[xla]", "p2p_bw",
@@ -217,7 +233,7 @@ _H200 = DeviceParams(
 # (3.35 vs 4.8 TB/s). Nothing here was measured on an H100.
 _H100 = dataclasses.replace(
     _H200, name="NVIDIA H100 80GB HBM3", matmul_flops=760e12, hbm_bw=2.9e12,
-    pallas_pieces=(), measured=())
+    pallas_pieces=(), checked_at=(), measured=())
 
 # Unknown devices: a cautious PCIe-class guess, so that overlap is chosen
 # only where it wins by a wide margin.
@@ -259,7 +275,7 @@ def _coerce(name: str, value: Any) -> Any:
   if name == "calibration":
     return tuple((str(o), str(d), int(c), str(m), float(a), float(b))
                  for o, d, c, m, a, b in value)
-  if name == "pallas_pieces":
+  if name in ("pallas_pieces", "checked_at"):
     # An op alone (a string) means every axis size.
     return tuple((v, ()) if isinstance(v, str) else
                  (str(v[0]), tuple(int(p) for p in v[1])) for v in value)
