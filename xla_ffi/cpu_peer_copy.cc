@@ -205,7 +205,7 @@ void Finish(const std::shared_ptr<Pending>& p, const std::string& failure) {
 
 std::string FailureOf(Invocation<CpuBackend>& inv, int64_t timeout_ms) {
   std::lock_guard<std::mutex> lock(inv.mu);
-  return StallMessage(inv, timeout_ms);
+  return StallFailure(inv, timeout_ms);
 }
 
 // Completes once the invocation is issued and every event that `collect`

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu_runtime.h"
+#include "dispatch_advice.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
 #include "push_protocol.h"
@@ -65,7 +66,7 @@ struct CpuWindowBackend {
     const std::string missing = Unsignalled(
         *inv.win, reinterpret_cast<const uint32_t*>(inv.win->base), inv.epoch,
         inv.freed_lag);
-    return missing.empty() ? "" : "; never signalled: " + missing;
+    return missing.empty() ? "" : "; " + NeverSignalled(missing);
   }
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
@@ -293,10 +294,11 @@ ffi::Future AwaitEvents(int32_t device, const std::shared_ptr<Inv>& inv,
   return future;
 }
 
-ffi::Error StartImpl(int32_t device, ffi::RemainingArgs args,
-                     ffi::RemainingRets rets, WindowStartAttrs attrs) {
+ffi::Error StartImpl(ffi::RunId run_id, int32_t device,
+                     ffi::RemainingArgs args, ffi::RemainingRets rets,
+                     WindowStartAttrs attrs) {
   CpuWindowBackend backend;
-  return WindowStart(backend, device, args, rets, attrs);
+  return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
 }
 
 ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
@@ -357,15 +359,15 @@ ffi::Error PushArmImpl(int32_t device, ffi::Result<ffi::AnyBuffer> flags,
   return PushArm(backend, device, *flags, *rank, attrs);
 }
 
-ffi::Error PushStartImpl(int32_t device, ffi::AnyBuffer parts,
-                         ffi::AnyBuffer flags,
+ffi::Error PushStartImpl(ffi::RunId run_id, int32_t device,
+                         ffi::AnyBuffer parts, ffi::AnyBuffer flags,
                          ffi::Result<ffi::AnyBuffer> flags_out,
                          PushStartAttrs attrs) {
   if (flags.untyped_data() != flags_out->untyped_data()) {
     return ffi::Error::Internal("ficco push start: flags not aliased");
   }
   CpuWindowBackend backend;
-  return PushStart(backend, device, parts, flags, attrs);
+  return PushStart(backend, run_id.run_id, device, parts, flags, attrs);
 }
 
 ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
@@ -416,6 +418,7 @@ void CpuWindowForget(int64_t family) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowStartCpu, ficco::StartImpl,
                               xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .RemainingArgs()                 // sources
                                   .RemainingRets()                 // landings
@@ -445,6 +448,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushArmCpu, ficco::PushArmImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushStartCpu, ficco::PushStartImpl,
                               xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .Arg<xla::ffi::AnyBuffer>()      // parts
                                   .Arg<xla::ffi::AnyBuffer>()      // flags

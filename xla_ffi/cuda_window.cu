@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cuda_util.h"
+#include "dispatch_advice.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
 #include "peer_copy_registry.h"  // Clock, DeadlineAfter
@@ -274,7 +275,7 @@ class Watchdog {
         inv.where + ": timed out after " +
         std::to_string(inv.plan.timeout_ms) + " ms; " +
         (missing.empty() ? std::string("the copies did not finish")
-                         : "never signalled: " + missing);
+                         : NeverSignalled(missing));
     inv.Fail(why);
     std::fprintf(stderr, "ficco: %s\n", why.c_str());
     // Release every stream still waiting on this window's flags.
@@ -304,14 +305,14 @@ ffi::Error Sticky(const Window& w, std::string_view phase,
                         std::to_string(device) + ": " + sticky);
 }
 
-ffi::Error StartImpl(cudaStream_t stream, int32_t device,
+ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
                      ffi::RemainingArgs args, ffi::RemainingRets rets,
                      WindowStartAttrs attrs) {
   if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaWindowBackend backend(stream);
-  return WindowStart(backend, device, args, rets, attrs);
+  return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
 }
 
 ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
@@ -387,8 +388,9 @@ ffi::Error PushArmImpl(cudaStream_t stream, int32_t device,
   return PushArm(backend, device, *flags, *rank, attrs);
 }
 
-ffi::Error PushStartImpl(cudaStream_t stream, int32_t device,
-                         ffi::AnyBuffer parts, ffi::AnyBuffer flags,
+ffi::Error PushStartImpl(cudaStream_t stream, ffi::RunId run_id,
+                         int32_t device, ffi::AnyBuffer parts,
+                         ffi::AnyBuffer flags,
                          ffi::Result<ffi::AnyBuffer> flags_out,
                          PushStartAttrs attrs) {
   if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
@@ -398,7 +400,7 @@ ffi::Error PushStartImpl(cudaStream_t stream, int32_t device,
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaWindowBackend backend(stream);
-  return PushStart(backend, device, parts, flags, attrs);
+  return PushStart(backend, run_id.run_id, device, parts, flags, attrs);
 }
 
 ffi::Error PushFinishImpl(cudaStream_t stream, int32_t device,
@@ -484,6 +486,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoWindowStartCuda, ficco::StartImpl,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .RemainingArgs()                                // sources
         .RemainingRets()                                // landings
@@ -522,6 +525,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoPushStartCuda, ficco::PushStartImpl,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .Arg<xla::ffi::AnyBuffer>()                     // parts
         .Arg<xla::ffi::AnyBuffer>()                     // flags

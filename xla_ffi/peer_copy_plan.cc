@@ -62,6 +62,7 @@ ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
 
   Plan plan;
   plan.op_name = std::string(attrs.op_name);
+  plan.program = std::string(attrs.program);
   plan.site = attrs.site;
   plan.axis_size = p;
   plan.num_streams = attrs.num_streams;
@@ -174,7 +175,8 @@ std::string Where(std::string_view phase, const Plan& plan, int32_t device,
                   Position pos) {
   std::ostringstream os;
   os << "ficco peer copy " << phase << " of '" << plan.op_name << "' (site "
-     << plan.site << ") on device " << device << " (group " << pos.group
+     << plan.site << ") in '" << plan.program << "' on device " << device
+     << " (group " << pos.group
      << ", rank " << pos.rank << " of " << plan.axis_size << ")";
   return os.str();
 }

@@ -36,6 +36,7 @@ struct StartAttrs {
   int64_t site;                         // call-site id (trace time)
   std::string_view op_name;             // for messages
   int64_t timeout_ms;                   // bound of every host wait
+  std::string_view program;             // the lowered module, for messages
 };
 
 // Attributes of ficco_peer_copy_sync, which waits for landing buffers and
@@ -74,6 +75,9 @@ struct Transfer {
 // whose attribute memory the spans point into.
 struct Plan {
   std::string op_name;
+  // The program (lowered module, e.g. "jit_layer") the start belongs to:
+  // messages about two programs waiting for each other name both.
+  std::string program;
   int64_t site = 0;
   int64_t axis_size = 0;
   int64_t num_streams = 0;
@@ -141,7 +145,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<int64_t>("flag_target"),
     ::xla::ffi::StructMember<int64_t>("site"),
     ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<int64_t>("timeout_ms"));
+    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
+    ::xla::ffi::StructMember<std::string_view>("program"));
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::ficco::ArmAttrs, ::xla::ffi::StructMember<int64_t>("site"),

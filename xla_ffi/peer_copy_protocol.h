@@ -43,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dispatch_advice.h"
 #include "host_trace.h"
 #include "issuer.h"
 #include "peer_copy_plan.h"
@@ -278,7 +279,7 @@ ffi::Error StartParallel(Backend& backend,
     if (!SpinThenWait(lock, inv->cv, DeadlineAfter(timeout_ms), [&] {
           return inv->arrived == p || inv->failed();
         }) || inv->failed()) {
-      const std::string message = where + ": " + StallMessage(*inv, timeout_ms);
+      const std::string message = where + ": " + StallFailure(*inv, timeout_ms);
       lock.unlock();
       if (async) {
         FailAsyncIssue(inv, message);
@@ -413,6 +414,28 @@ ffi::Error Arm(Backend& backend, int64_t run_id, int32_t device,
   return ffi::Error::Success();
 }
 
+// A rank that may not join `inv` (still gathering its ranks, as this one
+// is missing) arrives and leaves at once and fails it, as a late arriver at
+// an abandoned invocation does: none of its copies are ever issued, ranks
+// that joined fail in their sync, later arrivers fail at once.
+template <class Backend>
+void RefuseJoin(const std::shared_ptr<Invocation<Backend>>& inv,
+                const std::string& message) {
+  std::vector<std::function<void()>> callbacks;
+  bool forget;
+  {
+    std::lock_guard<std::mutex> lock(inv->mu);
+    inv->abandoned = true;
+    inv->FailLocked(message);
+    callbacks.swap(inv->on_issued);
+    ++inv->left;
+    forget = ++inv->arrived == inv->left;
+  }
+  inv->cv.notify_all();
+  for (auto& callback : callbacks) callback();
+  if (forget) Registry<Backend>::Get().Forget(inv->key, inv.get());
+}
+
 // Start: publish this rank, then, by the issue mode (issuer.h): wait,
 // bounded, for every rank to publish and enqueue the copies this rank
 // receives (parallel); hand that to the device's issuer thread and return
@@ -526,8 +549,16 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
 
   const Key key{run_id, plan->site, pos.group,
                 registry.NextSeq(device, run_id, plan->site)};
-  std::shared_ptr<Inv> inv =
-      registry.FindOrCreate(key, plan, source_shapes[0].row_bytes);
+  auto joined = registry.Join(key, plan, source_shapes[0].row_bytes, pos.rank);
+  std::shared_ptr<Inv> inv = joined.inv;
+  if (!joined.refused.empty()) {
+    // The devices refuse starts after a stall (stall_breaker.h): this
+    // execution fails here, and so do the peers that joined it.
+    const std::string message = where + ": " + joined.refused;
+    Inv::ReleaseEvents(mine);
+    RefuseJoin(inv, message);
+    return ffi::Error(ffi::ErrorCode::kAborted, message);
+  }
   bool last = false;
   {
     std::unique_lock<std::mutex> lock(inv->mu);
@@ -594,6 +625,7 @@ ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
   const auto since = Clock::now();
   Trace(device, kTraceStartEnter, attrs.site);
   ffi::Error err = StartUntimed(backend, run_id, device, args, rets, attrs);
+  if (err.failure()) Registry<Backend>::Get().NoteFailure(device, run_id);
   Registry<Backend>::Get().stats().Add(kStartTotal, since);
   Trace(device, kTraceStartExit, attrs.site);
   return err;
@@ -653,23 +685,40 @@ ffi::ErrorOr<Found<Backend>> FindDone(int64_t run_id, int32_t device,
   return f;
 }
 
-// Why an invocation did not complete in time. Caller holds inv.mu.
+// Why an invocation did not complete in time, at the deadline of a wait on
+// it. Caller holds inv.mu. A timeout for ranks that never started also
+// makes the group's devices refuse starts for a while (stall_breaker.h),
+// unless a missing rank failed in a handler of this execution.
 template <class Backend>
-std::string StallMessage(const Invocation<Backend>& inv, int64_t timeout_ms) {
+std::string StallFailure(const Invocation<Backend>& inv, int64_t timeout_ms) {
   const Plan& plan = *inv.plan;
   if (!inv.failure.empty()) return "a peer failed: " + inv.failure;
-  std::vector<int64_t> missing;
-  for (int64_t i = 0; i < plan.axis_size; ++i) {
-    if (!inv.ranks[i].arrived) missing.push_back(i);
+  auto& registry = Registry<Backend>::Get();
+  const int64_t p = plan.axis_size;
+  const std::vector<int64_t> group =
+      Registry<Backend>::GroupOf(plan, inv.key.group);
+  std::vector<int64_t> missing, missing_devices;
+  std::string whereabouts;
+  for (int64_t r = 0; r < p; ++r) {
+    if (inv.ranks[r].arrived) continue;
+    missing.push_back(r);
+    missing_devices.push_back(group[r]);
+    whereabouts += "; " + registry.Whereabouts(static_cast<int32_t>(group[r]),
+                                               inv.key.run_id);
   }
   const std::string after = "timed out after " + std::to_string(timeout_ms) +
                             " ms ";
-  if (!missing.empty()) {
-    return after + "waiting for " + RankList(missing, plan, inv.key.group) +
-           " to start; a device that never reaches this op (an error or a"
-           " different program there) stalls the whole group";
-  }
-  return after + "waiting for the copies to land";
+  if (missing.empty()) return after + "waiting for the copies to land";
+  const std::string stall = after + "waiting for " +
+                            RankList(missing, plan, inv.key.group) +
+                            " to start" + whereabouts;
+  registry.Stalled(group, missing_devices, inv.key.run_id,
+                   "'" + plan.op_name + "' (site " + std::to_string(plan.site) +
+                       ") of '" + plan.program + "' (execution " +
+                       std::to_string(inv.key.run_id) + ") " + stall);
+  return stall +
+         ". A device that never reaches this op (an error, or another program"
+         " there) stalls the whole group; " + kIfSeveralDispatchers;
 }
 
 // Failure path of wait and done: this device's execution aborts, so its rank
@@ -697,6 +746,7 @@ ffi::Error Abandon(const std::shared_ptr<Invocation<Backend>>& inv,
   for (auto& callback : dropped) callback();
   auto& registry = Registry<Backend>::Get();
   registry.ForgetDevice(device, inv.get());
+  registry.NoteFailure(device, inv->key.run_id);
   if (forget) registry.Forget(inv->key, inv.get());
   return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, message);
 }
@@ -720,7 +770,7 @@ ffi::Error AwaitIssued(const Found<Backend>& f, int32_t device,
   SpinThenWait(lock, inv.cv, DeadlineAfter(timeout_ms),
                [&] { return inv.issued.load() || inv.failed(); });
   if (inv.issued && !inv.failed()) return ffi::Error::Success();
-  const std::string message = f.where + ": " + StallMessage(inv, timeout_ms);
+  const std::string message = f.where + ": " + StallFailure(inv, timeout_ms);
   lock.unlock();
   return Abandon(f.inv, f.rank, device, message);
 }

@@ -31,6 +31,7 @@
 
 #include "peer_copy_plan.h"
 #include "spin_mutex.h"
+#include "stall_breaker.h"
 
 namespace ficco {
 
@@ -168,8 +169,12 @@ struct Invocation {
   Invocation(Key key, std::shared_ptr<const Plan> plan, int64_t row_bytes)
       : key(key), plan(std::move(plan)), row_bytes(row_bytes),
         ranks(this->plan->axis_size),
-        recorded(new std::atomic<int64_t>[this->plan->axis_size]) {
-    for (int64_t r = 0; r < this->plan->axis_size; ++r) recorded[r].store(0);
+        recorded(new std::atomic<int64_t>[this->plan->axis_size]),
+        joined(new std::atomic<bool>[this->plan->axis_size]) {
+    for (int64_t r = 0; r < this->plan->axis_size; ++r) {
+      recorded[r].store(0);
+      joined[r].store(false);
+    }
     live.fetch_add(1);
   }
   ~Invocation() {
@@ -230,6 +235,9 @@ struct Invocation {
   // their arrival events recorded (ring forwarding waits on these), and how
   // many ranks have issued everything.
   std::unique_ptr<std::atomic<int64_t>[]> recorded;
+  // Per rank: it joined (Registry::Join); read without `mu` under the
+  // registry's lock, to tell where a device that stalls a peer waits.
+  std::unique_ptr<std::atomic<bool>[]> joined;
   int64_t issued_ranks = 0;
   // Run once issued, or once a rank gave up (CPU waits that block no
   // thread; they check failed()).
@@ -305,17 +313,77 @@ class Registry {
     return it->second[site]++;
   }
 
-  // The invocation of `key`, created by the first rank to arrive.
-  std::shared_ptr<Inv> FindOrCreate(const Key& key,
-                                    const std::shared_ptr<const Plan>& plan,
-                                    int64_t row_bytes) {
+  // What Join found.
+  struct Joined {
+    std::shared_ptr<Inv> inv;  // the invocation of the key
+    // Non-empty: this rank must not join, because a stall on its devices
+    // makes them refuse starts for a while (stall_breaker.h); the reason.
+    std::string refused;
+  };
+
+  // Rank `rank` joins the invocation of `key` (created by the first rank
+  // to arrive), unless its group's devices refuse starts.
+  Joined Join(const Key& key, const std::shared_ptr<const Plan>& plan,
+              int64_t row_bytes, int64_t rank) {
     std::lock_guard<SpinMutex> lock(mu_);
+    Joined j;
     auto it = pending_.find(key);
-    if (it != pending_.end()) return it->second;
-    SweepLocked();
-    auto inv = std::make_shared<Inv>(key, plan, row_bytes);
-    pending_.emplace(key, inv);
-    return inv;
+    if (it != pending_.end()) {
+      j.inv = it->second;
+    } else {
+      SweepLocked();
+      j.inv = std::make_shared<Inv>(key, plan, row_bytes);
+      pending_.emplace(key, j.inv);
+    }
+    // A late arriver at an abandoned invocation fails at once anyway.
+    if (j.inv->failed()) return j;
+    const auto now = Clock::now();
+    if (breaker_.MayRefuse(now)) {
+      j.refused = breaker_.Refusal(GroupOf(*plan, key.group), now);
+    }
+    if (j.refused.empty()) j.inv->joined[rank] = true;
+    return j;
+  }
+
+  // `device`'s part of execution `run_id` failed in a handler.
+  void NoteFailure(int32_t device, int64_t run_id) {
+    std::lock_guard<SpinMutex> lock(mu_);
+    breaker_.NoteFailure(device, run_id);
+  }
+
+  // For a timeout's message: where `device`, which never started an op of
+  // execution `run_id`, is instead.
+  std::string Whereabouts(int32_t device, int64_t run_id) {
+    std::lock_guard<SpinMutex> lock(mu_);
+    for (const auto& [k, inv] : pending_) {
+      if (k.run_id == run_id || inv->failed()) continue;
+      const auto group = GroupOf(*inv->plan, k.group);
+      const auto r = std::find(group.begin(), group.end(), device);
+      if (r == group.end() || !inv->joined[r - group.begin()]) continue;
+      return "device " + std::to_string(device) + " waits in '" +
+             inv->plan->op_name + "' (site " + std::to_string(k.site) +
+             ") of '" + inv->plan->program + "' (execution " +
+             std::to_string(k.run_id) + ")";
+    }
+    return "device " + std::to_string(device) +
+           " is in no copy-engine op: its part has not reached this one"
+           " (still computing, failed, or held back by XLA behind another"
+           " program)";
+  }
+
+  // A rendezvous timed out for ranks that never started (stall_breaker.h).
+  void Stalled(const std::vector<int64_t>& group,
+               const std::vector<int64_t>& missing, int64_t run_id,
+               const std::string& why) {
+    std::lock_guard<SpinMutex> lock(mu_);
+    breaker_.Stalled(group, missing, run_id, why, Clock::now());
+  }
+
+  // The devices of group `group` of `plan`, by rank.
+  static std::vector<int64_t> GroupOf(const Plan& plan, int64_t group) {
+    const int64_t p = plan.axis_size;
+    return std::vector<int64_t>(plan.devices.begin() + group * p,
+                                plan.devices.begin() + (group + 1) * p);
   }
 
   // Drops `key` from the rendezvous once every rank arrived, or once every
@@ -457,6 +525,7 @@ class Registry {
                      std::deque<std::pair<int64_t,
                                           std::unordered_map<int64_t, int64_t>>>>
       seqs_;
+  StallBreaker breaker_;
 };
 
 }  // namespace ficco

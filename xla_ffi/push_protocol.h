@@ -233,8 +233,9 @@ ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
 
 // ficco_push_start: enqueue every push of this rank on its push queue.
 template <class B>
-ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
-                     ffi::AnyBuffer flags, const PushStartAttrs& a) {
+ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
+                     ffi::AnyBuffer parts, ffi::AnyBuffer flags,
+                     const PushStartAttrs& a) {
   using Inv = WindowInvocation<B>;
   auto who = [&] { return PushWho("start", a.op_name, device); };
   auto found = UsableWindow<B>(a.window, device, who, kFaultWait);
@@ -317,6 +318,10 @@ ffi::Error PushStart(B& backend, int32_t device, ffi::AnyBuffer parts,
   inv->epoch = e;
   inv->freed_lag = 2;  // The landing halves.
   inv->where = PushWhere("start", a.op_name, *win, e);
+  // The pooled window is shared by programs: pairing two of them at one
+  // epoch would add one's partials to the other's result.
+  FICCO_RETURN_IF_FAILED(
+      CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where));
   auto fail = [&](ffi::Error err) {
     inv->Fail(inv->where + ": " + std::string(err.message()));
     return err;

@@ -29,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch_advice.h"
+#include "epoch_runs.h"
 #include "peer_copy_plan.h"
 #include "peer_copy_protocol.h"  // ShapeOf
 #include "window.h"
@@ -232,8 +234,8 @@ inline ffi::Error HostWait(const Window& w, int64_t q, int64_t which,
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                         where + ": waited more than " +
                             std::to_string(timeout_ms) + " ms for " + rank +
-                            " to issue epoch " + std::to_string(e) +
-                            "; never signalled: " + rank);
+                            " to issue epoch " + std::to_string(e) + "; " +
+                            NeverSignalled(rank));
     }
     if (now < spin_until) {
       std::this_thread::yield();
@@ -415,8 +417,9 @@ ffi::Error WindowMissError(int64_t family, std::string_view phase,
 
 // start on `device`: see docs/windows.md, "start, wait and done".
 template <class B>
-ffi::Error WindowStart(B& backend, int32_t device, ffi::RemainingArgs args,
-                       ffi::RemainingRets rets, const WindowStartAttrs& attrs) {
+ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
+                       ffi::RemainingArgs args, ffi::RemainingRets rets,
+                       const WindowStartAttrs& attrs) {
   using Inv = WindowInvocation<B>;
   const std::string op(attrs.op_name);
   auto found = UsableWindow<B>(attrs.window, device, [&] {
@@ -481,6 +484,8 @@ ffi::Error WindowStart(B& backend, int32_t device, ffi::RemainingArgs args,
   inv->where = WindowWhere(p, *win, e);
   // From here on this rank has taken epoch e: any failure must poison the
   // window, or its ranks would pair different invocations from now on.
+  FICCO_RETURN_IF_FAILED(
+      CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where));
   ffi::Error issued = WindowIssue(backend, device, inv, source_ptrs, sources,
                                   landing_ptrs);
   if (issued.failure()) {

@@ -383,6 +383,8 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
   elif kind == "rendezvous":
     extra.update(src_flag=np.full(len(plan.transfers), -1, np.int64),
                  num_flags=np.int64(0), flag_target=np.int64(0))
+  if kind == "rendezvous":
+    extra["program"] = primitives.program_name(ctx)
   if kind == "window":
     # Every piece comes from its owner's window (no forwarding), and the
     # window must hold this rank's sources.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 from jax.extend.core import Primitive
+from jax.extend.mlir import ir
 from jax.interpreters import batching
 from jax.interpreters import mlir
 
@@ -60,3 +61,13 @@ def platform_of(ctx) -> int:
   if len(platforms) != 1:
     raise ValueError(f"comm='dma' lowers for one platform, got {platforms}.")
   return library.platform_id(platforms[0])
+
+
+def program_name(ctx) -> str:
+  """The name of the program being lowered (its module, e.g. "jit_layer"),
+  for the handlers' messages: a timeout names the program of the stalled op
+  and of the op each missing device waits in instead."""
+  attrs = ctx.module_context.module.operation.attributes
+  if "sym_name" not in attrs:
+    return "<unnamed program>"
+  return ir.StringAttr(attrs["sym_name"]).value
