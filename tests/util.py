@@ -142,6 +142,14 @@ def never_arriving(device_ordinal: int):
     library.clear_faults()
 
 
+def _after(count, timeout_s: float) -> int:
+  """``count()`` once it reaches 0 or ``timeout_s`` passes."""
+  deadline = time.monotonic() + timeout_s
+  while count() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  return count()
+
+
 def window_entries_after(platform: str, timeout_s: float = 10.0) -> int:
   """The window invocations' wait/done and push entries still pending on
   ``platform`` once they drain or ``timeout_s`` passes (0: all drained)."""
@@ -149,8 +157,13 @@ def window_entries_after(platform: str, timeout_s: float = 10.0) -> int:
   from ficco_jax._src.dma import windows  # pylint: disable=g-import-not-at-top
 
   pid = library.platform_id(platform)
-  deadline = time.monotonic() + timeout_s
-  while windows.pending_entries(pid) and time.monotonic() < deadline:
-    time.sleep(0.01)
-  return windows.pending_entries(pid)
+  return _after(lambda: windows.pending_entries(pid), timeout_s)
+
+
+def library_entries_after(platform: str, timeout_s: float = 10.0) -> int:
+  """The rendezvous entries (and, on CPU, wait deadline timers) still
+  pending on ``platform`` once they drain or ``timeout_s`` passes."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+
+  return _after(lambda: library.pending_entries(platform), timeout_s)
 

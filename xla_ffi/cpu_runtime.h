@@ -91,9 +91,9 @@ inline CopyQueue& Queue(int32_t device, int64_t stream) {
 inline CopyQueue& Completer(int32_t device) { return Queue(device, -1); }
 
 // Fires callbacks at deadlines: the bound of every asynchronous wait. A
-// wait that completes cancels its timer: a timer left to its deadline would
-// hold the wait's state for `timeout_s` (60 s by default), which at
-// thousands of calls a second is hundreds of megabytes.
+// wait that completes cancels its timer, so only waits in flight hold state
+// here; a timer kept to its deadline would hold its wait's state for
+// `timeout_s` after every call.
 class Watchdog {
  public:
   struct Timer {

@@ -81,6 +81,10 @@ struct Window {
     std::lock_guard<std::mutex> lock(mu);
     return sticky_error;
   }
+  bool Poisoned() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return !sticky_error.empty();
+  }
   void Poison(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu);
     if (sticky_error.empty()) sticky_error = why;

@@ -139,8 +139,7 @@ class WindowIndex {
     for (auto* m : {&waits_, &dones_}) {
       for (auto it = m->begin(); it != m->end();) {
         const Window* mine = it->second.inv->win.get();
-        it = mine == w || !mine->Sticky().empty() ? m->erase(it)
-                                                   : std::next(it);
+        it = mine == w || mine->Poisoned() ? m->erase(it) : std::next(it);
       }
     }
   }

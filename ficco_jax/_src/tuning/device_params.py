@@ -23,6 +23,13 @@ from typing import Any, Mapping
 DATA_DIR = pathlib.Path(__file__).resolve().parents[2] / "data"
 
 
+def _covers(pairs, op: str, axis_size: int) -> bool:
+  """Whether ``(op, axis_sizes)`` pairs name ``op`` at ``axis_size``
+  (``()``: every size)."""
+  return any(o == op and (not sizes or axis_size in sizes)
+             for o, sizes in pairs)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DeviceParams:
   """What the cost model knows about one kind of device and its interconnect.
@@ -80,10 +87,10 @@ class DeviceParams:
       schedules run their pieces on ficco's Pallas kernel by default where
       its tiles divide them (full depth steps), because it measured faster
       than XLA's dot there, over these axis sizes (``()``: every size).
-    checked_at: ``(op, axis_sizes)`` pairs where no calibration applies but
-      the component model's picks were checked against measurements and
-      held: there overlap needs only the ordinary margin
-      (`cost_model.min_gain_for`).
+    checked_at: ``(op, axis_sizes)`` pairs (``()``: every size) where no
+      calibration applies but the component model's picks were checked
+      against measurements and held: there overlap needs only the ordinary
+      margin (`cost_model.min_gain_for`).
     measured: which fields were measured on this device kind rather than
       guessed (for explain).
   """
@@ -126,13 +133,12 @@ class DeviceParams:
   def model_checked_at(self, op: str, axis_size: int) -> bool:
     """Whether ``op``'s uncalibrated picks over ``axis_size`` devices were
     checked against measurements (`checked_at`)."""
-    return any(o == op and axis_size in sizes for o, sizes in self.checked_at)
+    return _covers(self.checked_at, op, axis_size)
 
   def pieces_on_pallas(self, op: str, axis_size: int) -> bool:
     """Whether ``op``'s copy-engine pieces run on the Pallas kernel by
     default over ``axis_size`` devices (`pallas_pieces`)."""
-    return any(o == op and (not sizes or axis_size in sizes)
-               for o, sizes in self.pallas_pieces)
+    return _covers(self.pallas_pieces, op, axis_size)
 
   def calibrated_at(self, axis_size: int) -> bool:
     """Whether the calibration applies to ops over ``axis_size`` devices."""
