@@ -53,6 +53,9 @@ struct CpuWindowBackend {
   // need not order waits after writes (and XLA:CPU's small handler pool
   // must not block in start).
   static constexpr bool kHostOrdered = false;
+  // Worker threads share no SMs with the compute: the stage need not run
+  // first.
+  static constexpr bool kStageBeforeCompute = false;
   // The push protocol's "compute stream" is a queue thread of its own, and
   // its start runs after the kernel's results are complete: any copy of the
   // flags XLA made holds their final counts.

@@ -68,6 +68,10 @@ struct CudaWindowBackend {
 
   explicit CudaWindowBackend(cudaStream_t compute) : compute(compute) {}
 
+  // The window start's issuer thread (window_protocol.h) enqueues on this
+  // device only.
+  static void BindIssuer(int32_t device) { cudaSetDevice(device); }
+
   ffi::ErrorOr<cudaStream_t> Stream(int32_t device, int64_t queue) const {
     if (queue == kComputeQueue) return compute;
     return QueueStream(device, queue);
@@ -134,6 +138,14 @@ struct CudaWindowBackend {
 
   ffi::Error RecordOnCompute(int32_t, Event* e) {
     FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, compute));
+    return ffi::Error::Success();
+  }
+
+  // The window start's stage runs before the compute stream goes on
+  // (window_protocol.h, WindowStage).
+  static constexpr bool kStageBeforeCompute = true;
+  ffi::Error WaitOnCompute(int32_t, Event* e) {
+    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, e, 0));
     return ffi::Error::Success();
   }
 
@@ -335,6 +347,10 @@ ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
       err.failure()) {
     return err;
   }
+  if (auto err = AwaitIssued(*inv, WindowWho("wait", attrs.op_name, device));
+      err.failure()) {
+    return err;
+  }
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   for (size_t i = 0; i < inv->plan.transfers.size(); ++i) {
@@ -364,6 +380,10 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
                                               attrs.op_name, device);
   }
   if (auto err = Sticky(*inv->win, "done", attrs.op_name, device);
+      err.failure()) {
+    return err;
+  }
+  if (auto err = AwaitIssued(*inv, WindowWho("done", attrs.op_name, device));
       err.failure()) {
     return err;
   }

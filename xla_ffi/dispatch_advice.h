@@ -15,11 +15,15 @@ inline constexpr const char* kIfSeveralDispatchers =
     " them from one thread, or hold one lock around each call";
 
 // The tail of a window or push timeout: the ranks that never signalled
-// (e.g. "rank 1 (device 1)"), and why that may be.
+// (e.g. "rank 1 (device 1)"), why that may be, and what to do next: the
+// timeout poisons the window, so the next call fails until the program is
+// lowered onto fresh windows.
 inline std::string NeverSignalled(const std::string& ranks) {
   return "never signalled: " + ranks +
          "; a rank that never reaches this op stalls the others, and " +
-         kIfSeveralDispatchers;
+         kIfSeveralDispatchers +
+         ". The ranks of this window no longer agree on epochs: call"
+         " jax.clear_caches() before calling again";
 }
 
 }  // namespace ficco

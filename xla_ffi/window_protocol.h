@@ -2,9 +2,12 @@
 // Backend; cpu_window.cc and cuda_window.cu supply the backend, wait and
 // done.
 //
-// start enqueues everything on queues of its own device and returns: no
-// host waits for peers. A Backend instance (one per call; it holds the
-// compute stream) provides, each returning ffi::Error:
+// start enqueues everything on queues of its own device. Where the backend
+// orders flag waits on the host (kHostOrdered), the pulls wait for the
+// peers' starts, so a per-device issuer thread enqueues them and XLA's
+// thread goes on at once; wait and done first make sure they are enqueued.
+// A Backend instance (one per call; it holds the compute stream) provides,
+// each returning ffi::Error:
 //   RecordOnCompute(device, event)                 event <- compute stream
 //   WaitEvent(inv, device, queue, event)           queue waits for event
 //   Copy(inv, device, queue, dst, src, bytes)      on the copy engine
@@ -12,7 +15,9 @@
 //   WaitFlag(inv, device, queue, addr, value, who) queue waits *addr >= value
 //   WriteFlag(inv, device, queue, addr, value)     *addr = value, after the
 //                                                  queue's earlier work
-// and static AcquireEvent/ReleaseEvent(device[, event]) and kPlatform.
+// and static AcquireEvent/ReleaseEvent(device[, event]) and kPlatform;
+// with kHostOrdered, static BindIssuer(device) (issuer.h); with
+// kStageBeforeCompute, WaitOnCompute(device, event) (compute stream waits).
 
 #ifndef FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
 #define FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
@@ -31,6 +36,7 @@
 
 #include "dispatch_advice.h"
 #include "epoch_runs.h"
+#include "issuer.h"
 #include "peer_copy_plan.h"
 #include "peer_copy_protocol.h"  // ShapeOf
 #include "window.h"
@@ -61,8 +67,13 @@ struct WindowInvocation {
   std::string where;
 
   std::atomic<bool> failed_flag{false};
+  // Whether the pulls and the announce are enqueued (kIssued) or failed
+  // to be (kIssueFailed): off XLA's thread, wait and done must see them
+  // enqueued before they wait for their events (`AwaitIssued`).
+  std::atomic<int> issue_state{0};
   std::mutex mu;
   std::string failure;
+  ffi::Error issue_error;  // under mu, once issue_state is kIssueFailed
 
   bool failed() const { return failed_flag.load(std::memory_order_acquire); }
   void Fail(const std::string& why) {
@@ -89,6 +100,8 @@ struct WindowInvocation {
     }
   }
 };
+
+inline constexpr int kIssued = 1, kIssueFailed = 2;
 
 // How wait and done find their invocation: by window family, device and
 // the address of the landing buffer (wait) or of sources[0] (done). Runs of
@@ -249,13 +262,13 @@ inline void HostPublish(const Window& w, int64_t which, uint32_t e) {
   __atomic_store_n(w.host + which, e, __ATOMIC_RELEASE);
 }
 
-// Takes the events and enqueues stage, pulls and announce of `inv`.
+// Takes the events of `inv`, records `ready` on the compute stream and
+// enqueues the stage; `WindowPull` enqueues the rest.
 template <class B>
-ffi::Error WindowIssue(B& backend, int32_t device,
+ffi::Error WindowStage(B& backend, int32_t device,
                        const std::shared_ptr<WindowInvocation<B>>& inv,
                        const std::vector<const char*>& source_ptrs,
-                       const std::vector<BufferShape>& sources,
-                       const std::vector<char*>& landing_ptrs) {
+                       const std::vector<BufferShape>& sources) {
   const Plan& p = inv->plan;
   Window* win = inv->win.get();
   const uint32_t e = inv->epoch;
@@ -309,6 +322,13 @@ ffi::Error WindowIssue(B& backend, int32_t device,
         static_cast<size_t>(sources[s].rows * sources[s].row_bytes)));
   }
   FICCO_RETURN_IF_FAILED(backend.Record(inv, device, kStageQueue, inv->staged));
+  if constexpr (B::kStageBeforeCompute) {
+    // The stage is on every peer's critical path (their pulls wait for it),
+    // and a device-local copy crawls beside a kernel that fills the GPU
+    // (5x slower under the all-gather's own matmul on H200): let it run
+    // alone first; it takes microseconds on an idle GPU.
+    FICCO_RETURN_IF_FAILED(backend.WaitOnCompute(device, inv->staged));
+  }
   for (int64_t q = 0; q < size; ++q) {
     if (q == me) continue;
     FICCO_RETURN_IF_FAILED(backend.WriteFlag(inv, device, kStageQueue,
@@ -316,12 +336,26 @@ ffi::Error WindowIssue(B& backend, int32_t device,
   }
 
   HostPublish(*win, kStagedEnqueued, e);
+  return ffi::Error::Success();
+}
+
+// The rest of an invocation after `WindowStage`: each pull queue waits for
+// its owners' ready flags and copies, then the signal queue announces that
+// this rank is done reading epoch e.
+template <class B>
+ffi::Error WindowPull(B& backend, int32_t device,
+                      const std::shared_ptr<WindowInvocation<B>>& inv,
+                      const std::vector<char*>& landing_ptrs) {
+  const Plan& p = inv->plan;
+  Window* win = inv->win.get();
+  const uint32_t e = inv->epoch;
+  const int64_t me = win->rank, size = win->size;
   if constexpr (B::kHostOrdered) {
     // ... and the ready writes of epoch e.
     for (int64_t q = 0; q < size; ++q) {
       if (q == me) continue;
       FICCO_RETURN_IF_FAILED(
-          HostWait(*win, q, kStagedEnqueued, e, timeout_ms, inv->where));
+          HostWait(*win, q, kStagedEnqueued, e, p.timeout_ms, inv->where));
     }
   }
 
@@ -485,14 +519,73 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
   // window, or its ranks would pair different invocations from now on.
   FICCO_RETURN_IF_FAILED(
       CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where));
-  ffi::Error issued = WindowIssue(backend, device, inv, source_ptrs, sources,
-                                  landing_ptrs);
-  if (issued.failure()) {
-    inv->Fail(inv->where + ": " + std::string(issued.message()));
-    return issued;
+  if (ffi::Error staged = WindowStage(backend, device, inv, source_ptrs,
+                                      sources);
+      staged.failure()) {
+    inv->Fail(inv->where + ": " + std::string(staged.message()));
+    return staged;
   }
   std::vector<const void*> addrs(landing_ptrs.begin(), landing_ptrs.end());
+  auto pull = [backend, device, inv, landing_ptrs]() mutable {
+    ffi::Error pulled = WindowPull(backend, device, inv, landing_ptrs);
+    if (pulled.failure()) {
+      inv->Fail(inv->where + ": " + std::string(pulled.message()));
+      std::lock_guard<std::mutex> lock(inv->mu);
+      inv->issue_error = pulled;
+    }
+    inv->issue_state.store(pulled.failure() ? kIssueFailed : kIssued,
+                           std::memory_order_release);
+    return pulled;
+  };
+  if constexpr (B::kHostOrdered) {
+    // The pulls' waits are enqueued only once every peer has enqueued its
+    // stage, which takes a host wait for the peers' starts. On XLA's thread
+    // that wait would hold back the kernels after this start (the own
+    // piece's) until the slowest peer arrives; the device's issuer thread
+    // waits instead, and wait and done hold XLA's thread only when they
+    // come before the pulls are enqueued (`AwaitIssued`).
+    WindowIndex<B>::Get().Add(inv, device, addrs, source_ptrs[0]);
+    IssuerOf<B>(device).Push(std::move(pull));
+    return ffi::Error::Success();
+  }
+  FICCO_RETURN_IF_FAILED(pull());
   WindowIndex<B>::Get().Add(inv, device, addrs, source_ptrs[0]);
+  return ffi::Error::Success();
+}
+
+// Blocks until `inv`'s pulls are enqueued (`WindowPull`, maybe on the
+// issuer thread); their failure, if they could not be. `who` names the
+// caller ("ficco window wait of 'op' on device 2").
+template <class B>
+ffi::Error AwaitIssued(WindowInvocation<B>& inv, const std::string& who) {
+  auto state = [&] { return inv.issue_state.load(std::memory_order_acquire); };
+  if (state() == 0) {
+    // The issuer's own host waits are bounded by timeout_ms; this bound
+    // only guards against an issuer stuck behind an earlier invocation's.
+    const auto start = Clock::now();
+    const auto deadline =
+        start + std::chrono::milliseconds(2 * inv.plan.timeout_ms);
+    const auto spin_until = start + std::chrono::microseconds(300);
+    while (state() == 0) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        const std::string why =
+            who + ": the copies of " + inv.where + " were not enqueued within " +
+            std::to_string(2 * inv.plan.timeout_ms) + " ms";
+        inv.Fail(why);
+        return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, why);
+      }
+      if (now < spin_until) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+  }
+  if (state() == kIssueFailed) {
+    std::lock_guard<std::mutex> lock(inv.mu);
+    return inv.issue_error;
+  }
   return ffi::Error::Success();
 }
 
