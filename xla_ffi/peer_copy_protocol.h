@@ -678,7 +678,11 @@ ffi::ErrorOr<Found<Backend>> FindDone(int64_t run_id, int32_t device,
         ffi::ErrorCode::kNotFound,
         head + ": no pending start of this execution has keepalive[0] as"
                " sources[0] and its forwarded landing buffers (the outputs of"
-               " their waits) in keepalive"));
+               " their waits) in keepalive, or this done ran before its"
+               " start: a sync that ends an invocation must read a buffer"
+               " computed from that start's outputs (wait for one of its"
+               " landing buffers in it, or keep alive an earlier wait's"
+               " output), since XLA orders custom calls by data alone"));
   }
   f.where = Where("done", *f.inv->plan, device,
                   Position{f.inv->key.group, f.rank});

@@ -217,7 +217,10 @@ inline std::string WindowMiss(std::string_view phase, std::string_view op,
   return "ficco window " + std::string(phase) + " of '" + std::string(op) +
          "' on device " + std::to_string(device) +
          ": no pending start matches this buffer; pass each start output,"
-         " unchanged, to exactly one wait, and sources[0] to done";
+         " unchanged, to exactly one wait, and sources[0] to done, and"
+         " order the done after its start by data (it must read a buffer"
+         " computed from that start's outputs: XLA orders custom calls by"
+         " data alone)";
 }
 
 #define FICCO_RETURN_IF_FAILED(expr)                          \
