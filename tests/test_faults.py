@@ -114,6 +114,33 @@ def test_a_rank_that_fails_at_a_step_ends_the_call_and_the_next_works(
     assert util.library_entries_after("cpu") == 0
 
 
+def test_failed_rendezvous_syncs_leave_no_copy_behind():
+  """A sync that fails while its execution's copies still run: before the
+  error surfaces (and XLA frees the buffers), the copies into and out of
+  that device's buffers end, so none lands in memory that a later call
+  owns (on the CPU twin: heap corruption, or a wrong result)."""
+  op, label, _ = CASES["rendezvous"]
+  mesh = util.tp_mesh()
+  last = mesh.devices.size - 1
+  f = _program(mesh, op, label)
+  rng = np.random.default_rng(5)
+  platform = util.platform_name()
+  ordinal = windows.handler_ordinal(mesh.devices.flat[last],
+                                    library.platform_id(platform))
+  for i in range(30):
+    args, _, _ = _inputs(mesh, op, rng)
+    with util.failing_at(ordinal, ("wait", "done")[i % 2]):
+      with pytest.raises(Exception) as info:
+        jax.block_until_ready(f(*args))
+    message = str(info.value)
+    assert "test hook" in message or f"rank {last}" in message, message
+    args, ref, dtype = _inputs(mesh, op, rng)
+    assert util.rel_err(f(*args), ref) < util.tol(dtype), i
+  if platform == "cpu":
+    assert util.library_entries_after("cpu") == 0
+    assert util.live_invocations_after("cpu") == 0
+
+
 def test_fault_steps_are_checked():
   with pytest.raises(ValueError, match="step='finish' must be one of"):
     library.set_fault(0, "finish")

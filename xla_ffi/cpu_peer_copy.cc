@@ -319,7 +319,10 @@ ffi::Error StartImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
 ffi::Future AwaitLanding(int64_t run_id, int32_t device, const void* address,
                          const SyncAttrs& attrs) {
   auto f = FindWait<CpuBackend>(run_id, device, address, attrs.op_name);
-  if (!f.has_value()) return FailedSync(run_id, device, f.error());
+  if (!f.has_value()) {
+    return FailedSync(run_id, device,
+                      ExplainMiss<CpuBackend>(run_id, device, f.error()));
+  }
   const int64_t landing = f->landing;
   return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/false,
                [landing](Invocation<CpuBackend>& inv, int64_t rank) {
@@ -333,7 +336,10 @@ ffi::Future AwaitDone(int64_t run_id, int32_t device,
                       const std::vector<const void*>& keepalive,
                       const SyncAttrs& attrs) {
   auto f = FindDone<CpuBackend>(run_id, device, keepalive, attrs.op_name);
-  if (!f.has_value()) return FailedSync(run_id, device, f.error());
+  if (!f.has_value()) {
+    return FailedSync(run_id, device,
+                      ExplainMiss<CpuBackend>(run_id, device, f.error()));
+  }
   return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/true,
                [](Invocation<CpuBackend>& inv, int64_t rank) {
                  return EventsOf(ReaderEvents(inv, rank));

@@ -40,10 +40,15 @@ void DrainPart(Backend& backend, int32_t device,
   const std::string where =
       Where(is_wait ? "wait" : "done", plan, device,
             Position{inv.key.group, d.rank});
+  const std::string message = where + ": " + cause;
   std::unique_lock<std::mutex> lock(inv.mu);
   const bool arrived = inv.arrived == plan.axis_size;
-  // Under the lock that arrivals take: no rank can become the last after.
-  if (!arrived) inv.abandoned = true;
+  if (!arrived) {
+    // Under the lock that arrivals take, so no rank becomes the last after
+    // this; and with the failure that late arrivers report.
+    inv.abandoned = true;
+    inv.FailLocked(message);
+  }
   lock.unlock();
   if (arrived) {
     SpinThenWait(lock, inv.cv, DeadlineAfter(plan.timeout_ms),
@@ -51,7 +56,7 @@ void DrainPart(Backend& backend, int32_t device,
     lock.unlock();
   }
   if (!inv.issued) {
-    Abandon(d.inv, d.rank, device, where + ": " + cause);
+    Abandon(d.inv, d.rank, device, message);
     return;
   }
   // A queue may wait up to the timeout for a peer before a copy; then its
@@ -72,10 +77,26 @@ template <class Backend>
 void DrainFailedRun(Backend& backend, int64_t run_id, int32_t device,
                     const std::string& cause) {
   auto& registry = Registry<Backend>::Get();
-  registry.NoteFailure(device, run_id);
+  registry.NoteFailure(device, run_id, cause);
   for (const auto& d : registry.DropRun(device, run_id)) {
     DrainPart(backend, device, d, cause);
   }
+}
+
+// A sync part that found nothing registered (`miss`) on a device whose part
+// of the execution already failed: XLA:CPU runs a program's independent
+// custom calls at once, so one sync may fail and drop its execution's
+// registrations while another is under way. That failure is the one to
+// report, not a misuse.
+template <class Backend>
+ffi::Error ExplainMiss(int64_t run_id, int32_t device, ffi::Error miss) {
+  auto why = Registry<Backend>::Get().RunFailure(device, run_id);
+  if (!why.has_value()) return miss;
+  return ffi::Error(ffi::ErrorCode::kAborted,
+                    "ficco peer copy sync on device " + std::to_string(device) +
+                        ": not run: this device's part of the execution"
+                        " already failed in another copy-engine op" +
+                        (why->empty() ? "" : ": " + *why));
 }
 
 }  // namespace ficco

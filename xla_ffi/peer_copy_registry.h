@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <string>
 #include <string_view>
@@ -347,13 +348,15 @@ class Registry {
     std::shared_ptr<Inv> inv;  // the invocation of the key
     // Non-empty: this rank must not join, because a stall on its devices
     // makes them refuse starts for a while (stall_breaker.h), or because
-    // its execution already failed on this device; the reason.
+    // its execution already failed on this device or on a peer's; the
+    // reason.
     std::string refused;
   };
 
   // Rank `rank` joins the invocation of `key` (created by the first rank
-  // to arrive), unless its group's devices refuse starts or its own part of
-  // the execution already failed (NoteFailure).
+  // to arrive), unless its group's devices refuse starts, or its own part
+  // of the execution or that of a rank yet to join already failed
+  // (NoteFailure).
   Joined Join(const Key& key, const std::shared_ptr<const Plan>& plan,
               int64_t row_bytes, int64_t rank) {
     std::lock_guard<SpinMutex> lock(mu_);
@@ -370,10 +373,28 @@ class Registry {
     if (j.inv->failed()) return j;
     const auto device = static_cast<int32_t>(
         plan->devices[key.group * plan->axis_size + rank]);
-    if (RunFailedLocked(device, key.run_id)) {
+    if (const Failure* f = FindFailureLocked(device, key.run_id)) {
       j.refused = "not started: this device's part of the execution already"
-                  " failed in another copy-engine op (its error says why)";
+                  " failed in another copy-engine op" +
+                  (f->second.empty() ? "" : ": " + f->second);
       return j;
+    }
+    // A peer that failed in this execution before joining never will: fail
+    // now rather than wait for it until the timeout.
+    if (!failed_runs_.empty()) {
+      const auto group = GroupOf(*plan, key.group);
+      for (size_t r = 0; r < group.size(); ++r) {
+        if (j.inv->joined[r]) continue;
+        const auto peer = static_cast<int32_t>(group[r]);
+        if (const Failure* f = FindFailureLocked(peer, key.run_id)) {
+          j.refused = "not started: rank " + std::to_string(r) +
+                      " (device " + std::to_string(peer) +
+                      ") of its group failed in this execution before"
+                      " reaching this op" +
+                      (f->second.empty() ? "" : ": " + f->second);
+          return j;
+        }
+      }
     }
     const auto now = Clock::now();
     if (breaker_.MayRefuse(now)) {
@@ -383,21 +404,36 @@ class Registry {
     return j;
   }
 
-  // `device`'s part of execution `run_id` failed in a handler. That part
-  // runs no handler it had not begun (an execution stops at its first
-  // error): its starts still under way are refused (Join) and register
-  // nothing (Register, PushArmed), and DropRun takes what it registered
-  // before. Keyed by the execution, not the site: on XLA:CPU executions of
-  // one program overlap on a device, so another execution's entries at the
-  // same site may still be waited for.
-  void NoteFailure(int32_t device, int64_t run_id) {
+  // `device`'s part of execution `run_id` failed in a handler, saying
+  // `why` (kept where the first note had no message). That part starts no
+  // handler after it (an execution stops at its first error), though
+  // XLA:CPU may already be running others of it at once: its starts still
+  // under way are refused (Join) and register nothing (Register,
+  // PushArmed), and DropRun takes what it registered before. Keyed by the
+  // execution, not the site: on XLA:CPU executions of one program overlap
+  // on a device, so another execution's entries at the same site may still
+  // be waited for.
+  void NoteFailure(int32_t device, int64_t run_id, const std::string& why = "") {
     std::lock_guard<SpinMutex> lock(mu_);
     breaker_.NoteFailure(device, run_id);
     auto& failed = failed_runs_[device];
-    if (std::find(failed.begin(), failed.end(), run_id) == failed.end()) {
-      failed.push_front(run_id);
+    auto it = std::find_if(failed.begin(), failed.end(),
+                           [&](const auto& f) { return f.first == run_id; });
+    if (it == failed.end()) {
+      failed.emplace_front(run_id, why);
       if (failed.size() > kRunsKept) failed.pop_back();
+    } else if (it->second.empty()) {
+      it->second = why;
     }
+  }
+
+  // Why `device`'s part of execution `run_id` failed (NoteFailure), or
+  // nullopt if it did not.
+  std::optional<std::string> RunFailure(int32_t device, int64_t run_id) {
+    std::lock_guard<SpinMutex> lock(mu_);
+    const auto* f = FindFailureLocked(device, run_id);
+    if (f == nullptr) return std::nullopt;
+    return f->second;
   }
 
   // A wait or done registration that DropRun took: `rank`'s wait for
@@ -570,11 +606,18 @@ class Registry {
 
   static uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-  bool RunFailedLocked(int32_t device, int64_t run_id) const {
+  using Failure = std::pair<int64_t, std::string>;  // run id, why
+
+  const Failure* FindFailureLocked(int32_t device, int64_t run_id) const {
     auto it = failed_runs_.find(device);
-    return it != failed_runs_.end() &&
-           std::find(it->second.begin(), it->second.end(), run_id) !=
-               it->second.end();
+    if (it == failed_runs_.end()) return nullptr;
+    for (const Failure& f : it->second) {
+      if (f.first == run_id) return &f;
+    }
+    return nullptr;
+  }
+  bool RunFailedLocked(int32_t device, int64_t run_id) const {
+    return FindFailureLocked(device, run_id) != nullptr;
   }
 
   static bool KeepsForwardedAlive(const Inv& inv, int64_t rank,
@@ -633,7 +676,7 @@ class Registry {
       seqs_;
   // Per device, its most recent executions that failed in a handler
   // (NoteFailure); older ones have long stopped running handlers.
-  std::unordered_map<int32_t, std::deque<int64_t>> failed_runs_;
+  std::unordered_map<int32_t, std::deque<Failure>> failed_runs_;
   StallBreaker breaker_;
 };
 
