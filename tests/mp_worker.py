@@ -23,6 +23,15 @@
   mode "sleep": every process writes its pid to $FICCO_TEST_PID_DIR, ignores
                 SIGTERM and sleeps (the launcher, interrupted, must still
                 leave none behind).
+  mode "loop":  every process runs comm="dma" all-gather matmuls (the window
+                transport) until it is stopped, after writing its pid to
+                $FICCO_TEST_PID_DIR/<process index> (the test kills one).
+  mode "hang":  process 1 runs one call, writes the time to
+                $FICCO_TEST_STALL_FILE and sleeps for good; process 0's next
+                call must raise its timeout error (uncaught: the job fails).
+  mode "alternate": an all-gather matmul and a reduce-scatter matmul, both
+                comm="dma", alternate for $FICCO_TEST_CALLS calls on inputs
+                that change every call, each result checked.
 
 """
 
@@ -61,11 +70,23 @@ def _check(out, ref, tol=1e-5):
     assert err < tol, err
 
 
+def _program(op, mesh, a_spec, w_spec, out_spec, schedule, **kw):
+  return jax.jit(jax.shard_map(
+      functools.partial(op, axis_name="x", schedule=schedule, **kw),
+      mesh=mesh, in_specs=(a_spec, w_spec), out_specs=out_spec))
+
+
 def _run(op, mesh, a, w, a_spec, w_spec, out_spec, schedule):
-  f = jax.jit(jax.shard_map(
-      functools.partial(op, axis_name="x", schedule=schedule), mesh=mesh,
-      in_specs=(a_spec, w_spec), out_specs=out_spec))
+  f = _program(op, mesh, a_spec, w_spec, out_spec, schedule)
   return f(_global(mesh, a_spec, a), _global(mesh, w_spec, w))
+
+
+def _dma_all_gather(mesh, x, w, timeout_s):
+  """A comm="dma" all-gather matmul program and its arguments."""
+  f = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+               P(None, "x"), Schedule(dataflow="direct", comm="dma"),
+               timeout_s=timeout_s)
+  return f, (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w))
 
 
 def main(mode: str) -> int:
@@ -222,6 +243,48 @@ def main(mode: str) -> int:
       raise RuntimeError("boom from process 1")
     _run(ficco_jax.matmul_reduce_scatter, mesh, h, w2, P(None, "x"), P("x"),
          P("x"), Schedule(dataflow="ring")).block_until_ready()
+    return 0
+  if mode == "loop":
+    # A long timeout: the launcher, not the op, must end the job when a
+    # process dies.
+    f, args = _dma_all_gather(mesh, x, w, timeout_s=60.0)
+    f(*args).block_until_ready()
+    with open(os.path.join(os.environ["FICCO_TEST_PID_DIR"],
+                           str(jax.process_index())), "w") as fh:
+      fh.write(str(os.getpid()))
+    print(f"loop: process {jax.process_index()} running", flush=True)
+    while True:
+      f(*args).block_until_ready()
+  if mode == "hang":
+    f, args = _dma_all_gather(mesh, x, w, timeout_s=3.0)
+    f(*args).block_until_ready()
+    if jax.process_index() == 1:
+      with open(os.environ["FICCO_TEST_STALL_FILE"], "w") as fh:
+        fh.write(f"{time.time()} {os.getpid()}")
+      time.sleep(3600)
+    for _ in range(3):  # Raises: process 1 never takes part again.
+      f(*args).block_until_ready()
+    return 7
+  if mode == "alternate":
+    ag = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+                  P(None, "x"), Schedule(dataflow="direct", comm="dma"))
+    rs = _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"), P("x"),
+                  P("x"), Schedule(dataflow="direct", comm="dma"))
+    # Inputs that change every call, so that a piece of another call (or of
+    # the other program) shows in the result.
+    xs = [rng.standard_normal(x.shape).astype(np.float32) for _ in range(3)]
+    hs = [rng.standard_normal(h.shape).astype(np.float32) for _ in range(3)]
+    ag_args = [(_global(mesh, P("x"), a), _global(mesh, P(None, "x"), w))
+               for a in xs]
+    rs_args = [(_global(mesh, P(None, "x"), a), _global(mesh, P("x"), w2))
+               for a in hs]
+    calls = int(os.environ.get("FICCO_TEST_CALLS", "200"))
+    for i in range(calls // 2):
+      k = i % 3
+      out_ag, out_rs = ag(*ag_args[k]), rs(*rs_args[k])
+      _check(out_ag, xs[k].astype(np.float64) @ w)
+      _check(out_rs, hs[k].astype(np.float64) @ w2)
+    print(f"alternate: {calls // 2 * 2} calls checked", flush=True)
     return 0
   if mode == "sleep":
     import signal  # pylint: disable=g-import-not-at-top

@@ -2,8 +2,9 @@
 
 The library's fault hook makes one device's handlers of one protocol step
 fail at once, as a rank that raises there would: the start (rendezvous and
-window start, push arm), the wait (window wait, push start) or the done
-(window done, push finish). Whatever the step, the call must end within
+window start, push arm), the wait (the rendezvous sync that waits for
+landing buffers, window wait, push start) or the done (the rendezvous sync
+that ends invocations, window done, push finish). Whatever the step, the call must end within
 the op's ``timeout_s`` (plus slack) with an error that names the failing
 rank or the hook, never hang; the library must keep nothing registered
 for it; and the program must work again afterwards, at most after the one
@@ -32,7 +33,8 @@ TIMEOUT_S = 1.0
 
 # transport -> (op, schedule label, the steps it has)
 CASES = {
-    "rendezvous": ("ag", "direct/c2/dma/xla/rendezvous", ("start",)),
+    "rendezvous": ("ag", "direct/c2/dma/xla/rendezvous",
+                   ("start", "wait", "done")),
     "window": ("ag", "direct/c2/dma/xla/window", ("start", "wait", "done")),
     "push": ("rs", "direct/c1/dma/pallas/flagged/push",
              ("start", "wait", "done")),
@@ -89,6 +91,11 @@ def test_a_rank_that_fails_at_a_step_ends_the_call_and_the_next_works(
   # jax reports one device's error: the failing device's own, or a peer's
   # timeout naming the failing rank.
   assert "test hook" in message or f"rank {last}" in message, message
+  if platform == "cpu":
+    # The failed execution's registrations go with it, before any later
+    # call could sweep them.
+    assert util.library_entries_after("cpu") == 0
+    assert util.live_invocations_after("cpu") == 0
 
   # Every peer has given up by now; then the program works again, after
   # the jax.clear_caches() a poisoned window asks for, if it does.
@@ -105,6 +112,33 @@ def test_a_rank_that_fails_at_a_step_ends_the_call_and_the_next_works(
   assert util.window_entries_after(platform) == 0
   if platform == "cpu":
     assert util.library_entries_after("cpu") == 0
+
+
+def test_failed_rendezvous_syncs_leave_no_copy_behind():
+  """A sync that fails while its execution's copies still run: before the
+  error surfaces (and XLA frees the buffers), the copies into and out of
+  that device's buffers end, so none lands in memory that a later call
+  owns (on the CPU twin: heap corruption, or a wrong result)."""
+  op, label, _ = CASES["rendezvous"]
+  mesh = util.tp_mesh()
+  last = mesh.devices.size - 1
+  f = _program(mesh, op, label)
+  rng = np.random.default_rng(5)
+  platform = util.platform_name()
+  ordinal = windows.handler_ordinal(mesh.devices.flat[last],
+                                    library.platform_id(platform))
+  for i in range(30):
+    args, _, _ = _inputs(mesh, op, rng)
+    with util.failing_at(ordinal, ("wait", "done")[i % 2]):
+      with pytest.raises(Exception) as info:
+        jax.block_until_ready(f(*args))
+    message = str(info.value)
+    assert "test hook" in message or f"rank {last}" in message, message
+    args, ref, dtype = _inputs(mesh, op, rng)
+    assert util.rel_err(f(*args), ref) < util.tol(dtype), i
+  if platform == "cpu":
+    assert util.library_entries_after("cpu") == 0
+    assert util.live_invocations_after("cpu") == 0
 
 
 def test_fault_steps_are_checked():

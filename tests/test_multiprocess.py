@@ -4,7 +4,9 @@ On a host with >= 2 GPUs, one process per GPU; elsewhere 2 processes of 2
 virtual CPU devices each.
 """
 
+import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,6 +108,91 @@ def test_an_interrupted_launcher_leaves_no_process_behind(tmp_path):
   for pid in pids:
     with pytest.raises(ProcessLookupError):
       os.kill(pid, 0)
+
+
+# Jobs of two processes, for the failure cases: one to fail, one to see it.
+PER_PROCESS = 1 if GPUS >= 2 else 2
+
+
+def _launcher(mode, cwd, **env):
+  """`python -m ficco_jax.launch` running mp_worker in `mode` in two
+  processes, as typed on a command line."""
+  return subprocess.Popen(
+      [sys.executable, "-m", "ficco_jax.launch", "-n", "2",
+       f"--devices_per_process={PER_PROCESS}", "--timeout_s=120", WORKER,
+       mode],
+      env=dict(os.environ, **ENV, **env), cwd=cwd, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+
+
+def _gone(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  return False
+
+
+def test_a_killed_process_ends_the_job_within_seconds(tmp_path):
+  """SIGKILL to process 1 while every process runs copy-engine ops (the
+  window transport): the launcher ends the job within seconds, long
+  before the ops' 60 s timeout, exits 128 + SIGKILL naming process 1 and
+  its last lines, and leaves no process behind."""
+  launcher = _launcher("loop", tmp_path, FICCO_TEST_PID_DIR=str(tmp_path))
+  deadline = time.monotonic() + 60
+  while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.1)
+  pids = {int(f): int((tmp_path / f).read_text()) for f in os.listdir(tmp_path)}
+  assert len(pids) == 2, pids
+  time.sleep(0.5)  # Mid-run: both are in their loops of calls.
+  os.kill(pids[1], signal.SIGKILL)
+  killed = time.monotonic()
+  _, err = launcher.communicate(timeout=60)
+  took = time.monotonic() - killed
+  print(f"kill -> job end: {took:.2f} s")
+  assert launcher.returncode == 128 + signal.SIGKILL, err
+  assert took < 3, (took, err)
+  assert "process 1 was killed by signal 9 (SIGKILL)" in err, err
+  assert "Its last lines:\n  loop: process 1 running" in err, err
+  assert all(_gone(pid) for pid in pids.values())
+  # Window names are unlinked once mapped, so none is left either.
+  assert not [p for pid in pids.values()
+              for p in glob.glob(f"/dev/shm/ficco.*.{pid}.*")]
+
+
+def test_a_stalled_process_fails_its_peers_ops_by_their_timeout(tmp_path):
+  """Process 1 sleeps for good before a call: process 0's op raises its
+  timeout error within timeout_s (3 s) and slack, naming the op, its rank
+  and the ranks that never signalled; the launcher then ends the job with
+  process 0's code and error."""
+  flag = tmp_path / "stalled"
+  launcher = _launcher("hang", tmp_path, FICCO_TEST_STALL_FILE=str(flag))
+  out, err = launcher.communicate(timeout=120)
+  ended = time.time()
+  stalled_at, stalled_pid = flag.read_text().split()
+  took = ended - float(stalled_at)
+  print(f"stall -> job end: {took:.2f} s")
+  assert launcher.returncode == 1, err
+  assert took < 3 + 7, (took, err)
+  assert "process 0 exited with code 1" in err, err
+  # Process 1 holds ranks [PER_PROCESS, 2 * PER_PROCESS).
+  missing = ", ".join(rf"rank {r} \(device \d+\)"
+                      for r in range(PER_PROCESS, 2 * PER_PROCESS))
+  if GPUS >= 2:  # The CUDA watchdog reports it on the process's output.
+    assert re.search(f"never signalled: {missing}", out + err), out + err
+  else:  # The error that ended process 0, in its last lines.
+    assert re.search(
+        r"DEADLINE_EXCEEDED: ficco window \w+ of 'all_gather_matmul' .*"
+        rf"\(rank \d of {2 * PER_PROCESS}\).*never signalled: {missing}",
+        err), err
+  assert _gone(int(stalled_pid))
+
+
+def test_two_programs_alternate_across_processes():
+  # mp_worker checks every result of 100 all-gather and 100 reduce-scatter
+  # matmuls (window transport), called in turn on changing inputs.
+  assert _launch("alternate", env=dict(FICCO_TEST_CALLS="200"),
+                 timeout_s=120) == 0
 
 
 def test_launch_checks_its_arguments():

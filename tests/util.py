@@ -167,3 +167,11 @@ def library_entries_after(platform: str, timeout_s: float = 10.0) -> int:
 
   return _after(lambda: library.pending_entries(platform), timeout_s)
 
+
+def live_invocations_after(platform: str, timeout_s: float = 10.0) -> int:
+  """The rendezvous invocations still alive on ``platform`` once every
+  rank released them or ``timeout_s`` passes."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+
+  return _after(lambda: library.live_invocations(platform), timeout_s)
+

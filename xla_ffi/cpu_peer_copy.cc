@@ -32,6 +32,7 @@
 #include "event_pool.h"
 #include "ficco_ffi.h"
 #include "issuer.h"
+#include "peer_copy_drain.h"
 #include "peer_copy_plan.h"
 #include "peer_copy_protocol.h"
 #include "peer_copy_registry.h"
@@ -125,6 +126,11 @@ struct CpuBackend {
     return ffi::Error::Success();
   }
 
+  // The handler's thread is the compute stream.
+  void DrainWait(Event* e, Clock::time_point deadline) {
+    e->WaitUntil(deadline);
+  }
+
   // CUDA's flag stream, on a queue of its own: `out` is set once `*flag >=
   // target` (after `after`), or failed past the plan's timeout, which the
   // copies waiting on it then report. XLA:CPU runs the start only after the
@@ -187,6 +193,11 @@ void Finish(const std::shared_ptr<Pending>& p, const std::string& failure) {
     if (p->is_done) MarkLeft(*f.inv, f.rank);
   } else {
     error = Abandon(f.inv, f.rank, p->device, f.where + ": " + failure);
+    // The rest of this execution on this device will not run. Its other
+    // registrations are dropped without being drained: this thread may be
+    // a copy queue or the watchdog, which must not block, and past a
+    // timeout or a peer's failure their copies have ended or are skipped.
+    Registry<CpuBackend>::Get().DropRun(p->device, f.inv->key.run_id);
   }
   f.inv.reset();
   auto complete = [p, error] {
@@ -285,17 +296,33 @@ ffi::Future Failed(ffi::Error error) {
   return future;
 }
 
+// A sync that fails before it took its part: this device's execution ends
+// here, once the copies of what it still had registered have ended
+// (peer_copy_drain.h). A part that fails later ends it through Finish.
+ffi::Future FailedSync(int64_t run_id, int32_t device, ffi::Error error) {
+  CpuBackend backend;
+  DrainFailedRun(backend, run_id, device, error.message());
+  return Failed(std::move(error));
+}
+
 ffi::Error StartImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
                      ffi::RemainingRets rets, StartAttrs attrs) {
   CpuBackend backend;
-  return Start(backend, run_id.run_id, device, args, rets, attrs);
+  ffi::Error err = Start(backend, run_id.run_id, device, args, rets, attrs);
+  if (err.failure()) {
+    DrainFailedRun(backend, run_id.run_id, device, err.message());
+  }
+  return err;
 }
 
 // One landing buffer's arrivals on this device.
 ffi::Future AwaitLanding(int64_t run_id, int32_t device, const void* address,
                          const SyncAttrs& attrs) {
   auto f = FindWait<CpuBackend>(run_id, device, address, attrs.op_name);
-  if (!f.has_value()) return Failed(f.error());
+  if (!f.has_value()) {
+    return FailedSync(run_id, device,
+                      ExplainMiss<CpuBackend>(run_id, device, f.error()));
+  }
   const int64_t landing = f->landing;
   return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/false,
                [landing](Invocation<CpuBackend>& inv, int64_t rank) {
@@ -309,7 +336,10 @@ ffi::Future AwaitDone(int64_t run_id, int32_t device,
                       const std::vector<const void*>& keepalive,
                       const SyncAttrs& attrs) {
   auto f = FindDone<CpuBackend>(run_id, device, keepalive, attrs.op_name);
-  if (!f.has_value()) return Failed(f.error());
+  if (!f.has_value()) {
+    return FailedSync(run_id, device,
+                      ExplainMiss<CpuBackend>(run_id, device, f.error()));
+  }
   return Await(std::move(*f), device, attrs.timeout_ms, /*is_done=*/true,
                [](Invocation<CpuBackend>& inv, int64_t rank) {
                  return EventsOf(ReaderEvents(inv, rank));
@@ -323,7 +353,15 @@ ffi::Future SyncUntimed(ffi::RunId run_id, int32_t device,
                         ffi::RemainingArgs args, ffi::RemainingRets rets,
                         const SyncAttrs& attrs) {
   auto call = DecodeSync(args, rets, attrs);
-  if (!call.has_value()) return Failed(call.error());
+  if (!call.has_value()) {
+    return FailedSync(run_id.run_id, device, call.error());
+  }
+  if (auto why = SyncFault(device, !call->waits.empty(),
+                           !call->groups.empty(), attrs.op_name);
+      !why.empty()) {
+    return FailedSync(run_id.run_id, device,
+                      ffi::Error(ffi::ErrorCode::kUnavailable, why));
+  }
   std::vector<ffi::Future> parts;
   for (const void* address : call->waits) {
     parts.push_back(AwaitLanding(run_id.run_id, device, address, attrs));
@@ -369,7 +407,11 @@ ffi::Error ArmImpl(ffi::RunId run_id, int32_t device,
                    ffi::RemainingArgs /*like*/, ffi::RemainingRets rets,
                    ArmAttrs attrs) {
   CpuBackend backend;
-  return Arm(backend, run_id.run_id, device, rets, attrs);
+  ffi::Error err = Arm(backend, run_id.run_id, device, rets, attrs);
+  if (err.failure()) {
+    DrainFailedRun(backend, run_id.run_id, device, err.message());
+  }
+  return err;
 }
 
 }  // namespace

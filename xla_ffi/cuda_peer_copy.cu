@@ -22,6 +22,7 @@
 #include "ficco_ffi.h"
 #include "gpu_trace.h"
 #include "issuer.h"
+#include "peer_copy_drain.h"
 #include "peer_copy_plan.h"
 #include "peer_copy_protocol.h"
 #include "peer_copy_registry.h"
@@ -80,6 +81,12 @@ struct CudaBackend {
   ffi::Error ComputeWait(Event* e) {
     FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, e, 0));
     return ffi::Error::Success();
+  }
+
+  // XLA reuses a failed execution's buffers in compute-stream order. A
+  // failing wait here leaves nothing better to do: the handler fails anyway.
+  void DrainWait(Event* e, Clock::time_point /*deadline*/) {
+    (void)ComputeWait(e);
   }
 
   // The Side* calls and peer access act for any rank's device (the last
@@ -189,21 +196,36 @@ ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
   GpuTrace::Get().Stamp(device, stream, kTraceGpuStart);
-  return Start(backend, run_id.run_id, device, args, rets, attrs);
+  ffi::Error err = Start(backend, run_id.run_id, device, args, rets, attrs);
+  if (err.failure()) {
+    DrainFailedRun(backend, run_id.run_id, device, err.message());
+  }
+  return err;
 }
 
 ffi::Error SyncImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
                     ffi::RemainingArgs args, ffi::RemainingRets rets,
                     SyncAttrs attrs) {
-  auto call = DecodeSync(args, rets, attrs);
-  if (!call.has_value()) return call.error();
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
+  // A failing sync ends this device's execution once the copies of what it
+  // still had registered have ended (peer_copy_drain.h).
+  auto fail = [&](ffi::Error err) {
+    DrainFailedRun(backend, run_id.run_id, device, err.message());
+    return err;
+  };
+  auto call = DecodeSync(args, rets, attrs);
+  if (!call.has_value()) return fail(call.error());
+  if (auto why = SyncFault(device, !call->waits.empty(),
+                           !call->groups.empty(), attrs.op_name);
+      !why.empty()) {
+    return fail(ffi::Error(ffi::ErrorCode::kUnavailable, why));
+  }
   GpuTrace::Get().Stamp(device, stream, kTraceGpuSyncIn);
   ffi::Error err = BlockingSync(backend, run_id.run_id, device, *call, attrs);
   GpuTrace::Get().Stamp(device, stream, kTraceGpuSyncOut);
-  return err;
+  return err.failure() ? fail(std::move(err)) : err;
 }
 
 ffi::Error ArmImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
@@ -212,7 +234,11 @@ ffi::Error ArmImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
-  return Arm(backend, run_id.run_id, device, rets, attrs);
+  ffi::Error err = Arm(backend, run_id.run_id, device, rets, attrs);
+  if (err.failure()) {
+    DrainFailedRun(backend, run_id.run_id, device, err.message());
+  }
+  return err;
 }
 
 }  // namespace

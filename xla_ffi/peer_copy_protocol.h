@@ -625,7 +625,9 @@ ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
   const auto since = Clock::now();
   Trace(device, kTraceStartEnter, attrs.site);
   ffi::Error err = StartUntimed(backend, run_id, device, args, rets, attrs);
-  if (err.failure()) Registry<Backend>::Get().NoteFailure(device, run_id);
+  if (err.failure()) {
+    Registry<Backend>::Get().NoteFailure(device, run_id, err.message());
+  }
   Registry<Backend>::Get().stats().Add(kStartTotal, since);
   Trace(device, kTraceStartExit, attrs.site);
   return err;
@@ -749,8 +751,10 @@ ffi::Error Abandon(const std::shared_ptr<Invocation<Backend>>& inv,
   inv->cv.notify_all();
   for (auto& callback : dropped) callback();
   auto& registry = Registry<Backend>::Get();
+  // Noted first: a sibling sync of this execution that finds its entry
+  // dropped then reports this failure.
+  registry.NoteFailure(device, inv->key.run_id, message);
   registry.ForgetDevice(device, inv.get());
-  registry.NoteFailure(device, inv->key.run_id);
   if (forget) registry.Forget(inv->key, inv.get());
   return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, message);
 }

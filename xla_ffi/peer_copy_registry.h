@@ -22,8 +22,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -82,12 +84,33 @@ inline Clock::time_point DeadlineAfter(int64_t ms) {
 // Test hooks (diagnostics.cc), so that failure paths can be exercised: a
 // protocol step of one device fails at once. The steps, per transport:
 //   kFaultStart: rendezvous start, window start, push arm;
-//   kFaultWait:  window wait, push start;
-//   kFaultDone:  window done, push finish.
+//   kFaultWait:  rendezvous sync that waits for landing buffers, window
+//                wait, push start;
+//   kFaultDone:  rendezvous sync that ends invocations, window done, push
+//                finish.
+// The rendezvous transport's waits and dones are one handler, sync, which
+// may do both in one call: it fails under either hook then. A refused sync
+// fails before it takes any of its parts, so every registration of its
+// execution on that device is left to the failure path, as after an error
+// anywhere else in the program.
 inline constexpr int kFaultStart = 1, kFaultWait = 2, kFaultDone = 3;
 bool Faults(int32_t device, int step);
 // A rank that never arrives: its first step fails.
 inline bool NeverArrives(int32_t device) { return Faults(device, kFaultStart); }
+
+// The rendezvous sync's hook on `device` for a call that waits for landing
+// buffers (`waits`) and/or ends invocations (`ends`): the error message, or
+// "" if the hook lets it run.
+inline std::string SyncFault(int32_t device, bool waits, bool ends,
+                             std::string_view op_name) {
+  const char* step = waits && Faults(device, kFaultWait)  ? "wait"
+                     : ends && Faults(device, kFaultDone) ? "done"
+                                                          : nullptr;
+  if (step == nullptr) return "";
+  return "ficco peer copy sync of '" + std::string(op_name) + "' on device " +
+         std::to_string(device) + ": refused by the fault test hook (" +
+         step + ")";
+}
 
 // Order of enqueues on the side queues, process-wide: a queue's enqueues
 // come from one thread at a time (its device's thread, or the last arriver
@@ -278,8 +301,15 @@ class Registry {
   // First in first out per (device, run id, site): a scan arms and starts
   // one site many times under one run id, always in that order.
   void PushArmed(int32_t device, int64_t run_id, int64_t site, Armed a) {
-    std::lock_guard<SpinMutex> lock(mu_);
-    armed_[{device, run_id, site}].push_back(std::move(a));
+    {
+      std::lock_guard<SpinMutex> lock(mu_);
+      // No start of a failed execution takes it (NoteFailure).
+      if (!RunFailedLocked(device, run_id)) {
+        armed_[{device, run_id, site}].push_back(std::move(a));
+        return;
+      }
+    }
+    Backend::ReleaseEvent(device, a.ready);
   }
   bool PopArmed(int32_t device, int64_t run_id, int64_t site, Armed* out) {
     std::lock_guard<SpinMutex> lock(mu_);
@@ -317,12 +347,16 @@ class Registry {
   struct Joined {
     std::shared_ptr<Inv> inv;  // the invocation of the key
     // Non-empty: this rank must not join, because a stall on its devices
-    // makes them refuse starts for a while (stall_breaker.h); the reason.
+    // makes them refuse starts for a while (stall_breaker.h), or because
+    // its execution already failed on this device or on a peer's; the
+    // reason.
     std::string refused;
   };
 
   // Rank `rank` joins the invocation of `key` (created by the first rank
-  // to arrive), unless its group's devices refuse starts.
+  // to arrive), unless its group's devices refuse starts, or its own part
+  // of the execution or that of a rank yet to join already failed
+  // (NoteFailure).
   Joined Join(const Key& key, const std::shared_ptr<const Plan>& plan,
               int64_t row_bytes, int64_t rank) {
     std::lock_guard<SpinMutex> lock(mu_);
@@ -337,6 +371,31 @@ class Registry {
     }
     // A late arriver at an abandoned invocation fails at once anyway.
     if (j.inv->failed()) return j;
+    const auto device = static_cast<int32_t>(
+        plan->devices[key.group * plan->axis_size + rank]);
+    if (const Failure* f = FindFailureLocked(device, key.run_id)) {
+      j.refused = "not started: this device's part of the execution already"
+                  " failed in another copy-engine op" +
+                  (f->second.empty() ? "" : ": " + f->second);
+      return j;
+    }
+    // A peer that failed in this execution before joining never will: fail
+    // now rather than wait for it until the timeout.
+    if (!failed_runs_.empty()) {
+      const auto group = GroupOf(*plan, key.group);
+      for (size_t r = 0; r < group.size(); ++r) {
+        if (j.inv->joined[r]) continue;
+        const auto peer = static_cast<int32_t>(group[r]);
+        if (const Failure* f = FindFailureLocked(peer, key.run_id)) {
+          j.refused = "not started: rank " + std::to_string(r) +
+                      " (device " + std::to_string(peer) +
+                      ") of its group failed in this execution before"
+                      " reaching this op" +
+                      (f->second.empty() ? "" : ": " + f->second);
+          return j;
+        }
+      }
+    }
     const auto now = Clock::now();
     if (breaker_.MayRefuse(now)) {
       j.refused = breaker_.Refusal(GroupOf(*plan, key.group), now);
@@ -345,10 +404,83 @@ class Registry {
     return j;
   }
 
-  // `device`'s part of execution `run_id` failed in a handler.
-  void NoteFailure(int32_t device, int64_t run_id) {
+  // `device`'s part of execution `run_id` failed in a handler, saying
+  // `why` (kept where the first note had no message). That part starts no
+  // handler after it (an execution stops at its first error), though
+  // XLA:CPU may already be running others of it at once: its starts still
+  // under way are refused (Join) and register nothing (Register,
+  // PushArmed), and DropRun takes what it registered before. Keyed by the
+  // execution, not the site: on XLA:CPU executions of one program overlap
+  // on a device, so another execution's entries at the same site may still
+  // be waited for.
+  void NoteFailure(int32_t device, int64_t run_id, const std::string& why = "") {
     std::lock_guard<SpinMutex> lock(mu_);
     breaker_.NoteFailure(device, run_id);
+    auto& failed = failed_runs_[device];
+    auto it = std::find_if(failed.begin(), failed.end(),
+                           [&](const auto& f) { return f.first == run_id; });
+    if (it == failed.end()) {
+      failed.emplace_front(run_id, why);
+      if (failed.size() > kRunsKept) failed.pop_back();
+    } else if (it->second.empty()) {
+      it->second = why;
+    }
+  }
+
+  // Why `device`'s part of execution `run_id` failed (NoteFailure), or
+  // nullopt if it did not.
+  std::optional<std::string> RunFailure(int32_t device, int64_t run_id) {
+    std::lock_guard<SpinMutex> lock(mu_);
+    const auto* f = FindFailureLocked(device, run_id);
+    if (f == nullptr) return std::nullopt;
+    return f->second;
+  }
+
+  // A wait or done registration that DropRun took: `rank`'s wait for
+  // landing buffer `landing`, or its done (`landing` < 0).
+  struct Dropped {
+    std::shared_ptr<Inv> inv;
+    int64_t rank = 0;
+    int64_t landing = -1;
+  };
+
+  // Unregisters what `device` registered in execution `run_id`, which
+  // failed there (NoteFailure), and returns its waits and dones: their
+  // copies may still write this device's landing buffers or read its
+  // sources, which XLA frees once the failure surfaces, so the failing
+  // handler awaits them first where it can (peer_copy_drain.h).
+  std::vector<Dropped> DropRun(int32_t device, int64_t run_id) {
+    std::vector<Armed> disarmed;
+    std::vector<Dropped> dropped;
+    {
+      std::lock_guard<SpinMutex> lock(mu_);
+      const AddrKey from{device, run_id, 0}, to{device, run_id, UINTPTR_MAX};
+      for (auto* index : {&waits_, &dones_}) {
+        const auto first = index->lower_bound(from);
+        const auto last = index->upper_bound(to);
+        for (auto it = first; it != last; ++it) {
+          for (auto& [inv, n] : it->second) {
+            if (index == &dones_) {
+              dropped.push_back({inv, n, -1});
+              continue;
+            }
+            int64_t rank = 0;
+            while (inv->ranks[rank].device != device) ++rank;
+            dropped.push_back({inv, rank, n});
+          }
+        }
+        index->erase(first, last);
+      }
+      auto a = armed_.lower_bound({device, run_id, INT64_MIN});
+      while (a != armed_.end() && std::get<0>(a->first) == device &&
+             std::get<1>(a->first) == run_id) {
+        for (Armed& armed : a->second) disarmed.push_back(std::move(armed));
+        a = armed_.erase(a);
+      }
+    }
+    // Outside the lock: the pools take locks of their own.
+    for (const Armed& a : disarmed) Backend::ReleaseEvent(device, a.ready);
+    return dropped;
   }
 
   // For a timeout's message: where `device`, which never started an op of
@@ -395,10 +527,13 @@ class Registry {
   }
 
   // At start: wait finds the invocation by the address of a landing buffer,
-  // done by the address of sources[0].
+  // done by the address of sources[0]. Nothing for an execution that
+  // already failed on `device` (NoteFailure): its waits and done will not
+  // come.
   void Register(int32_t device, int64_t run_id,
                 const std::shared_ptr<Inv>& inv, int64_t rank) {
     std::lock_guard<SpinMutex> lock(mu_);
+    if (RunFailedLocked(device, run_id)) return;
     const auto& r = inv->ranks[rank];
     for (size_t b = 0; b < r.landings.size(); ++b) {
       waits_[{device, run_id, Addr(r.landings[b])}].push_back(
@@ -471,6 +606,20 @@ class Registry {
 
   static uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
+  using Failure = std::pair<int64_t, std::string>;  // run id, why
+
+  const Failure* FindFailureLocked(int32_t device, int64_t run_id) const {
+    auto it = failed_runs_.find(device);
+    if (it == failed_runs_.end()) return nullptr;
+    for (const Failure& f : it->second) {
+      if (f.first == run_id) return &f;
+    }
+    return nullptr;
+  }
+  bool RunFailedLocked(int32_t device, int64_t run_id) const {
+    return FindFailureLocked(device, run_id) != nullptr;
+  }
+
   static bool KeepsForwardedAlive(const Inv& inv, int64_t rank,
                                   const std::vector<const void*>& keepalive) {
     const auto& r = inv.ranks[rank];
@@ -525,6 +674,9 @@ class Registry {
                      std::deque<std::pair<int64_t,
                                           std::unordered_map<int64_t, int64_t>>>>
       seqs_;
+  // Per device, its most recent executions that failed in a handler
+  // (NoteFailure); older ones have long stopped running handlers.
+  std::unordered_map<int32_t, std::deque<Failure>> failed_runs_;
   StallBreaker breaker_;
 };
 

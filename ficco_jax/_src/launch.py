@@ -89,9 +89,9 @@ def launch(argv: Sequence[str], num_processes: int, *,
     env: extra environment for every process.
 
   Returns:
-    0 when every process exited 0; otherwise the first failure's code (124
-    for the time limit, 128 + the signal for a launcher that was
-    interrupted).
+    0 when every process exited 0; otherwise the first failure's code (128
+    + the signal for a process killed by one, 124 for the time limit, 128 +
+    the signal for a launcher that was interrupted).
   """
   if num_processes < 1:
     raise ValueError(f"{num_processes=} must be >= 1.")
@@ -152,9 +152,10 @@ def _supervise(workers: list[_Worker], timeout_s: float,
       w, code = failed[0]
       _stop(workers)
       w.drain()
-      _say(f"process {w.pid} exited with code {code}; stopped the others."
+      _say(f"process {w.pid} {_ending(code)}; stopped the others."
            + (" Its last lines:\n  " + "\n  ".join(w.tail) if w.tail else ""))
-      return code
+      # A shell's code for a process killed by a signal.
+      return code if code > 0 else 128 - code
     if all(c == 0 for c in codes):
       for w in workers:
         w.drain()
@@ -167,6 +168,17 @@ def _supervise(workers: list[_Worker], timeout_s: float,
            f" (still running: {[w.pid for w, c in zip(workers, codes) if c is None]}).")
       return 124
     time.sleep(0.05)
+
+
+def _ending(code: int) -> str:
+  """How a process ended, from its `Popen.returncode`."""
+  if code >= 0:
+    return f"exited with code {code}"
+  try:
+    name = f" ({signal.Signals(-code).name})"
+  except ValueError:
+    name = ""
+  return f"was killed by signal {-code}{name}"
 
 
 def _stop(workers: list[_Worker]) -> None:
@@ -213,7 +225,11 @@ def initialize_from_env() -> None:
   uncaught exception prints its traceback and exits at once with code 1
   (without the distributed shutdown barrier, which would hold it until its
   peers leave, so the launcher would not see it fail), and a normal exit
-  shuts the distributed client down.
+  shuts the distributed client down. And SIGTERM ends it at once again:
+  `jax.distributed.initialize` makes SIGTERM a preemption notice, which a
+  process blocked in an op whose peer died never acts on, so the launcher
+  stopping the job would wait for its SIGKILL; under the launcher SIGTERM
+  only ever means that the job is being stopped.
   """
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -230,6 +246,8 @@ def initialize_from_env() -> None:
                       int(os.environ.get(ENV_LOCAL_DEVICES, "1")))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator, num_processes=n, process_id=pid)
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
   def fail_fast(kind, value, tb):
     traceback.print_exception(kind, value, tb)

@@ -355,16 +355,18 @@ def set_never_arrive(device_ordinal: int) -> None:
 
 
 # Protocol steps of the fault hook, per transport: "start" is the
-# rendezvous and window start and the push arm; "wait" the window wait and
-# the push start; "done" the window done and the push finish.
+# rendezvous and window start and the push arm; "wait" the rendezvous sync
+# that waits for landing buffers, the window wait and the push start;
+# "done" the rendezvous sync that ends invocations, the window done and the
+# push finish.
 FAULT_STEPS = ("start", "wait", "done")
 
 
 def set_fault(device_ordinal: int, step: str) -> None:
   """Test hook: the handlers of protocol ``step`` (`FAULT_STEPS`) on this
   device fail at once, as a rank that raises there would. The rendezvous
-  transport has the hook at its start only (its waits and dones are one
-  sync handler): "wait" and "done" leave it untouched."""
+  transport's waits and dones are one handler, sync: a sync that does both
+  fails under either step."""
   if step not in FAULT_STEPS:
     raise ValueError(f"step={step!r} must be one of {FAULT_STEPS}.")
   _library().FiccoTestSetFault(device_ordinal, FAULT_STEPS.index(step) + 1)
