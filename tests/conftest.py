@@ -16,6 +16,11 @@ _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
+# On GPUs, allocate as needed rather than 75% of each GPU up front: the
+# multi-process and thread tests start fresh interpreters that need memory
+# on the same GPUs while this process holds what earlier tests left.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import jax  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 

@@ -50,6 +50,11 @@ def _sub_jaxprs(params):
         yield v
 
 
+def _is_ref(v):
+  return (not isinstance(v, jcore.Literal)
+          and hasattr(getattr(v, "aval", None), "inner_aval"))
+
+
 def _starts_read(jaxpr, in_sites, unordered):
   """The start sites each output of ``jaxpr`` is computed from, given those
   of its inputs; appends to ``unordered`` the (site, op) of every done whose
@@ -58,7 +63,10 @@ def _starts_read(jaxpr, in_sites, unordered):
   An optimization barrier passes each operand to its own result only: it
   ties values together in the schedule XLA plans, but XLA:CPU runs the
   compiled program without it. Nested jaxprs (shard_map, custom_vjp, scan,
-  pallas_call) see every input of their equation.
+  pallas_call) see every input of their equation. An equation that takes a
+  mutable ref may write it (the Hopper kernel writes ``out`` in place
+  through one, and ``jax.freeze`` reads it after): the ref then carries
+  everything the equation read, as the aliased buffer does once lowered.
   """
   sites = dict(zip(jaxpr.invars, in_sites))
   read = lambda v: (frozenset() if isinstance(v, jcore.Literal)
@@ -79,6 +87,9 @@ def _starts_read(jaxpr, in_sites, unordered):
         unordered += [(s, eqn.params["op_name"])
                       for s in eqn.params["done_sites"] if s not in every]
       outs = [every | inner] * len(eqn.outvars)
+      for v in eqn.invars:
+        if _is_ref(v):
+          sites[v] = every | inner
     sites.update(zip(eqn.outvars, outs))
   return [read(v) for v in jaxpr.outvars]
 
@@ -173,13 +184,27 @@ def test_the_order_check_sees_a_done_before_its_start():
     waited = peer_copy.sync([(b, site) for b in landings], [], **kw)[0]
     return done + waited.sum()
 
+  def through_ref(x, ordered):
+    # As the Hopper kernel's in-place write: the done's operand is a frozen
+    # ref that an equation reading the landing buffer wrote.
+    plan = pieces.group_plan(p, x.shape[0], (1,))
+    site = peer_copy.new_site()
+    landings = peer_copy.start([x], plan, site=site, **kw)
+    (waited,) = peer_copy.sync([(b, site) for b in landings], [], **kw)
+    ref = jax.new_ref(jnp.zeros_like(x))
+    if ordered:
+      ref[...] = waited
+    out = jax.freeze(ref)
+    return peer_copy.sync([], [([x], site)], out=out + x, **kw)[0]
+
   x = jax.ShapeDtypeStruct((p * 8, 4), np.float32,
                            sharding=NamedSharding(mesh, P("x")))
-  for ordered in (True, False):
-    f = jax.shard_map(functools.partial(body, ordered=ordered), mesh=mesh,
-                      in_specs=P("x"), out_specs=P("x"), check_vma=False)
-    found = _unordered_dones(f, x)
-    assert bool(found) != ordered, (ordered, found)
+  for fn in (body, through_ref):
+    for ordered in (True, False):
+      f = jax.shard_map(functools.partial(fn, ordered=ordered), mesh=mesh,
+                        in_specs=P("x"), out_specs=P("x"), check_vma=False)
+      found = _unordered_dones(f, x)
+      assert bool(found) != ordered, (fn.__name__, ordered, found)
 
 
 def _epilogue_program(mesh, chunks, transport):
