@@ -114,12 +114,16 @@ def test_a_rank_that_fails_at_a_step_ends_the_call_and_the_next_works(
     assert util.library_entries_after("cpu") == 0
 
 
-def test_failed_rendezvous_syncs_leave_no_copy_behind():
+@pytest.mark.parametrize("transport,calls", [("rendezvous", 30),
+                                             ("window", 12)])
+def test_failed_syncs_leave_no_copy_behind(transport, calls):
   """A sync that fails while its execution's copies still run: before the
   error surfaces (and XLA frees the buffers), the copies into and out of
   that device's buffers end, so none lands in memory that a later call
-  owns (on the CPU twin: heap corruption, or a wrong result)."""
-  op, label, _ = CASES["rendezvous"]
+  owns (on the CPU twin: heap corruption, or a wrong result). A failed
+  window call poisons its window: the program is lowered afresh after
+  each, as its error says."""
+  op, label, _ = CASES[transport]
   mesh = util.tp_mesh()
   last = mesh.devices.size - 1
   f = _program(mesh, op, label)
@@ -127,18 +131,23 @@ def test_failed_rendezvous_syncs_leave_no_copy_behind():
   platform = util.platform_name()
   ordinal = windows.handler_ordinal(mesh.devices.flat[last],
                                     library.platform_id(platform))
-  for i in range(30):
+  for i in range(calls):
     args, _, _ = _inputs(mesh, op, rng)
     with util.failing_at(ordinal, ("wait", "done")[i % 2]):
       with pytest.raises(Exception) as info:
         jax.block_until_ready(f(*args))
     message = str(info.value)
     assert "test hook" in message or f"rank {last}" in message, message
+    if transport == "window":
+      time.sleep(TIMEOUT_S + 0.5)  # Every peer has given up.
+      jax.clear_caches()
+      f = _program(mesh, op, label)
     args, ref, dtype = _inputs(mesh, op, rng)
     assert util.rel_err(f(*args), ref) < util.tol(dtype), i
   if platform == "cpu":
     assert util.library_entries_after("cpu") == 0
     assert util.live_invocations_after("cpu") == 0
+  assert util.window_entries_after(platform) == 0
 
 
 def test_fault_steps_are_checked():

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -127,6 +128,9 @@ struct CpuWindowBackend {
       const auto deadline = DeadlineAfter(ms);
       auto nap = std::chrono::microseconds(1);
       while (!Reached(addr, value)) {
+        // A failed invocation skips its copies: stop waiting for them too,
+        // so its queues drain at once (`WhenSettled`).
+        if (inv->failed()) return;
         if (Clock::now() >= deadline) {
           return inv->Fail(inv->where + ": waited more than " +
                            std::to_string(ms) + " ms for " + who + Late(*inv));
@@ -192,6 +196,75 @@ ffi::Future Failed(ffi::Error error) {
   return future;
 }
 
+// Runs `then` on the device's completion thread once every event of `inv`
+// is set, or after twice the op's timeout. A wait or done that fails hands
+// its error to XLA, which then frees the execution's buffers: the
+// invocation's copies must have ended first (failed, it skips the rest),
+// or one could still write a landing buffer or read a source that a later
+// call owns.
+void WhenSettled(int32_t device, const std::shared_ptr<Inv>& inv,
+                 std::function<void()> then) {
+  struct Settle {
+    std::mutex mu;
+    int64_t remaining = 0;
+    bool fired = false;
+    Watchdog::Timer timer;
+    std::function<void()> then;
+  };
+  auto st = std::make_shared<Settle>();
+  st->then = std::move(then);
+  std::vector<CpuEvent*> events;
+  for (CpuEvent* e : inv->AllEvents()) {
+    if (e != nullptr) events.push_back(e);
+  }
+  auto fire = [st, device] {
+    std::function<void()> then;
+    Watchdog::Timer t;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->fired) return;
+      st->fired = true;
+      then = std::move(st->then);
+      t = st->timer;
+    }
+    Watchdog::Get().Cancel(t);
+    Completer(device).Push(std::move(then));
+  };
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->remaining = static_cast<int64_t>(events.size()) + 1;
+  }
+  const auto timer = Watchdog::Get().At(
+      DeadlineAfter(2 * inv->plan.timeout_ms), fire);
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->timer = timer;
+  }
+  auto one_less = [st, fire](CpuEvent::State) {
+    bool last;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      last = --st->remaining == 0;
+    }
+    if (last) fire();
+  };
+  for (CpuEvent* e : events) e->OnSet(one_less);
+  one_less(CpuEvent::kOk);  // The registrations above are done.
+}
+
+// The failure of a wait or done that found its invocation: fails it (its
+// queued copies are skipped) and completes once they have ended.
+ffi::Future FailSettled(int32_t device, const std::shared_ptr<Inv>& inv,
+                        ffi::Error error) {
+  inv->Fail(inv->where + ": " + error.message());
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  WhenSettled(device, inv, [promise, error]() mutable {
+    promise.SetError(error);
+  });
+  return future;
+}
+
 // Completes once every event is set, with an error if one failed or the
 // deadline passed first. Exactly once; off the handler's thread unless it
 // is already decided inside the handler (XLA continues the device's
@@ -230,6 +303,13 @@ struct Await : std::enable_shared_from_this<Await> {
         self->promise.SetError(ffi::Error(ffi::ErrorCode::kDeadlineExceeded, why));
       }
     };
+    if (!ok && held) {
+      // XLA frees the execution's buffers once it sees the error: let the
+      // invocation's copies end first.
+      held->Fail(why);
+      WhenSettled(device, held, std::move(complete));
+      return;
+    }
     if (inline_now) {
       complete();
     } else {
@@ -309,13 +389,15 @@ ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
   if (buf.untyped_data() != out->untyped_data()) {
     return Failed(ffi::Error::Internal("ficco window wait: output not aliased"));
   }
-  if (Faults(device, kFaultWait)) {
-    return Failed(ffi::Error(ffi::ErrorCode::kUnavailable,
-                             WindowWho("wait", attrs.op_name, device) +
-                                 ": refused by the fault test hook"));
-  }
   auto [inv, landing] = WindowIndex<CpuWindowBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
+  if (Faults(device, kFaultWait)) {
+    ffi::Error refused(ffi::ErrorCode::kUnavailable,
+                       WindowWho("wait", attrs.op_name, device) +
+                           ": refused by the fault test hook");
+    return inv ? FailSettled(device, inv, std::move(refused))
+               : Failed(std::move(refused));
+  }
   if (!inv) {
     return Failed(WindowMissError<CpuWindowBackend>(attrs.window, "wait",
                                                     attrs.op_name, device));
@@ -334,15 +416,17 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
   if (out_in.untyped_data() != out->untyped_data()) {
     return Failed(ffi::Error::Internal("ficco window done: output not aliased"));
   }
-  if (Faults(device, kFaultDone)) {
-    return Failed(ffi::Error(ffi::ErrorCode::kUnavailable,
-                             WindowWho("done", attrs.op_name, device) +
-                                 ": refused by the fault test hook"));
-  }
   auto first = keepalive.get<ffi::AnyBuffer>(0);
   if (!first.has_value()) return Failed(first.error());
   auto inv = WindowIndex<CpuWindowBackend>::Get().TakeDone(
       attrs.window, device, first->untyped_data());
+  if (Faults(device, kFaultDone)) {
+    ffi::Error refused(ffi::ErrorCode::kUnavailable,
+                       WindowWho("done", attrs.op_name, device) +
+                           ": refused by the fault test hook");
+    return inv ? FailSettled(device, inv, std::move(refused))
+               : Failed(std::move(refused));
+  }
   if (!inv) {
     return Failed(WindowMissError<CpuWindowBackend>(attrs.window, "done",
                                                     attrs.op_name, device));
