@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -377,6 +378,17 @@ ffi::Future AwaitEvents(int32_t device, const std::shared_ptr<Inv>& inv,
   return future;
 }
 
+// A wait or done that the fault test hook refuses: it fails the invocation
+// it found, as any failing wait or done does (FailSettled).
+ffi::Future Refused(int32_t device, const std::shared_ptr<Inv>& inv,
+                    std::string_view phase, std::string_view op) {
+  ffi::Error refused(ffi::ErrorCode::kUnavailable,
+                     WindowWho(phase, op, device) +
+                         ": refused by the fault test hook");
+  return inv ? FailSettled(device, inv, std::move(refused))
+             : Failed(std::move(refused));
+}
+
 ffi::Error StartImpl(ffi::RunId run_id, int32_t device,
                      ffi::RemainingArgs args, ffi::RemainingRets rets,
                      WindowStartAttrs attrs) {
@@ -392,11 +404,7 @@ ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
   auto [inv, landing] = WindowIndex<CpuWindowBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
   if (Faults(device, kFaultWait)) {
-    ffi::Error refused(ffi::ErrorCode::kUnavailable,
-                       WindowWho("wait", attrs.op_name, device) +
-                           ": refused by the fault test hook");
-    return inv ? FailSettled(device, inv, std::move(refused))
-               : Failed(std::move(refused));
+    return Refused(device, inv, "wait", attrs.op_name);
   }
   if (!inv) {
     return Failed(WindowMissError<CpuWindowBackend>(attrs.window, "wait",
@@ -421,11 +429,7 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
   auto inv = WindowIndex<CpuWindowBackend>::Get().TakeDone(
       attrs.window, device, first->untyped_data());
   if (Faults(device, kFaultDone)) {
-    ffi::Error refused(ffi::ErrorCode::kUnavailable,
-                       WindowWho("done", attrs.op_name, device) +
-                           ": refused by the fault test hook");
-    return inv ? FailSettled(device, inv, std::move(refused))
-               : Failed(std::move(refused));
+    return Refused(device, inv, "done", attrs.op_name);
   }
   if (!inv) {
     return Failed(WindowMissError<CpuWindowBackend>(attrs.window, "done",

@@ -228,37 +228,47 @@ inline std::string WindowMiss(std::string_view phase, std::string_view op,
     if (::xla::ffi::Error _e = (expr); _e.failure()) return _e; \
   } while (0)
 
-// Bounded host wait until rank q's host word `which` reaches epoch e
-// (cyclic comparison); spins briefly, then naps.
-inline ffi::Error HostWait(const Window& w, int64_t q, int64_t which,
-                           uint32_t e, int64_t timeout_ms,
-                           const std::string& where) {
-  const uint32_t* word = w.peer_host[q] + which;
-  auto reached = [&] {
-    return static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - e) >=
-           0;
-  };
-  if (reached()) return ffi::Error::Success();
+// Polls `reached` until it holds (true) or `timeout_ms` passes (false):
+// yields for 300 us, then naps, since what it waits for is another host
+// thread, usually microseconds away.
+template <class Pred>
+bool SpinThenNap(Pred reached, int64_t timeout_ms) {
+  if (reached()) return true;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout_ms);
   const auto spin_until = start + std::chrono::microseconds(300);
   while (!reached()) {
     const auto now = Clock::now();
-    if (now >= deadline) {
-      const std::string rank = RankName(w, q);
-      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                        where + ": waited more than " +
-                            std::to_string(timeout_ms) + " ms for " + rank +
-                            " to issue epoch " + std::to_string(e) + "; " +
-                            NeverSignalled(rank));
-    }
+    if (now >= deadline) return false;
     if (now < spin_until) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  return ffi::Error::Success();
+  return true;
+}
+
+// Bounded host wait until rank q's host word `which` reaches epoch e
+// (cyclic comparison).
+inline ffi::Error HostWait(const Window& w, int64_t q, int64_t which,
+                           uint32_t e, int64_t timeout_ms,
+                           const std::string& where) {
+  const uint32_t* word = w.peer_host[q] + which;
+  if (SpinThenNap(
+          [&] {
+            return static_cast<int32_t>(
+                       __atomic_load_n(word, __ATOMIC_ACQUIRE) - e) >= 0;
+          },
+          timeout_ms)) {
+    return ffi::Error::Success();
+  }
+  const std::string rank = RankName(w, q);
+  return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                    where + ": waited more than " +
+                        std::to_string(timeout_ms) + " ms for " + rank +
+                        " to issue epoch " + std::to_string(e) + "; " +
+                        NeverSignalled(rank));
 }
 
 inline void HostPublish(const Window& w, int64_t which, uint32_t e) {
@@ -562,28 +572,15 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
 template <class B>
 ffi::Error AwaitIssued(WindowInvocation<B>& inv, const std::string& who) {
   auto state = [&] { return inv.issue_state.load(std::memory_order_acquire); };
-  if (state() == 0) {
-    // The issuer's own host waits are bounded by timeout_ms; this bound
-    // only guards against an issuer stuck behind an earlier invocation's.
-    const auto start = Clock::now();
-    const auto deadline =
-        start + std::chrono::milliseconds(2 * inv.plan.timeout_ms);
-    const auto spin_until = start + std::chrono::microseconds(300);
-    while (state() == 0) {
-      const auto now = Clock::now();
-      if (now >= deadline) {
-        const std::string why =
-            who + ": the copies of " + inv.where + " were not enqueued within " +
-            std::to_string(2 * inv.plan.timeout_ms) + " ms";
-        inv.Fail(why);
-        return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, why);
-      }
-      if (now < spin_until) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
+  // The issuer's own host waits are bounded by timeout_ms; this bound only
+  // guards against an issuer stuck behind an earlier invocation's.
+  const int64_t bound_ms = 2 * inv.plan.timeout_ms;
+  if (!SpinThenNap([&] { return state() != 0; }, bound_ms)) {
+    const std::string why = who + ": the copies of " + inv.where +
+                            " were not enqueued within " +
+                            std::to_string(bound_ms) + " ms";
+    inv.Fail(why);
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, why);
   }
   if (state() == kIssueFailed) {
     std::lock_guard<std::mutex> lock(inv.mu);
