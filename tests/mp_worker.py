@@ -32,6 +32,11 @@
   mode "alternate": an all-gather matmul and a reduce-scatter matmul, both
                 comm="dma", alternate for $FICCO_TEST_CALLS calls on inputs
                 that change every call, each result checked.
+  mode "threads": in every process, two host threads dispatch those two
+                programs concurrently (unsupported: docs/protocol.md,
+                "Several dispatching threads"); every call must end, right
+                or with an error that says what to do, and the programs,
+                lowered afresh, must work from one thread afterwards.
 
 """
 
@@ -87,6 +92,90 @@ def _dma_all_gather(mesh, x, w, timeout_s):
                P(None, "x"), Schedule(dataflow="direct", comm="dma"),
                timeout_s=timeout_s)
   return f, (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w))
+
+
+# What a call dispatched from two threads may fail with: the timeout that
+# names the ranks that never signalled, the poisoned window's advice, or the
+# advice to dispatch from one thread.
+CLEAR = ("never signalled", "clear_caches", "dispatch them from one thread")
+
+
+def _threads(mesh, rng, x, w, h, w2) -> int:
+  """Mode "threads" (see the module docstring); prints its counts."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  calls, depth = int(os.environ.get("FICCO_TEST_CALLS", "60")), 8
+
+  def programs():
+    dma = Schedule(dataflow="direct", comm="dma")
+    return {
+        "all_gather_matmul": (
+            _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+                     P(None, "x"), dma, timeout_s=2.0),
+            (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w)),
+            x.astype(np.float64) @ w),
+        "matmul_reduce_scatter": (
+            _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"),
+                     P("x"), P("x"), dma, timeout_s=2.0),
+            (_global(mesh, P(None, "x"), h), _global(mesh, P("x"), w2)),
+            h.astype(np.float64) @ w2),
+    }
+
+  def outcome(out, ref):
+    try:
+      if isinstance(out, Exception):
+        raise out
+      _check(out, ref)
+      return "right"
+    except AssertionError as e:
+      return f"wrong result: {e}"
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      return ("clear: " + str(e)[:1500] if any(c in str(e) for c in CLEAR)
+              else str(e)[:2000])
+
+  jobs = programs()
+  for f, args, ref in jobs.values():  # Compiled before the threads start.
+    assert outcome(f(*args), ref) == "right"
+  report = {name: {"right": 0, "clear": 0, "other": []} for name in jobs}
+  barrier = threading.Barrier(len(jobs))
+
+  def dispatch(name):
+    f, args, ref = jobs[name]
+    barrier.wait()
+    pending = []
+    for i in range(calls):
+      try:
+        pending.append(f(*args))
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        pending.append(e)
+      if len(pending) == depth or i == calls - 1:
+        for out in pending:
+          o = outcome(out, ref)
+          if o == "right" or o.startswith("clear"):
+            report[name][o.split(":")[0]] += 1
+          else:
+            report[name]["other"].append(o)
+        pending.clear()
+
+  threads = [threading.Thread(target=dispatch, args=(n,)) for n in jobs]
+  t0 = time.monotonic()
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  elapsed = time.monotonic() - t0
+  print(f"threads: {report} in {elapsed:.1f} s", flush=True)
+  for name, counts in report.items():
+    assert counts["right"] + counts["clear"] == calls, (name, counts)
+  # Once every process is here (each peer has given up by then), from one
+  # thread, on fresh windows, both programs are right again.
+  multihost_utils.sync_global_devices("threads done")
+  jax.clear_caches()
+  for name, (f, args, ref) in programs().items():
+    got = outcome(f(*args), ref)
+    assert got == "right", (name, got)
+  print("threads: right from one thread afterwards", flush=True)
+  return 0
 
 
 def main(mode: str) -> int:
@@ -286,6 +375,8 @@ def main(mode: str) -> int:
       _check(out_rs, hs[k].astype(np.float64) @ w2)
     print(f"alternate: {calls // 2 * 2} calls checked", flush=True)
     return 0
+  if mode == "threads":
+    return _threads(mesh, rng, x, w, h, w2)
   if mode == "sleep":
     import signal  # pylint: disable=g-import-not-at-top
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

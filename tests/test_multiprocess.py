@@ -195,6 +195,19 @@ def test_two_programs_alternate_across_processes():
                  timeout_s=120) == 0
 
 
+def test_two_threads_per_process_end_right_or_with_a_clear_error(capfd):
+  # mp_worker counts each call of two threads per process as right or as
+  # failed with an error that says what to do, exits 0 only if none is
+  # anything else and both programs work from one thread afterwards; a hang
+  # shows as the launcher's timeout.
+  t0 = time.monotonic()
+  assert _launch("threads", env=dict(FICCO_TEST_CALLS="60"),
+                 timeout_s=240) == 0
+  out = capfd.readouterr().out
+  assert "right from one thread afterwards" in out, out[-4000:]
+  print(f"two threads per process: {time.monotonic() - t0:.1f} s")
+
+
 def test_launch_checks_its_arguments():
   with pytest.raises(ValueError, match="num_processes=0 must be >= 1"):
     launch.launch([WORKER, "ops"], 0, gpus=0)

@@ -35,7 +35,7 @@ def _rss_mib() -> float:
     return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _programs(mesh):
+def _programs(mesh, kind):
   def ag(label):
     return jax.jit(jax.shard_map(
         functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
@@ -48,13 +48,23 @@ def _programs(mesh):
                           schedule=Schedule.from_short(label)),
         mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x")))
 
-  return [("ag", ag("direct/c2/dma/xla/rendezvous")),
-          ("rs", rs("direct/c1/dma/xla/rendezvous")),
-          ("ag", ag("direct/c2/dma/xla/window")),
-          ("rs", rs("direct/c1/dma/xla/window"))]
+  if kind == "xla":  # XLA's collectives: jax's own growth, for reference.
+    return [("ag", ag("direct/c2/xla")), ("rs", rs("direct/c1/xla"))]
+  transports = ("rendezvous", "window") if kind == "both" else (kind,)
+  return [p for t in transports
+          for p in (("ag", ag(f"direct/c2/dma/xla/{t}")),
+                    ("rs", rs(f"direct/c1/dma/xla/{t}")))]
 
 
-def test_memory_is_flat_over_many_calls():
+# "both" interleaves the two copy-engine transports; on GPUs each transport
+# alone and XLA's own collectives also run, to tell whose any growth is.
+@pytest.mark.parametrize("kind", [
+    "both",
+    pytest.param("rendezvous", marks=pytest.mark.gpu),
+    pytest.param("window", marks=pytest.mark.gpu),
+    pytest.param("xla", marks=pytest.mark.gpu),
+])
+def test_memory_is_flat_over_many_calls(kind):
   mesh = util.mesh((2,), ("x",))
   platform = mesh.devices.flat[0].platform
   calls = 100_000 if platform == "cpu" else 10_000
@@ -67,7 +77,7 @@ def test_memory_is_flat_over_many_calls():
       "rs": (jax.device_put(x, NamedSharding(mesh, P(None, "x"))),
              jax.device_put(w, NamedSharding(mesh, P("x")))),
   }
-  programs = _programs(mesh)
+  programs = _programs(mesh, kind)
 
   def run(n):
     out = {}
@@ -94,7 +104,7 @@ def test_memory_is_flat_over_many_calls():
   elapsed = time.monotonic() - start
   growth = _rss_mib() - before
   device_growth = device_mib() - device_before
-  print(f"{calls} calls on {platform} in {elapsed:.1f} s: RSS"
+  print(f"{kind}: {calls} calls on {platform} in {elapsed:.1f} s: RSS"
         f" {before:.1f} -> {middle:.1f} -> {before + growth:.1f} MiB, device"
         f" memory {device_growth:+.2f} MiB")
   assert growth <= MAX_GROWTH_MIB, (

@@ -6,6 +6,7 @@
 // finish return futures, as in the rendezvous twin (XLA:CPU's handler pool
 // is small).
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -65,13 +66,14 @@ struct CpuWindowBackend {
   static constexpr bool kFlagsMustAlias = false;
   static constexpr bool kNamesWaits = true;
 
-  // "; never signalled: rank 2 (device 2)" when some peer is late: the
-  // window's header is host memory here, so any timeout can name who is.
+  // A timeout's tail: "; never signalled: rank 2 (device 2) ..." when some
+  // peer is late (the window's header is host memory here, so any timeout
+  // can name who is), else what this device's copies queued behind.
   static std::string Late(const WindowInvocation<CpuWindowBackend>& inv) {
     const std::string missing = Unsignalled(
         *inv.win, reinterpret_cast<const uint32_t*>(inv.win->base), inv.epoch,
         inv.freed_lag);
-    return missing.empty() ? "" : "; " + NeverSignalled(missing);
+    return "; " + (missing.empty() ? QueuedBehind(inv) : NeverSignalled(missing));
   }
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
@@ -197,13 +199,13 @@ ffi::Future Failed(ffi::Error error) {
   return future;
 }
 
-// Runs `then` on the device's completion thread once every event of `inv`
-// is set, or after twice the op's timeout. A wait or done that fails hands
-// its error to XLA, which then frees the execution's buffers: the
-// invocation's copies must have ended first (failed, it skips the rest),
-// or one could still write a landing buffer or read a source that a later
-// call owns.
-void WhenSettled(int32_t device, const std::shared_ptr<Inv>& inv,
+// Runs `then` on the device's completion thread once every event of the
+// invocations in `run` is set, or after twice their op's timeout. A wait or
+// done that fails hands its error to XLA, which then frees the execution's
+// buffers: the copies of every invocation that execution started here must
+// have ended first (failed, they skip the rest), or one could still write a
+// landing buffer or read a source that a later call owns.
+void WhenSettled(int32_t device, std::vector<std::shared_ptr<Inv>> run,
                  std::function<void()> then) {
   struct Settle {
     std::mutex mu;
@@ -211,13 +213,19 @@ void WhenSettled(int32_t device, const std::shared_ptr<Inv>& inv,
     bool fired = false;
     Watchdog::Timer timer;
     std::function<void()> then;
+    std::vector<std::shared_ptr<Inv>> run;  // Their events stay theirs.
   };
   auto st = std::make_shared<Settle>();
   st->then = std::move(then);
   std::vector<CpuEvent*> events;
-  for (CpuEvent* e : inv->AllEvents()) {
-    if (e != nullptr) events.push_back(e);
+  int64_t timeout_ms = 0;
+  for (const auto& inv : run) {
+    timeout_ms = std::max(timeout_ms, inv->plan.timeout_ms);
+    for (CpuEvent* e : inv->AllEvents()) {
+      if (e != nullptr) events.push_back(e);
+    }
   }
+  st->run = std::move(run);
   auto fire = [st, device] {
     std::function<void()> then;
     Watchdog::Timer t;
@@ -229,14 +237,17 @@ void WhenSettled(int32_t device, const std::shared_ptr<Inv>& inv,
       t = st->timer;
     }
     Watchdog::Get().Cancel(t);
-    Completer(device).Push(std::move(then));
+    Completer(device).Push([st, then = std::move(then)] {
+      then();
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->run.clear();
+    });
   };
   {
     std::lock_guard<std::mutex> lock(st->mu);
     st->remaining = static_cast<int64_t>(events.size()) + 1;
   }
-  const auto timer = Watchdog::Get().At(
-      DeadlineAfter(2 * inv->plan.timeout_ms), fire);
+  const auto timer = Watchdog::Get().At(DeadlineAfter(2 * timeout_ms), fire);
   {
     std::lock_guard<std::mutex> lock(st->mu);
     st->timer = timer;
@@ -253,14 +264,16 @@ void WhenSettled(int32_t device, const std::shared_ptr<Inv>& inv,
   one_less(CpuEvent::kOk);  // The registrations above are done.
 }
 
-// The failure of a wait or done that found its invocation: fails it (its
-// queued copies are skipped) and completes once they have ended.
+// The failure of a wait or done that found its invocation: fails it and the
+// other invocations its execution started here (their queued copies are
+// skipped) and completes once their copies have ended.
 ffi::Future FailSettled(int32_t device, const std::shared_ptr<Inv>& inv,
                         ffi::Error error) {
-  inv->Fail(inv->where + ": " + error.message());
+  auto run = WindowIndex<CpuWindowBackend>::Get().FailRun(
+      inv, inv->where + ": " + std::string(error.message()));
   ffi::Promise promise;
   ffi::Future future(promise);
-  WhenSettled(device, inv, [promise, error]() mutable {
+  WhenSettled(device, std::move(run), [promise, error]() mutable {
     promise.SetError(error);
   });
   return future;
@@ -306,9 +319,10 @@ struct Await : std::enable_shared_from_this<Await> {
     };
     if (!ok && held) {
       // XLA frees the execution's buffers once it sees the error: let the
-      // invocation's copies end first.
-      held->Fail(why);
-      WhenSettled(device, held, std::move(complete));
+      // copies of every invocation it started here end first.
+      WhenSettled(device,
+                  WindowIndex<CpuWindowBackend>::Get().FailRun(held, why),
+                  std::move(complete));
       return;
     }
     if (inline_now) {

@@ -286,8 +286,7 @@ class Watchdog {
     const std::string why =
         inv.where + ": timed out after " +
         std::to_string(inv.plan.timeout_ms) + " ms; " +
-        (missing.empty() ? std::string("the copies did not finish")
-                         : NeverSignalled(missing));
+        (missing.empty() ? QueuedBehind(inv) : NeverSignalled(missing));
     inv.Fail(why);
     std::fprintf(stderr, "ficco: %s\n", why.c_str());
     // Release every stream still waiting on this window's flags.
@@ -327,29 +326,64 @@ ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
 }
 
+// A wait or done that fails once it has found its invocation. XLA frees the
+// execution's buffers when it sees the error, and later work on its stream
+// may reuse them while this invocation's copies still read or write them.
+// So the invocation fails first (its issuer enqueues no more copies, and the
+// window is poisoned), XLA's stream then waits for every copy already
+// enqueued, and the watchdog releases any copy stuck on a peer's flag at the
+// deadline. The CPU twin's counterpart is FailSettled (cpu_window.cc).
+ffi::Error FailDrained(cudaStream_t stream, int32_t device,
+                       std::shared_ptr<Inv> inv, ffi::Error error,
+                       const std::string& who) {
+  // The other invocations this execution started here fail with it: their
+  // waits and dones will never come, and their copies use its buffers too.
+  auto run = WindowIndex<CudaWindowBackend>::Get().FailRun(
+      inv, inv->where + ": " + std::string(error.message()));
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  for (std::shared_ptr<Inv>& r : run) {
+    // Once its issue has ended, every copy it enqueued has recorded its
+    // event.
+    (void)AwaitIssued(*r, who);
+    for (CUevent_st* e : r->AllEvents()) {
+      if (e != nullptr) cudaStreamWaitEvent(stream, e, 0);
+    }
+    Watchdog::Get().Watch(std::move(r));
+  }
+  return error;
+}
+
+ffi::Error Refused(std::string_view phase, std::string_view op,
+                   int32_t device) {
+  return ffi::Error(ffi::ErrorCode::kUnavailable,
+                    WindowWho(phase, op, device) +
+                        ": refused by the fault test hook");
+}
+
 ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
                     ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
   if (buf.untyped_data() != out->untyped_data()) {
     return ffi::Error::Internal("ficco window wait: output not aliased");
   }
-  if (Faults(device, kFaultWait)) {
-    return ffi::Error(ffi::ErrorCode::kUnavailable,
-                      WindowWho("wait", attrs.op_name, device) +
-                          ": refused by the fault test hook");
-  }
   auto [inv, landing] = WindowIndex<CudaWindowBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
+  const std::string who = WindowWho("wait", attrs.op_name, device);
+  if (Faults(device, kFaultWait)) {
+    ffi::Error refused = Refused("wait", attrs.op_name, device);
+    if (!inv) return refused;
+    return FailDrained(stream, device, std::move(inv), std::move(refused), who);
+  }
   if (!inv) {
     return WindowMissError<CudaWindowBackend>(attrs.window, "wait",
                                               attrs.op_name, device);
   }
   if (auto err = Sticky(*inv->win, "wait", attrs.op_name, device);
       err.failure()) {
-    return err;
+    return FailDrained(stream, device, std::move(inv), std::move(err), who);
   }
-  if (auto err = AwaitIssued(*inv, WindowWho("wait", attrs.op_name, device));
-      err.failure()) {
-    return err;
+  if (auto err = AwaitIssued(*inv, who); err.failure()) {
+    return FailDrained(stream, device, std::move(inv), std::move(err), who);
   }
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
@@ -366,26 +400,26 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
   if (out_in.untyped_data() != out->untyped_data()) {
     return ffi::Error::Internal("ficco window done: output not aliased");
   }
-  if (Faults(device, kFaultDone)) {
-    return ffi::Error(ffi::ErrorCode::kUnavailable,
-                      WindowWho("done", attrs.op_name, device) +
-                          ": refused by the fault test hook");
-  }
   auto first = keepalive.get<ffi::AnyBuffer>(0);
   if (!first.has_value()) return first.error();
   auto inv = WindowIndex<CudaWindowBackend>::Get().TakeDone(
       attrs.window, device, first->untyped_data());
+  const std::string who = WindowWho("done", attrs.op_name, device);
+  if (Faults(device, kFaultDone)) {
+    ffi::Error refused = Refused("done", attrs.op_name, device);
+    if (!inv) return refused;
+    return FailDrained(stream, device, std::move(inv), std::move(refused), who);
+  }
   if (!inv) {
     return WindowMissError<CudaWindowBackend>(attrs.window, "done",
                                               attrs.op_name, device);
   }
   if (auto err = Sticky(*inv->win, "done", attrs.op_name, device);
       err.failure()) {
-    return err;
+    return FailDrained(stream, device, std::move(inv), std::move(err), who);
   }
-  if (auto err = AwaitIssued(*inv, WindowWho("done", attrs.op_name, device));
-      err.failure()) {
-    return err;
+  if (auto err = AwaitIssued(*inv, who); err.failure()) {
+    return FailDrained(stream, device, std::move(inv), std::move(err), who);
   }
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;

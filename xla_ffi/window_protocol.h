@@ -22,6 +22,7 @@
 #ifndef FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
 #define FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -29,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -65,6 +67,7 @@ struct WindowInvocation {
   std::vector<Event*> arrival;  // per transfer
   std::vector<Event*> finals;   // per used pull queue
   std::string where;
+  int64_t run_id = 0;  // the execution's (ffi::RunId)
 
   std::atomic<bool> failed_flag{false};
   // Whether the pulls and the announce are enqueued (kIssued) or failed
@@ -140,6 +143,53 @@ class WindowIndex {
   int64_t Pending() {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int64_t>(waits_.size() + dones_.size());
+  }
+  // Takes the entries of every other invocation that `inv`'s execution
+  // started on its device and fails them with `why`: XLA ends an execution
+  // at its first failing handler, so no wait or done of theirs will come,
+  // and their copies (into that execution's buffers) must stop and drain
+  // before the error reaches XLA. Returns them, `inv` first.
+  std::vector<std::shared_ptr<Inv>> FailRun(const std::shared_ptr<Inv>& inv,
+                                            const std::string& why) {
+    std::vector<std::shared_ptr<Inv>> run{inv};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto* m : {&waits_, &dones_}) {
+        for (auto it = m->begin(); it != m->end();) {
+          const std::shared_ptr<Inv>& other = it->second.inv;
+          if (other->run_id != inv->run_id ||
+              other->win->device != inv->win->device) {
+            ++it;
+            continue;
+          }
+          if (std::find(run.begin(), run.end(), other) == run.end()) {
+            run.push_back(other);
+          }
+          it = m->erase(it);
+        }
+      }
+    }
+    for (const auto& r : run) r->Fail(r == inv ? why : r->where + ": " + why);
+    return run;
+  }
+
+  // The other invocations in flight on `inv`'s device, for a timeout's
+  // message: "ficco window copy of 'op' (site 1, epoch 5) ...; ...", or "".
+  std::string OthersInFlight(const Inv& inv) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<const Inv*> seen;
+    std::string out;
+    for (const Map* m : {&waits_, &dones_}) {
+      for (const auto& [key, entry] : *m) {
+        const Inv* other = entry.inv.get();
+        if (other == &inv || other->win->device != inv.win->device ||
+            !seen.insert(other).second) {
+          continue;
+        }
+        out += (out.empty() ? "" : "; ") + other->where;
+      }
+    }
+    return out;
   }
 
  private:
@@ -371,6 +421,12 @@ ffi::Error WindowPull(B& backend, int32_t device,
           HostWait(*win, q, kStagedEnqueued, e, p.timeout_ms, inv->where));
     }
   }
+  // A wait or done that failed meanwhile drains only the copies enqueued
+  // before it (cuda_window.cu, FailDrained): enqueue none after.
+  if (inv->failed()) {
+    return ffi::Error(ffi::ErrorCode::kAborted,
+                      inv->where + ": failed before its copies were enqueued");
+  }
 
   // Pull: each queue waits for its owners' flags, then copies in plan order.
   const int64_t rb = inv->row_bytes;
@@ -527,6 +583,7 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
   }
   const uint32_t e = win->epoch.fetch_add(1) + 1;
   inv->epoch = e;
+  inv->run_id = run_id;
   inv->where = WindowWhere(p, *win, e);
   // From here on this rank has taken epoch e: any failure must poison the
   // window, or its ranks would pair different invocations from now on.
@@ -564,6 +621,22 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
   FICCO_RETURN_IF_FAILED(pull());
   WindowIndex<B>::Get().Add(inv, device, addrs, source_ptrs[0]);
   return ffi::Error::Success();
+}
+
+// The tail of a window timeout on this device when every peer signalled:
+// its copies queued behind other work here, which happens when programs
+// dispatched from several threads run in different orders on different
+// devices; names the invocations still in flight on this device.
+template <class B>
+std::string QueuedBehind(const WindowInvocation<B>& inv) {
+  const std::string others = WindowIndex<B>::Get().OthersInFlight(inv);
+  return std::string("every peer signalled, but this device's copies did not"
+                     " finish") +
+         (others.empty() ? "" : " (also in flight on this device: " + others +
+                                    ")") +
+         "; " + kIfSeveralDispatchers +
+         ". The ranks of this window no longer agree on epochs: call"
+         " jax.clear_caches() before calling again";
 }
 
 // Blocks until `inv`'s pulls are enqueued (`WindowPull`, maybe on the

@@ -36,6 +36,10 @@ OVERLAP_OPTIONS = {
     "xla_gpu_threshold_for_windowed_einsum_mib": 0,
     "xla_gpu_multi_streamed_windowed_einsum": True,
 }
+# Left out, and the program built again, when XLA's result with every
+# option is wrong (the multi-streamed windowed all-gather einsum of jax
+# 0.11.2 on four GPUs): the baseline stays XLA at its best that is right.
+OVERLAP_FALLBACK_WITHOUT = ("xla_gpu_multi_streamed_windowed_einsum",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,12 +133,17 @@ class Op:
         mesh, P("x", None), P("x", None))
     return fn, ys
 
-  def xla_overlap(self, mesh, args) -> tuple[object, dict]:
+  def xla_overlap(self, mesh, args, without=()) -> tuple[object, dict]:
     """XLA's product compiled pjit style with `OVERLAP_OPTIONS`.
 
     Options this XLA does not know are dropped one by one and named in the
     returned notes (``options_rejected``), so one renamed flag does not lose
     the whole variant.
+
+    Args:
+      mesh: the mesh of the axis "x".
+      args: the argument sets; the first is used to lower.
+      without: options of `OVERLAP_OPTIONS` to leave out.
 
     Returns:
       (the compiled executable, notes: options used and rejected).
@@ -147,7 +156,8 @@ class Op:
                               NamedSharding(mesh, w_spec)),
                 out_shardings=NamedSharding(mesh, out_spec))
     lowered = f.lower(*args[0])
-    options, rejected = dict(OVERLAP_OPTIONS), {}
+    options = {k: v for k, v in OVERLAP_OPTIONS.items() if k not in without}
+    rejected = {}
     while True:
       try:
         return lowered.compile(compiler_options=options), {
