@@ -9,6 +9,7 @@ that must go when the wait completes, or every call's state would stay for
 ``timeout_s``.
 """
 
+import ctypes
 import functools
 import os
 import time
@@ -33,6 +34,24 @@ MAX_GROWTH_MIB = 1.0
 def _rss_mib() -> float:
   with open("/proc/self/statm") as f:
     return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class _Mallinfo2(ctypes.Structure):
+  _fields_ = [(name, ctypes.c_size_t) for name in (
+      "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+      "uordblks", "fordblks", "keepcost")]
+
+
+def _heap_mib() -> float | None:
+  """Bytes malloc has handed out and not taken back (glibc), in MiB: grows
+  with a leak, not with fragmentation or memory mapped without malloc."""
+  try:
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+  except (OSError, AttributeError):
+    return None
+  mallinfo2.restype = _Mallinfo2
+  m = mallinfo2()
+  return (m.uordblks + m.hblkhd) / 2**20
 
 
 def _programs(mesh, kind):
@@ -95,7 +114,7 @@ def test_memory_is_flat_over_many_calls(kind):
     return max(s.get("bytes_in_use", 0) for s in stats) / 2**20
 
   run(WARMUP)
-  before, device_before = _rss_mib(), device_mib()
+  before, device_before, heap_before = _rss_mib(), device_mib(), _heap_mib()
   start = time.monotonic()
   run(calls // 2)
   # Half way: steady growth shows in both halves, a high-water mark in one.
@@ -104,9 +123,11 @@ def test_memory_is_flat_over_many_calls(kind):
   elapsed = time.monotonic() - start
   growth = _rss_mib() - before
   device_growth = device_mib() - device_before
+  heap = ("" if heap_before is None else
+          f", malloc'd {_heap_mib() - heap_before:+.2f} MiB")
   print(f"{kind}: {calls} calls on {platform} in {elapsed:.1f} s: RSS"
         f" {before:.1f} -> {middle:.1f} -> {before + growth:.1f} MiB, device"
-        f" memory {device_growth:+.2f} MiB")
+        f" memory {device_growth:+.2f} MiB{heap}")
   assert growth <= MAX_GROWTH_MIB, (
       f"resident memory grew {growth:.2f} MiB over {calls} calls"
       f" ({1024 * growth / calls:.3f} KiB a call)")
