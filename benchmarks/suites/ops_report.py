@@ -202,10 +202,14 @@ def markdown(data: dict, peers: dict | None = None) -> str:
                if "wrong_with_every_option" in c["xla"].get("overlap", {})]
     if rebuilt:
       left_out = rebuilt[0]["xla"]["overlap"].get("left_out", [])
+      still = [c["name"] for c in rebuilt
+               if c["xla"]["overlap"].get("ok") is False]
       lines.append(
           f"\nXLA overlap was wrong with every overlap option on"
-          f" {', '.join(c['name'] for c in rebuilt)}: built again and timed"
-          f" without {', '.join(left_out)}.")
+          f" {', '.join(c['name'] for c in rebuilt)}; built again without"
+          f" {', '.join(left_out)}, it was "
+          + (f"wrong too on {', '.join(still)} (not a baseline there)."
+             if still else "right."))
   failures: dict[str, list[str]] = {}
   for key, op in data["ops"].items():
     for c in op["cases"]:

@@ -37,6 +37,10 @@ _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|"
                     r"xfailed|xpassed)")
 
 
+_SECTION = re.compile(r"^=+ (.+?) =+$")
+_HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
+
+
 def summarize(log: str) -> dict:
   """Counts, the closing line and the failed test ids of a pytest log."""
   lines = [l for l in log.splitlines() if l.strip()]
@@ -47,6 +51,16 @@ def summarize(log: str) -> dict:
     counts["errors" if what.startswith("error") else what] = int(n)
   failures = [l.split(" - ")[0] for l in lines
               if l.startswith(("FAILED ", "ERROR "))]
+  # Without -rf (e.g. --pytest_args=-rsP) the short summary lists no
+  # failure: take the FAILURES section's headers then.
+  section = None
+  for l in lines:
+    if _SECTION.match(l):
+      section = _SECTION.match(l).group(1)
+    elif section == "FAILURES" and _HEADER.match(l):
+      name = _HEADER.match(l).group(1)
+      if not any(f.endswith(name) for f in failures):
+        failures.append(f"FAILED {name}")
   return {"closing_line": closing, "counts": counts, "failures": failures}
 
 
