@@ -60,6 +60,7 @@ from jax.sharding import PartitionSpec as P
 import ficco_jax
 from ficco_jax import Schedule
 from ficco_jax._src.dma import windows
+import util
 
 
 def _global(mesh, spec, a):
@@ -102,7 +103,6 @@ CLEAR = ("never signalled", "clear_caches", "dispatch them from one thread")
 
 def _threads(mesh, rng, x, w, h, w2) -> int:
   """Mode "threads" (see the module docstring); prints its counts."""
-  import threading  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   calls, depth = int(os.environ.get("FICCO_TEST_CALLS", "60")), 8
 
@@ -136,34 +136,7 @@ def _threads(mesh, rng, x, w, h, w2) -> int:
   jobs = programs()
   for f, args, ref in jobs.values():  # Compiled before the threads start.
     assert outcome(f(*args), ref) == "right"
-  report = {name: {"right": 0, "clear": 0, "other": []} for name in jobs}
-  barrier = threading.Barrier(len(jobs))
-
-  def dispatch(name):
-    f, args, ref = jobs[name]
-    barrier.wait()
-    pending = []
-    for i in range(calls):
-      try:
-        pending.append(f(*args))
-      except Exception as e:  # pylint: disable=broad-exception-caught
-        pending.append(e)
-      if len(pending) == depth or i == calls - 1:
-        for out in pending:
-          o = outcome(out, ref)
-          if o == "right" or o.startswith("clear"):
-            report[name][o.split(":")[0]] += 1
-          else:
-            report[name]["other"].append(o)
-        pending.clear()
-
-  threads = [threading.Thread(target=dispatch, args=(n,)) for n in jobs]
-  t0 = time.monotonic()
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  elapsed = time.monotonic() - t0
+  report, elapsed = util.dispatch_from_threads(jobs, calls, depth, outcome)
   print(f"threads: {report} in {elapsed:.1f} s", flush=True)
   for name, counts in report.items():
     assert counts["right"] + counts["clear"] == calls, (name, counts)

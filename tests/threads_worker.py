@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import sys
-import threading
 import time
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -28,6 +27,7 @@ from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
 from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
 
 import ficco_jax  # pylint: disable=g-import-not-at-top
+import util  # pylint: disable=g-import-not-at-top
 
 ADVICE = "dispatch them from one thread"
 
@@ -62,40 +62,18 @@ def main(calls: int, depth: int, timeout_s: float, quiet_s: float) -> None:
 
   def outcome(out, ref):
     try:
+      if isinstance(out, Exception):  # Raised by the dispatch itself.
+        raise out
       got = np.asarray(out, np.float64)
     except Exception as e:  # pylint: disable=broad-exception-caught
-      return "clear" if ADVICE in str(e) else str(e)
+      return "clear" if ADVICE in str(e) else str(e)[:2000]
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     return "right" if err < 2e-2 else f"wrong result: relative error {err}"
 
   for f, args, ref in jobs.values():  # Compiled before the clock starts.
     assert outcome(f(*args), ref) == "right"
 
-  barrier = threading.Barrier(len(jobs))
-  report = {name: {"right": 0, "clear": 0, "other": []} for name in jobs}
-
-  def dispatch(name):
-    f, args, ref = jobs[name]
-    barrier.wait()
-    pending = []
-    for i in range(calls):
-      pending.append(f(*args))
-      if len(pending) == depth or i == calls - 1:
-        for out in pending:
-          o = outcome(out, ref)
-          if o in ("right", "clear"):
-            report[name][o] += 1
-          else:
-            report[name]["other"].append(o[:2000])
-        pending.clear()
-
-  threads = [threading.Thread(target=dispatch, args=(name,)) for name in jobs]
-  t0 = time.monotonic()
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  elapsed = time.monotonic() - t0
+  report, elapsed = util.dispatch_from_threads(jobs, calls, depth, outcome)
   # Calls from one thread, once the devices have been quiet for a while.
   time.sleep(quiet_s)
   after = [outcome(f(*args), ref) for f, args, ref in jobs.values()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 
 import jax
@@ -175,3 +176,51 @@ def live_invocations_after(platform: str, timeout_s: float = 10.0) -> int:
 
   return _after(lambda: library.live_invocations(platform), timeout_s)
 
+
+
+def dispatch_from_threads(jobs, calls: int, depth: int, outcome):
+  """Calls every job of ``jobs`` ({name: (fn, args, ref)}) ``calls`` times
+  from a thread of its own, the threads released together, each reading its
+  results ``depth`` calls at a time.
+
+  Args:
+    jobs: {name: (jitted program, its arguments, the reference result)}.
+    calls: calls per job.
+    depth: calls in flight per thread before their results are read.
+    outcome: ``outcome(out, ref)`` names one call's result (``out`` is the
+      exception if dispatching the call raised): "right", a string that
+      starts with "clear" (it failed with the advised error), or anything
+      else (kept as is).
+
+  Returns:
+    ({name: {"right": count, "clear": count, "other": [outcomes]}}, the
+    seconds the threads took).
+  """
+  barrier = threading.Barrier(len(jobs))
+  report = {name: {"right": 0, "clear": 0, "other": []} for name in jobs}
+
+  def dispatch(name):
+    f, args, ref = jobs[name]
+    barrier.wait()
+    pending = []
+    for i in range(calls):
+      try:
+        pending.append(f(*args))
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        pending.append(e)
+      if len(pending) == depth or i == calls - 1:
+        for out in pending:
+          o = outcome(out, ref)
+          if o == "right" or o.startswith("clear"):
+            report[name][o.split(":")[0]] += 1
+          else:
+            report[name]["other"].append(o)
+        pending.clear()
+
+  threads = [threading.Thread(target=dispatch, args=(n,)) for n in jobs]
+  t0 = time.monotonic()
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return report, time.monotonic() - t0

@@ -14,16 +14,18 @@ inline constexpr const char* kIfSeveralDispatchers =
     " XLA may run them in different orders on different devices: dispatch"
     " them from one thread, or hold one lock around each call";
 
+// What to do after a window or push timeout: it poisons the window, so
+// the next call fails until the program is lowered onto fresh windows.
+inline constexpr const char* kAfterWindowTimeout =
+    ". The ranks of this window no longer agree on epochs: call"
+    " jax.clear_caches() before calling again";
+
 // The tail of a window or push timeout: the ranks that never signalled
-// (e.g. "rank 1 (device 1)"), why that may be, and what to do next: the
-// timeout poisons the window, so the next call fails until the program is
-// lowered onto fresh windows.
+// (e.g. "rank 1 (device 1)"), why that may be, and what to do next.
 inline std::string NeverSignalled(const std::string& ranks) {
   return "never signalled: " + ranks +
          "; a rank that never reaches this op stalls the others, and " +
-         kIfSeveralDispatchers +
-         ". The ranks of this window no longer agree on epochs: call"
-         " jax.clear_caches() before calling again";
+         kIfSeveralDispatchers + kAfterWindowTimeout;
 }
 
 }  // namespace ficco

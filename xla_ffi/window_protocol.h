@@ -634,9 +634,7 @@ std::string QueuedBehind(const WindowInvocation<B>& inv) {
                      " finish") +
          (others.empty() ? "" : " (also in flight on this device: " + others +
                                     ")") +
-         "; " + kIfSeveralDispatchers +
-         ". The ranks of this window no longer agree on epochs: call"
-         " jax.clear_caches() before calling again";
+         "; " + kIfSeveralDispatchers + kAfterWindowTimeout;
 }
 
 // Blocks until `inv`'s pulls are enqueued (`WindowPull`, maybe on the
