@@ -1,12 +1,12 @@
 """Long runs: host memory stays flat over many calls of the copy-engine ops.
 
 Both ops on both transports of one process, interleaved, 100,000 calls on
-the CPU twin (10,000 on GPUs, where a call takes longer): after a warm-up
-the process's resident memory may not grow by more than 1 MiB, the
-library's own entries drain to zero once the calls are done, and the last
-results are still right. Each wait arms a deadline timer of ``timeout_s``
-that must go when the wait completes, or every call's state would stay for
-``timeout_s``.
+the CPU twin (10,000 on GPUs, where each transport, the push path and
+XLA's own collectives also run alone): after a warm-up the process's
+resident memory may not grow by more than 1 MiB, the library's own entries
+drain to zero once the calls are done, and the last results are still
+right. Each wait arms a deadline timer of ``timeout_s`` that must go when
+the wait completes, or every call's state would stay for ``timeout_s``.
 """
 
 import ctypes
@@ -27,8 +27,14 @@ import util
 
 pytestmark = [pytest.mark.multigpu, pytest.mark.slow]
 
-WARMUP = 2000
 MAX_GROWTH_MIB = 1.0
+# On GPUs the process's footprint grows by about 5 MiB over the first
+# ~30,000 calls after compiling, with XLA's own collectives as with ficco's:
+# two threads' malloc arenas reach their size, while the bytes malloc has
+# handed out stay flat (measured on 2xH200 over 100,000 calls of every kind
+# here). A leak grows on; that settling does not, so the measured calls
+# start after it.
+WARMUP = {"cpu": 2000, "gpu": 30_000}
 
 
 def _rss_mib() -> float:
@@ -71,6 +77,8 @@ def _programs(mesh, kind):
 
   if kind == "xla":  # XLA's collectives: jax's own growth, for reference.
     return [("ag", ag("direct/c2/xla")), ("rs", rs("direct/c1/xla"))]
+  if kind == "push":  # The flagged reduce-scatter's pushes into windows.
+    return [("rs", rs("direct/c1/dma/pallas/flagged"))]
   transports = ("rendezvous", "window") if kind == "both" else (kind,)
   return [p for t in transports
           for p in (("ag", ag(f"direct/c2/dma/xla/{t}")),
@@ -78,11 +86,14 @@ def _programs(mesh, kind):
 
 
 # "both" interleaves the two copy-engine transports; on GPUs each transport
-# alone and XLA's own collectives also run, to tell whose any growth is.
+# alone, the push path and XLA's own collectives also run, to tell whose any
+# growth is. (The push path's Pallas kernel only interprets on CPU: too slow
+# for a soak there.)
 @pytest.mark.parametrize("kind", [
     "both",
     pytest.param("rendezvous", marks=pytest.mark.gpu),
     pytest.param("window", marks=pytest.mark.gpu),
+    pytest.param("push", marks=pytest.mark.gpu),
     pytest.param("xla", marks=pytest.mark.gpu),
 ])
 def test_memory_is_flat_over_many_calls(kind):
@@ -90,8 +101,11 @@ def test_memory_is_flat_over_many_calls(kind):
   platform = mesh.devices.flat[0].platform
   calls = 100_000 if platform == "cpu" else 10_000
   rng = np.random.default_rng(0)
-  x = util.rand(rng, (48, 40), np.float32)
-  w = util.rand(rng, (40, 32), np.float32)
+  # The push path's kernel takes bf16 pieces of whole Hopper tiles.
+  shape, dtype = (((1536, 512, 128), jnp.bfloat16) if kind == "push" else
+                  ((48, 40, 32), np.float32))
+  x = util.rand(rng, shape[:2], dtype)
+  w = util.rand(rng, shape[1:], dtype)
   inputs = {
       "ag": (jax.device_put(x, NamedSharding(mesh, P("x"))),
              jax.device_put(w, NamedSharding(mesh, P(None, "x")))),
@@ -115,7 +129,7 @@ def test_memory_is_flat_over_many_calls(kind):
     stats = [d.memory_stats() or {} for d in mesh.devices.flat]
     return max(s.get("bytes_in_use", 0) for s in stats) / 2**20
 
-  run(WARMUP)
+  run(WARMUP[platform])
   before, device_before, heap_before = _rss_mib(), device_mib(), _heap_mib()
   start = time.monotonic()
   run(calls // 2)
@@ -135,9 +149,9 @@ def test_memory_is_flat_over_many_calls(kind):
       f" ({1024 * growth / calls:.3f} KiB a call)")
   assert device_growth <= MAX_GROWTH_MIB, (
       f"device memory grew {device_growth:.2f} MiB over {calls} calls")
-  ref = x.astype(np.float64) @ w.astype(np.float64)
-  assert util.rel_err(out["ag"], ref) < util.tol(np.float32)
-  assert util.rel_err(out["rs"], ref) < util.tol(np.float32)
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  for op in out:
+    assert util.rel_err(out[op], ref) < util.tol(dtype), op
   if platform == "cpu":
     # Rendezvous entries and deadline timers: none left once idle.
     assert util.library_entries_after("cpu") == 0
