@@ -39,10 +39,13 @@ _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|"
 
 _SECTION = re.compile(r"^=+ (.+?) =+$")
 _HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
+# tests/test_soak.py's figures, printed with -rP.
+_SOAK = re.compile(r"^(\w+): \d+ calls on \w+ in .*")
 
 
 def summarize(log: str) -> dict:
-  """Counts, the closing line and the failed test ids of a pytest log."""
+  """Counts, the closing line, the failed test ids and the soak figures
+  (when the log has the passed tests' output) of a pytest log."""
   lines = [l for l in log.splitlines() if l.strip()]
   closing = next((l.strip("= ") for l in reversed(lines)
                   if _COUNT.search(l) and " in " in l), None)
@@ -61,7 +64,9 @@ def summarize(log: str) -> dict:
       name = _HEADER.match(l).group(1)
       if not any(f.endswith(name) for f in failures):
         failures.append(f"FAILED {name}")
-  return {"closing_line": closing, "counts": counts, "failures": failures}
+  soak = [l for l in lines if _SOAK.match(l)]
+  return {"closing_line": closing, "counts": counts, "failures": failures,
+          "soak": soak}
 
 
 def markdown(data: dict) -> str:
@@ -72,6 +77,9 @@ def markdown(data: dict) -> str:
             f"**{s['closing_line'] or 'no pytest summary line'}**"]
   if s["failures"]:
     lines += ["", "Failed:", ""] + [f"- `{f}`" for f in s["failures"]]
+  if s.get("soak"):
+    lines += ["", "Host memory over long runs (tests/test_soak.py, growth"
+              " after the warm-up):", ""] + [f"- {l}" for l in s["soak"]]
   return "\n".join(lines) + "\n"
 
 
