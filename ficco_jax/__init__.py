@@ -10,7 +10,8 @@ The public API (everything else lives in the private ``ficco_jax._src``):
 * `choose_schedule`, `explain`: which schedule ``schedule=None`` runs, and
   why.
 * `autotune`, `set_autotune_cache`: measure the candidates on your devices
-  and cache the fastest.
+  and cache the fastest; `autotune_model` does it for every call of a whole
+  function (a training step, say) and times the step's gain.
 * `ficco_jax.launch`: one local process per GPU.
 """
 
@@ -21,6 +22,7 @@ from ficco_jax._src.resolve import choose_schedule as choose_schedule
 from ficco_jax._src.schedule import Schedule as Schedule
 from ficco_jax._src.tuning.autotune import autotune as autotune
 from ficco_jax._src.tuning.autotune_cache import set_autotune_cache as set_autotune_cache
+from ficco_jax._src.tuning.model_autotune import autotune_model as autotune_model
 from ficco_jax._src.tuning.explain import explain as explain
 
 __version__ = "0.1.0"

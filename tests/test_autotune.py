@@ -333,13 +333,13 @@ def _fixed_medians(monkeypatch, by_label):
     del fns, args, rounds, iters
     return [by_label[label] for label in order], {}
 
-  real_warm = autotune_lib._warm
+  real_warm = autotune_lib.warm
 
   def warm(fn, args, warmup):
     real_warm(fn, args, warmup)
     order.append(fn.__wrapped__.keywords["schedule"].short())
   monkeypatch.setattr(autotune_lib, "time_interleaved", fake)
-  monkeypatch.setattr(autotune_lib, "_warm", warm)
+  monkeypatch.setattr(autotune_lib, "warm", warm)
 
 
 @pytest.mark.parametrize("margin, expected", [(0.0, "ring"), (0.01, "ring"),

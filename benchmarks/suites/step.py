@@ -7,7 +7,12 @@ jitted with the parameters and optimizer state donated. Variants:
   ficco  the four tensor-parallel matmuls through ficco_jax.sharded (the
          first ``--schedules`` label; default: the library's choice);
   xla    plain ``x @ w`` with the same sharding constraints, so XLA inserts
-         the all-gathers and reduce-scatters (and overlaps what it can).
+         the all-gathers and reduce-scatters (and overlaps what it can);
+  ficco_tuned
+         ``ficco`` with ``schedule=None`` after `ficco_jax.autotune_model`
+         tuned the step's four matmul sites (``--tune_candidates``) into a
+         fresh cache file: the tuning's own report (sites, before/after,
+         the step gain it measured) is recorded with it.
 
 Timing: lib/timing.py's method with the training state threaded through the
 calls (`timing.time_chain`). Each variant records its warm-up losses (same
@@ -57,6 +62,12 @@ flags.DEFINE_integer("tp", None, "step: tensor-parallel size (default: all"
                      " GPUs; CPU 4).")
 flags.DEFINE_list("variants", ["ficco", "xla"], "step: variants to time.")
 flags.DEFINE_float("lr", 1e-4, "step: Adam learning rate.")
+flags.DEFINE_list("tune_candidates", [
+    "none", "direct/c1/dma/xla", "direct/c2/dma/xla", "direct/c1/dma/pallas",
+    "direct/c2/dma/pallas", "direct/c1/dma/pallas/flagged"],
+                  "step: the schedules ficco_tuned's autotune_model times at"
+                  " every site (those that do not fit a site are skipped"
+                  " there).")
 flags.DEFINE_bool("step_subprocess", True, "step: each variant in a fresh"
                   " process (clean peak memory).")
 flags.DEFINE_integer("variant_timeout_s", 300, "step: one variant's limit.")
@@ -109,6 +120,30 @@ def _resolved(cfg, dp, tp, batch, seq) -> dict:
   return out
 
 
+def _autotune(tpt, cfg, mesh, params, opt, batch) -> dict:
+  """`ficco_jax.autotune_model` on the (undonated) step, into a fresh cache
+  file this process then reads."""
+  import ficco_jax
+  ficco_jax.set_autotune_cache(os.path.join(tempfile.mkdtemp(),
+                                            "autotune.json"))
+  step = tpt.make_train_step(cfg, mesh, use_ficco=True, lr=FLAGS.lr)
+  candidates = [s for _, s in schedules_lib.parse(FLAGS.tune_candidates)]
+  sz = sizes()
+  t0 = time.perf_counter()
+  r = ficco_jax.autotune_model(step, params, opt, *batch,
+                               candidates=candidates, rounds=sz["rounds"],
+                               iters=sz["iters"])
+  return {"seconds": time.perf_counter() - t0,
+          "step_ms_before": r.step_ms_before,
+          "step_ms_after": r.step_ms_after, "speedup": r.speedup,
+          "stored": r.stored, "note": r.note, "report": r.report(),
+          "sites": [{"site": s.site.describe(), "calls": s.calls,
+                     "before": s.before.short(), "tuned": s.tuned.best.short(),
+                     "op_speedup": s.speedup,
+                     "timings_ms": dict(s.tuned.timings_ms),
+                     "errors": dict(s.tuned.errors)} for s in r.sites]}
+
+
 def run_variant(name: str) -> dict:
   """Builds, compiles and times one variant in this process."""
   import jax
@@ -136,7 +171,12 @@ def run_variant(name: str) -> dict:
   opt = tpt.adam_init(params)
   batches = [tpt.make_batch(jax.random.key(100 + i), cfg, mesh, batch,
                             sz["seq"]) for i in range(2)]
-  step = tpt.make_train_step(cfg, mesh, use_ficco=(name == "ficco"),
+  if name == "ficco_tuned":
+    res["schedule"] = "schedule=None after autotune_model"
+    res["autotune_model"] = _autotune(tpt, cfg, mesh, params, opt, batches[0])
+    res["resolved"] = _resolved(cfg, dp, tp, batch, sz["seq"])
+    schedule = None
+  step = tpt.make_train_step(cfg, mesh, use_ficco=(name != "xla"),
                              schedule=schedule, lr=FLAGS.lr, donate=True)
   t0 = time.perf_counter()
   compiled = step.lower(params, opt, *batches[0]).compile()
@@ -219,8 +259,9 @@ def run() -> int:
     return 0
   variants = {}
   for name in FLAGS.variants:
-    if name not in ("ficco", "xla"):
-      raise ValueError(f"Unknown step variant {name!r} (ficco, xla).")
+    if name not in ("ficco", "xla", "ficco_tuned"):
+      raise ValueError(f"Unknown step variant {name!r} (ficco, xla,"
+                       " ficco_tuned).")
     print(f"== step variant {name}", flush=True)
     if FLAGS.step_subprocess:
       variants[name] = _in_subprocess(name)
@@ -247,10 +288,17 @@ def run() -> int:
                           else "one process; peaks are cumulative")}
   if "ficco" in ok and "xla" in ok:
     data["speedup"] = ok["xla"]["median_ms"] / ok["ficco"]["median_ms"]
-    a, b = ok["ficco"]["warmup_losses"][0], ok["xla"]["warmup_losses"][0]
+  ficcos = [n for n in ("ficco", "ficco_tuned") if n in ok]
+  if ficcos and "xla" in ok:
+    # Every ficco variant's first loss against XLA's.
     rtol = 1e-4 if sizes()["dtype"] == "float32" else 2e-2
-    data["losses_match"] = bool(abs(a - b) <= rtol * abs(b))
+    b = ok["xla"]["warmup_losses"][0]
+    data["losses_match"] = all(
+        abs(ok[n]["warmup_losses"][0] - b) <= rtol * abs(b) for n in ficcos)
     data["loss_rtol"] = rtol
+  if "ficco_tuned" in ok and "xla" in ok:
+    data["speedup_tuned"] = (ok["xla"]["median_ms"]
+                             / ok["ficco_tuned"]["median_ms"])
   w = some.get("tp") or meta["device_count"]
   rec = results.Recorder("step", results.out_dir(meta["device_kind"], w),
                          data, markdown)
@@ -292,4 +340,11 @@ def markdown(data: dict) -> str:
   resolved = data["variants"].get("ficco", {}).get("resolved")
   if resolved:
     lines.append(f"\nschedule=None resolves to: {resolved}")
+  tuned = data["variants"].get("ficco_tuned", {})
+  if "autotune_model" in tuned:
+    a = tuned["autotune_model"]
+    lines += ["", f"ficco_tuned: autotune_model took {a['seconds']:.0f} s;"
+              f" speedup over XLA {data.get('speedup_tuned', float('nan')):.3f}x;"
+              f" then schedule=None resolves to: {tuned.get('resolved')}", "",
+              "```", a["report"], "```"]
   return "\n".join(lines) + "\n"

@@ -6,7 +6,9 @@ First match wins:
 2. the autotune cache's entry for (device kind, axis size, op, local shapes,
    axis, dtype, process count): the user's file
    (`ficco_jax.set_autotune_cache`, default
-   ``~/.cache/ficco_jax/autotune.json``) over the package's shipped data;
+   ``~/.cache/ficco_jax/autotune.json``) over the package's shipped data
+   (and, while `ficco_jax.autotune_model` compiles a function with what it
+   measured, those entries over both);
 3. the heuristic, a cost model (`heuristics.decide`).
 
 Steps 2 and 3 run at trace time, so a jitted function keeps the schedule it
@@ -64,7 +66,7 @@ class Resolution:
 
   Attributes:
     schedule: what the op runs.
-    source: ``"autotune cache"`` or ``"heuristic"``.
+    source: ``"explicit"``, ``"autotune cache"`` or ``"heuristic"``.
     reason: why, in words.
     target: the machine it was chosen for.
   """
@@ -197,12 +199,14 @@ def _fits(op, schedule, x_shape, axis, axis_size) -> bool:
 
 
 def resolve(op: str, schedule, *, x_shape, w_shape, dtype, axis_size: int,
-            axis: int) -> schedule_lib.Schedule:
-  """The schedule a call runs (step 1, else `default_schedule`)."""
+            axis: int) -> Resolution:
+  """The schedule a call runs (step 1, else `default_schedule`), and where
+  it came from (``source="explicit"`` for step 1)."""
   if schedule is None:
     return default_schedule(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
-                            axis_size=axis_size, axis=axis).schedule
+                            axis_size=axis_size, axis=axis)
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(
         f"schedule must be a ficco_jax.Schedule or None, got {schedule!r}.")
-  return schedule
+  return Resolution(schedule=schedule, source="explicit",
+                    reason="passed by the caller", target=target())

@@ -12,6 +12,7 @@ from ficco_jax._src import matmul
 from ficco_jax._src import resolve
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
+from ficco_jax._src.tuning import sites
 
 
 def promoted(a_name: str, a: jax.Array,
@@ -63,8 +64,15 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
   else:
     what = (f"{a_name}.shape[{axis}] (the local rows gathered, {a_name} is"
             f" {tuple(a.shape)})")
-  schedule = resolve.resolve(op, schedule, x_shape=a.shape, w_shape=w.shape,
-                             dtype=a.dtype, axis_size=p, axis=axis)
+  resolution = resolve.resolve(op, schedule, x_shape=a.shape,
+                               w_shape=w.shape, dtype=a.dtype, axis_size=p,
+                               axis=axis)
+  schedule = resolution.schedule
+  if resolution.source != "explicit":
+    # A site `ficco_jax.autotune_model` may tune (a no-op unless it traces).
+    sites.record(op, x_shape=a.shape, w_shape=w.shape, dtype=a.dtype,
+                 axis_size=p, axis=axis, axis_name=axis_name,
+                 schedule=schedule, source=resolution.source)
   validation.check_divisible(what, rows, schedule.num_chunks,
                              "schedule.num_chunks")
   if schedule.comm == "dma" and schedule.overlapped and p > 1:

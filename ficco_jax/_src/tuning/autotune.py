@@ -42,7 +42,7 @@ class AutotuneResult:
   store_error: str | None = None
 
 
-def _warm(fn, args: Sequence[Any], warmup: int) -> None:
+def warm(fn, args: Sequence[Any], warmup: int) -> None:
   """``warmup`` untimed calls (the first compiles), one block at the end."""
   out = None
   for _ in range(max(1, warmup)):
@@ -101,6 +101,17 @@ def time_interleaved(fns: Sequence[Any], args: Sequence[Any], *, rounds: int,
   medians = [None if i in errors else statistics.median(s)
              for i, s in enumerate(samples)]
   return medians, errors
+
+
+def check_knobs(*, margin, warmup, rounds, iters) -> None:
+  """ValueError naming the argument, for a ``margin`` outside [0, 1) or a
+  ``warmup``, ``rounds`` or ``iters`` that is not a positive int."""
+  if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not (
+      0.0 <= margin < 1.0):
+    raise ValueError(f"margin={margin!r} must be a fraction in [0, 1).")
+  for name, v in (("warmup", warmup), ("rounds", rounds), ("iters", iters)):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+      raise ValueError(f"{name}={v!r} must be a positive int.")
 
 
 def _local_shapes(op, x, w, p, axis):
@@ -214,12 +225,7 @@ def autotune(
   """
   if op not in cost_model.OPS:
     raise ValueError(f"Unknown {op=}; expected one of {cost_model.OPS}.")
-  if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not (
-      0.0 <= margin < 1.0):
-    raise ValueError(f"margin={margin!r} must be a fraction in [0, 1).")
-  for name, v in (("warmup", warmup), ("rounds", rounds), ("iters", iters)):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-      raise ValueError(f"{name}={v!r} must be a positive int.")
+  check_knobs(margin=margin, warmup=warmup, rounds=rounds, iters=iters)
   if axis_name not in mesh.axis_names:
     raise ValueError(f"{axis_name=} is not an axis of {mesh.axis_names}.")
   if store:
@@ -244,7 +250,7 @@ def autotune(
     fn = jax.jit(functools.partial(fn_of, mesh=mesh, axis_name=axis_name,
                                    schedule=s, **{axis_kw: axis}))
     try:
-      _warm(fn, (x, w), warmup)
+      warm(fn, (x, w), warmup)
       fns[s] = fn
     except Exception as e:  # pylint: disable=broad-except
       # One bad candidate must not end the search.

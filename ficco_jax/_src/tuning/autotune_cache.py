@@ -9,6 +9,10 @@ Two layers, both read lazily on the first lookup:
    `set_autotune_cache`, else ``~/.cache/ficco_jax/autotune.json``.
    `ficco_jax.autotune` writes there. The file is re-read when it changes.
 
+While `ficco_jax.autotune_model` compiles a function with the schedules it
+measured, before deciding whether to store them, those entries (`trying`)
+come before both.
+
 File format::
 
   {"format": 1, "comment": "...",
@@ -22,6 +26,7 @@ File format::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import fcntl
 import functools
@@ -197,9 +202,28 @@ def cache_path() -> pathlib.Path:
   return _user.path
 
 
+_trial: contextvars.ContextVar[Mapping[Key, schedule_lib.Schedule] | None] = (
+    contextvars.ContextVar("ficco_jax_trial_entries", default=None))
+
+
+@contextlib.contextmanager
+def trying(entries: Mapping[Key, schedule_lib.Schedule]):
+  """Lookups inside the block find ``entries`` first, without writing them
+  anywhere: the schedules a function would trace with once they were
+  stored."""
+  token = _trial.set(dict(entries))
+  try:
+    yield
+  finally:
+    _trial.reset(token)
+
+
 def lookup(key: Key) -> schedule_lib.Schedule | None:
-  """The cached schedule for ``key``: the user's file first, then the package's."""
-  hit = _user.entries().get(key)
+  """The cached schedule for ``key``: entries being tried (`trying`), then
+  the user's file, then the package's."""
+  hit = (_trial.get() or {}).get(key)
+  if hit is None:
+    hit = _user.entries().get(key)
   if hit is None:
     hit = _package(key.device_kind).get(key)
   return hit

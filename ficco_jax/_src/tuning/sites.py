@@ -1,0 +1,93 @@
+"""The ficco calls a function makes, recorded while it is traced.
+
+`ficco_jax.autotune_model` traces the user's function under `recording` and
+gets back every call that left its schedule to ``schedule=None``: what the
+autotune cache is keyed by (op, local shapes, dtype, axis size, axis), the
+axis name (to find devices to tune on), and what the call resolved to.
+Calls with an explicit ``schedule`` are the caller's choice, not a site to
+tune.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+
+from ficco_jax._src import schedule as schedule_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Site:
+  """One distinct call: the local problem the op saw inside ``shard_map``.
+
+  Attributes:
+    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    x_shape: the local shape of the first operand (``x`` or ``h``).
+    w_shape: the local shape of ``w``.
+    dtype: the operands' dtype name, after promotion.
+    axis_size: devices along ``axis_name``.
+    axis: the gathered or scattered axis of the first operand.
+    axis_name: the mesh axis the op communicates over.
+  """
+
+  op: str
+  x_shape: tuple[int, ...]
+  w_shape: tuple[int, ...]
+  dtype: str
+  axis_size: int
+  axis: int
+  axis_name: str
+
+  def describe(self) -> str:
+    return (f"{self.op} x{list(self.x_shape)} w{list(self.w_shape)}"
+            f" {self.dtype} over {self.axis_name!r} (P={self.axis_size})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Call:
+  """A recorded call: its site and what ``schedule=None`` resolved to."""
+
+  site: Site
+  schedule: schedule_lib.Schedule
+  source: str
+
+
+_calls: contextvars.ContextVar[list[Call] | None] = contextvars.ContextVar(
+    "ficco_jax_recorded_calls", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Call]]:
+  """Records the ``schedule=None`` calls traced inside the block, in order.
+
+  Only calls that are traced record: a function JAX already traced and
+  cached runs its old trace (``jax.clear_caches()`` first).
+  """
+  calls: list[Call] = []
+  token = _calls.set(calls)
+  try:
+    yield calls
+  finally:
+    _calls.reset(token)
+
+
+def record(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
+           axis_name: str, schedule: schedule_lib.Schedule,
+           source: str) -> None:
+  """Adds one call to the innermost `recording` block, if any."""
+  calls = _calls.get()
+  if calls is None:
+    return
+  site = Site(op=op, x_shape=tuple(int(d) for d in x_shape),
+              w_shape=tuple(int(d) for d in w_shape),
+              dtype=np.dtype(dtype).name, axis_size=int(axis_size),
+              axis=int(axis), axis_name=str(axis_name))
+  calls.append(Call(site=site, schedule=schedule, source=source))
+
+
+def is_recording() -> bool:
+  return _calls.get() is not None
