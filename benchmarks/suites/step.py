@@ -12,7 +12,8 @@ jitted with the parameters and optimizer state donated. Variants:
          ``ficco`` with ``schedule=None`` after `ficco_jax.autotune_model`
          tuned the step's four matmul sites (``--tune_candidates``) into a
          fresh cache file: the tuning's own report (sites, before/after,
-         the step gain it measured) is recorded with it.
+         the step gain it measured) is recorded with it. Its peak memory
+         includes the tuning's (two compiled steps, each site's operands).
 
 Timing: lib/timing.py's method with the training state threaded through the
 calls (`timing.time_chain`). Each variant records its warm-up losses (same
@@ -343,7 +344,8 @@ def markdown(data: dict) -> str:
   tuned = data["variants"].get("ficco_tuned", {})
   if "autotune_model" in tuned:
     a = tuned["autotune_model"]
-    lines += ["", f"ficco_tuned: autotune_model took {a['seconds']:.0f} s;"
+    lines += ["", f"ficco_tuned (peak memory includes the tuning's):"
+              f" autotune_model took {a['seconds']:.0f} s;"
               f" speedup over XLA {data.get('speedup_tuned', float('nan')):.3f}x;"
               f" then schedule=None resolves to: {tuned.get('resolved')}", "",
               "```", a["report"], "```"]
