@@ -68,6 +68,8 @@ def test_ops_writes_results_with_provenance(two_ops_runs):
   assert "## all_gather_matmul" in md and "## matmul_reduce_scatter" in md
   # The command as typed in the repository: interpreter and out_dir aside.
   assert "xla_best" in md
+  # schedule=None scored against the other schedules of the run.
+  assert "schedule=None against every schedule measured (1 cases)" in md
   assert "`python benchmarks/bench.py --suite=ops --tiny" in md
   assert "--out_dir" not in md and "(installed)" in md
 

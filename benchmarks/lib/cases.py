@@ -14,17 +14,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SHAPES = os.path.join(os.path.dirname(HERE), "shapes.json")
+HELDOUT = os.path.join(os.path.dirname(HERE), "data", "heldout_cases.json")
 OPS = {"ag": "all_gather_matmul", "rs": "matmul_reduce_scatter"}
 
 # The ten shapes every comparison so far was made on (per op): four models
-# at 4096 and 8192 tokens, plus the two square cases.
+# at 4096 and 8192 tokens, plus the two square cases. "heldout": the drawn
+# cases of HELDOUT, for scoring schedule=None where it was never tuned.
 PRESETS = {
     "ten": {"models": ["llama3-8b", "llama3-70b", "qwen2-72b", "gpt3-175b"],
             "tokens": [4096, 8192], "square": True},
+    "heldout": {"models": [], "tokens": [], "square": False,
+                "heldout": True},
 }
+
+# Where held-out cases are drawn: (low, high, step), both ends included.
+HELDOUT_RANGES = {"H": (2048, 16384, 256), "F": (4096, 57344, 256),
+                  "tokens": (2048, 16384, 512)}
+HELDOUT_SEED, HELDOUT_COUNT = 20261127, 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +68,61 @@ def parse(item: str) -> Case:
   return Case(name=name or f"custom/{dims}", m=m, k=k, n=n)
 
 
+def draw_heldout(seed: int = HELDOUT_SEED, count: int = HELDOUT_COUNT,
+                 shapes_path: str = DEFAULT_SHAPES) -> list[dict]:
+  """``count`` model shapes drawn at random (seeded) from HELDOUT_RANGES:
+  width H, MLP width F and tokens, none with the (H, F) of a shapes.json
+  model, so that nothing tuned or fitted on shapes.json has seen them."""
+  with open(shapes_path) as f:
+    models = json.load(f)["models"]
+  taken = {(m["H"], m["F"]) for m in models.values()}
+  rng = random.Random(seed)
+  draw = lambda lo, hi, step: rng.randrange(lo, hi + 1, step)  # noqa: E731
+  out, seen = [], set()
+  while len(out) < count:
+    h, f_, t = (draw(*HELDOUT_RANGES[k]) for k in ("H", "F", "tokens"))
+    if (h, f_) in taken or (h, f_, t) in seen:
+      continue
+    seen.add((h, f_, t))
+    out.append({"name": f"heldout-{len(out):02d}", "H": h, "F": f_,
+                "tokens": t})
+  return out
+
+
+def write_heldout(path: str = HELDOUT, seed: int = HELDOUT_SEED,
+                  count: int = HELDOUT_COUNT) -> None:
+  """Saves `draw_heldout`'s cases with how they were drawn."""
+  data = {"about": (
+      "Held-out cases for scoring schedule=None (issue: schedule=None that"
+      " holds on shapes it was never tuned on): drawn once by"
+      " benchmarks/lib/cases.py draw_heldout(seed, count), disjoint from"
+      " shapes.json's models; never used to tune or fit. The all-gather"
+      " runs M=tokens, K=H, N=F; the reduce-scatter M=tokens, K=F, N=H."),
+      "seed": seed, "count": count, "ranges": HELDOUT_RANGES,
+      "cases": draw_heldout(seed, count)}
+  with open(path, "w") as f:
+    json.dump(data, f, indent=1)
+    f.write("\n")
+
+
+def heldout(op: str, path: str = HELDOUT) -> list[Case]:
+  """The saved held-out cases of ``op`` ("ag" or "rs")."""
+  with open(path) as f:
+    drawn = json.load(f)["cases"]
+  out = []
+  for c in drawn:
+    k, n = (c["H"], c["F"]) if op == "ag" else (c["F"], c["H"])
+    out.append(Case(f"{c['name']}/M{c['tokens']}", c["tokens"], k, n))
+  return out
+
+
 def build(op: str, *, shapes_path: str = DEFAULT_SHAPES, models=(),
-          tokens=(), square: bool = False, extra=(), tiny: bool = False
-          ) -> list[Case]:
+          tokens=(), square: bool = False, extra=(), tiny: bool = False,
+          heldout_cases: bool = False) -> list[Case]:
   """Cases of ``op`` ("ag" or "rs"), de-duplicated, in order: ``extra``
   ("[name:]MxKxN", named after a model or square case they match), then
-  ``models`` ("all": every model) x ``tokens``, then the square cases.
+  ``models`` ("all": every model) x ``tokens``, then the square cases, then
+  (``heldout_cases``) the saved held-out cases.
 
   Raises:
     ValueError: an unknown op or model, or a malformed case.
@@ -101,6 +160,10 @@ def build(op: str, *, shapes_path: str = DEFAULT_SHAPES, models=(),
   if square:
     for m, k, n in squares:
       cases.append(Case(f"square/{m}x{k}x{n}", *(scale(d) for d in (m, k, n))))
+  if heldout_cases:
+    cases += [dataclasses.replace(c, m=scale(c.m), k=scale(c.k),
+                                  n=scale(c.n)) if tiny else c
+              for c in heldout(op)]
   seen, out = set(), []
   for c in cases:
     if (c.m, c.k, c.n) not in seen:
@@ -122,3 +185,7 @@ def divisible(op: str, case: Case, w: int) -> str | None:
   if case.m % w or split % w:
     return f"M={case.m} or {'N' if op == 'ag' else 'K'}={split} not divisible by W={w}"
   return None
+
+
+if __name__ == "__main__":
+  write_heldout()  # Re-draws benchmarks/data/heldout_cases.json.

@@ -50,7 +50,8 @@ flags.DEFINE_string("shapes", cases.DEFAULT_SHAPES, "shapes.json path.")
 flags.DEFINE_enum("preset", None, list(cases.PRESETS),
                   "A named case list; 'ten': llama3-8b, llama3-70b,"
                   " qwen2-72b, gpt3-175b x tokens 4096, 8192, plus the two"
-                  " square cases.")
+                  " square cases; 'heldout': the drawn cases of"
+                  " benchmarks/data/heldout_cases.json.")
 flags.DEFINE_list("models", ["llama3-70b", "llama3-8b"],
                   "Models of shapes.json ('all': every model).")
 flags.DEFINE_list("tokens", ["4096", "8192"], "Token counts M.")
@@ -93,13 +94,15 @@ def timing_kwargs() -> dict:
 
 def case_list(op: str) -> list[cases.Case]:
   """The cases the flags ask for, for ``op`` ("ag" or "rs")."""
+  heldout = False
   if FLAGS.preset:
     p = cases.PRESETS[FLAGS.preset]
     models, tokens, square = p["models"], p["tokens"], p["square"]
+    heldout = p.get("heldout", False)
   elif FLAGS.cases and not FLAGS["models"].present:
     models, tokens, square = [], [], False
   else:
     models, tokens, square = FLAGS.models, FLAGS.tokens, FLAGS.square
   return cases.build(op, shapes_path=FLAGS.shapes, models=models,
                      tokens=tokens, square=square, extra=FLAGS.cases,
-                     tiny=FLAGS.tiny)
+                     tiny=FLAGS.tiny, heldout_cases=heldout)

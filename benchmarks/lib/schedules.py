@@ -7,8 +7,12 @@ Items, comma separated:
 * a label as ``Schedule.short()`` prints it, read by ``Schedule.from_short``:
   ``dataflow/cN[/comm[/compute[/...]]]``, e.g. ``direct/c2/dma``;
 * presets: ``quick`` (default; direct c1/c2/c4, ring c1, bidirectional c1/c2
-  on the copy engines; direct c2 and ring c1 on ppermute) and ``all`` (every
-  dataflow x chunks 1/2/4 x engine, plus none).
+  on the copy engines; direct c2 and ring c1 on ppermute), ``all`` (every
+  dataflow x chunks 1/2/4 x engine, plus none) and ``tuning`` (default,
+  none, and the copy-engine schedules the shipped caches ever chose: direct
+  c1/c2/c4, ring c1, bidirectional c1 on XLA's dots, direct c1/c2 on
+  ficco's Pallas kernel, direct c2 Pallas step, and the reduce-scatter's
+  flagged; the all-gather skips the last).
 """
 
 from __future__ import annotations
@@ -37,6 +41,24 @@ def _all(Schedule):
   return out + [Schedule(dataflow="none")]
 
 
+def _tuning(Schedule):
+  out = [DEFAULT, Schedule(dataflow="none")]
+  for df, c in (("direct", 1), ("direct", 2), ("direct", 4), ("ring", 1),
+                ("bidirectional", 1)):
+    out.append(Schedule(dataflow=df, num_chunks=c, comm="dma"))
+  for c in (1, 2):
+    out.append(Schedule(dataflow="direct", num_chunks=c, comm="dma",
+                        compute="pallas"))
+  out.append(Schedule(dataflow="direct", num_chunks=2, comm="dma",
+                      compute="pallas", compute_granularity="step"))
+  out.append(Schedule(dataflow="direct", num_chunks=1, comm="dma",
+                      compute="pallas", compute_granularity="flagged"))
+  return out
+
+
+PRESETS = {"quick": _quick, "all": _all, "tuning": _tuning}
+
+
 def parse(items: list[str]) -> list[tuple[str, Any]]:
   """(label, Schedule or None) pairs, de-duplicated, in order.
 
@@ -57,8 +79,8 @@ def parse(items: list[str]) -> list[tuple[str, Any]]:
       add(DEFAULT)
     elif item == "none":
       add(Schedule(dataflow="none"))
-    elif item in ("quick", "all"):
-      for s in (_quick if item == "quick" else _all)(Schedule):
+    elif item in PRESETS:
+      for s in PRESETS[item](Schedule):
         add(s)
     else:
       add(Schedule.from_short(item))

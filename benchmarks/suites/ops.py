@@ -42,7 +42,7 @@ flags.DEFINE_list("ops", ["ag", "rs"], "Ops: ag (all_gather_matmul), rs"
 flags.DEFINE_list("schedules", ["default"],
                   "ficco schedules: 'default' (schedule=None), 'none',"
                   " labels as Schedule.short() prints them"
-                  " (dataflow/cN[/comm[/compute]]) or presets quick, all.")
+                  " (dataflow/cN[/comm[/compute]]) or presets quick, all, tuning.")
 flags.DEFINE_list("peers", [], "Other implementations: mosaic (all-gather,"
                   " Hopper, whole mesh). PyTorch runs in suite 'peers'.")
 flags.DEFINE_list("mosaic_configs", ["128x128x64x4", "128x256x64x4"],
@@ -126,7 +126,8 @@ def measure_case(rec: results.Recorder, op: programs.Op, case, mesh,
       ref32 = op.shard_mapped(mesh, op.reference_body())(*args[0])
     except Exception as e:  # pylint: disable=broad-except
       c["check_error"] = results.short_error(e)
-  c["resolved"] = resolve_default(op, a_local, w_local, w)
+  c["resolved"], c["resolved_reason"] = resolve_default(op, a_local, w_local,
+                                                       w)
 
   with timing.interleaved():
     xla = results.guarded(rec, f"{tag} xla", lambda: jax_util.measure(
@@ -144,6 +145,10 @@ def measure_case(rec: results.Recorder, op: programs.Op, case, mesh,
     for label, sched in labels:
       if rec.over_budget():
         rec.skip(f"{tag} ficco {label}", "time budget")
+        continue
+      if (op.key == "ag" and sched is not None
+          and sched.compute_granularity in ("halving", "flagged")):
+        rec.skip(f"{tag} ficco {label}", "a reduce-scatter granularity")
         continue
       m = results.guarded(rec, f"{tag} ficco {label}", lambda s=sched: measure(
           lambda cv: op.shard_mapped(mesh, op.ficco_body(s), cv)))
@@ -212,13 +217,13 @@ def run_mosaic(rec, c, mesh, measure, tag) -> None:
     c["methods"].append(m)
 
 
-def resolve_default(op, a_local, w_local, w) -> str:
-  """What ``schedule=None`` runs here, from ``ficco_jax.explain``."""
+def resolve_default(op, a_local, w_local, w) -> tuple[str, str]:
+  """What ``schedule=None`` runs here and why, from ``ficco_jax.explain``."""
   try:
     import ficco_jax
     import jax.numpy as jnp
     e = ficco_jax.explain(op.name, x_shape=a_local, w_shape=w_local,
                           dtype=jnp.bfloat16, axis_size=w)
-    return f"{e.chosen.short()} ({e.source})"
+    return f"{e.chosen.short()} ({e.source})", e.reason
   except Exception as e:  # pylint: disable=broad-except
-    return f"unknown ({results.short_error(e, 300)})"
+    return f"unknown ({results.short_error(e, 300)})", ""

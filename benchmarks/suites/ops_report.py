@@ -74,6 +74,63 @@ def summary(data: dict) -> dict:
   return out
 
 
+PICK_TOLERANCE = 0.03  # "within 3% of the fastest schedule measured".
+XLA_TOLERANCE = 0.02   # "never more than 2% slower than XLA".
+
+
+def accuracy(cases: list[dict]) -> dict | None:
+  """How schedule=None ("default") fares against the other ficco schedules
+  measured in the same run, over the cases where it and at least one other
+  ran correctly (None: no such case). The fastest includes "default" and
+  "none" (XLA's own program inside ficco)."""
+  rows = []
+  for c in cases:
+    ok = [m for m in c["methods"] if m["method"] == "ficco" and _ok(m)
+          and m.get("median_ms")]
+    default = next((m for m in ok if m["label"] == "default"), None)
+    if default is None or len(ok) < 2:
+      continue
+    best = min(ok, key=lambda m: m["median_ms"])
+    rows.append({"case": c["name"], "resolved": c.get("resolved"),
+                 "reason": c.get("resolved_reason", ""),
+                 "ratio": default["median_ms"] / best["median_ms"],
+                 "best": best["label"], "default_ms": default["median_ms"],
+                 "best_ms": best["median_ms"],
+                 "speedup": default.get("speedup")})
+  if not rows:
+    return None
+  return {
+      "cases": len(rows),
+      "within": sum(r["ratio"] <= 1 + PICK_TOLERANCE for r in rows),
+      "total_ratio": (sum(r["default_ms"] for r in rows)
+                      / sum(r["best_ms"] for r in rows)),
+      "slower_than_xla": [r["case"] for r in rows if r["speedup"] is not None
+                          and r["speedup"] < 1 - XLA_TOLERANCE],
+      "misses": [r for r in rows if r["ratio"] > 1 + PICK_TOLERANCE],
+  }
+
+
+def _accuracy_lines(cases: list[dict]) -> list[str]:
+  a = accuracy(cases)
+  if a is None:
+    return []
+  lines = ["", f"schedule=None against every schedule measured ({a['cases']}"
+           f" cases): within {100 * PICK_TOLERANCE:.0f}% of the fastest on"
+           f" {a['within']} ({100 * a['within'] / a['cases']:.0f}%); total"
+           f" time {a['total_ratio']:.3f}x the fastest's; more than"
+           f" {100 * XLA_TOLERANCE:.0f}% slower than xla_best on"
+           f" {len(a['slower_than_xla'])}"
+           + (f" ({', '.join(a['slower_than_xla'])})"
+              if a["slower_than_xla"] else "") + "."]
+  if a["misses"]:
+    lines += ["", "Misses (schedule=None ran, the fastest was):", ""]
+    lines += report.table(
+        ["case", "schedule=None ran", "why", "fastest", "default / fastest"],
+        [[r["case"], f"`{r['resolved']}`", r["reason"][:160],
+          f"`{r['best']}`", f"{r['ratio']:.3f}"] for r in a["misses"]])
+  return lines
+
+
 def load_peers(path: str) -> dict | None:
   """PyTorch's figures (suite ``peers``) of the same device and W, if any."""
   try:
@@ -196,6 +253,7 @@ def markdown(data: dict, peers: dict | None = None) -> str:
          "mosaic best (x)", "torch fused (x)", "max rel err", "wrong/failed"],
         [_case_row(key, c, torch) for c in cases])
     lines += _schedule_table(cases)
+    lines += _accuracy_lines(cases)
     overlap = {c["xla"].get("overlap", {}).get("skipped") for c in cases} - {None}
     lines += [f"\nXLA overlap not timed: {r}" for r in sorted(overlap)]
     rebuilt = [c for c in cases
