@@ -35,3 +35,14 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)
+
+
+@pytest.fixture
+def user_cache(tmp_path):
+  """The autotune cache file of one test (never ~/.cache), reset after it.
+  Modules that autotune use it for every test (``pytest.mark.usefixtures``)."""
+  import ficco_jax  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "autotune.json"
+  ficco_jax.set_autotune_cache(path)
+  yield path
+  ficco_jax.set_autotune_cache(None)

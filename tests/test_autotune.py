@@ -21,13 +21,8 @@ RING = Schedule(dataflow="ring", num_chunks=1, comm="xla")
 NONE = Schedule(dataflow="none")
 
 
-@pytest.fixture(autouse=True)
-def user_cache(tmp_path):
-  """Every test reads and writes its own cache file, never ~/.cache."""
-  path = tmp_path / "autotune.json"
-  ficco_jax.set_autotune_cache(path)
-  yield path
-  ficco_jax.set_autotune_cache(None)
+# Every test reads and writes its own cache file (conftest.py), never ~/.cache.
+pytestmark = pytest.mark.usefixtures("user_cache")
 
 
 def _key(x_shape=X_LOCAL, w_shape=W_LOCAL, dtype=np.float32, axis_size=4):

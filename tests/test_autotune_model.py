@@ -20,12 +20,8 @@ FAST = dict(warmup=1, rounds=2, iters=2)
 D, F = 24, 40  # Model width and MLP width (F / 4 = 10 per device).
 
 
-@pytest.fixture(autouse=True)
-def user_cache(tmp_path):
-  path = tmp_path / "autotune.json"
-  ficco_jax.set_autotune_cache(path)
-  yield path
-  ficco_jax.set_autotune_cache(None)
+# Every test reads and writes its own cache file (conftest.py), never ~/.cache.
+pytestmark = pytest.mark.usefixtures("user_cache")
 
 
 def _mlp_step(mesh, form, layers=1, explicit=None):
