@@ -166,6 +166,48 @@ def test_tried_schedules_do_not_outlive_the_call():
   assert "collective_permute" not in text and "all_gather" in text
 
 
+def test_keyword_arguments_and_bf16_sites():
+  """fn's keywords travel in fn_kwargs; a site's dtype is the operands'."""
+  mesh = util.mesh((4,), ("tp",))
+  rng = np.random.default_rng(1)
+  x = util.put(mesh, P("tp"), util.rand(rng, (32, 24), jnp.bfloat16))
+  w = util.put(mesh, P(None, "tp"), util.rand(rng, (24, 16), jnp.bfloat16))
+
+  def fn(w, *, x):
+    return jax.shard_map(
+        lambda x, w: ficco_jax.all_gather_matmul(x, w, axis_name="tp"),
+        mesh=mesh, in_specs=(P("tp"), P(None, "tp")),
+        out_specs=P(None, "tp"))(x, w)
+
+  r = ficco_jax.autotune_model(fn, w, fn_kwargs={"x": x}, candidates=[NONE],
+                               store=False, **FAST)
+  [s] = r.sites
+  assert s.site.dtype == "bfloat16" and s.site.x_shape == (8, 24)
+
+
+def test_calls_over_two_axes_of_one_size_are_one_site(user_cache):
+  """The cache key has the axis size, not its name: one tuning, one entry."""
+  mesh = util.mesh((2, 2, 2), ("a", "b", "c"))
+  rng = np.random.default_rng(2)
+  x = util.put(mesh, P(), util.rand(rng, (8, 12), np.float32))
+  w = util.put(mesh, P(), util.rand(rng, (12, 6), np.float32))
+
+  def fn(x, w):
+    def body(x, w):
+      ag = lambda a: ficco_jax.all_gather_matmul(x, w, axis_name=a)  # noqa: E731
+      return ag("b") + ag("c")
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()),
+                         out_specs=P(), check_vma=False)(x, w)
+
+  r = ficco_jax.autotune_model(fn, x, w, candidates=[NONE, RING], **FAST)
+  [s] = r.sites
+  assert s.calls == 2 and s.axis_names == ("b", "c")
+  assert "also over 'c'" in r.report()
+  assert r.stored and "stored 1 entries" in r.note
+  # Tuned on a group along "b": devices differing only in b's index.
+  assert len(s.devices) == 2
+
+
 def test_arguments_are_checked_before_any_timing(tmp_path):
   mesh = util.mesh((2, 4), ("dp", "tp"))
   w, x = _args(mesh)
@@ -178,6 +220,15 @@ def test_arguments_are_checked_before_any_timing(tmp_path):
     ficco_jax.autotune_model(step, w, x, mesh="tp")
   with pytest.raises(ValueError, match="makes no ficco call with"):
     ficco_jax.autotune_model(lambda a: jnp.sum(a * 2), x)
+  with pytest.raises(ValueError, match="must be a non-empty sequence"):
+    ficco_jax.autotune_model(step, w, x, candidates=[])
+  with pytest.raises(TypeError, match="not jax.ShapeDtypeStruct"):
+    ficco_jax.autotune_model(step, w, jax.ShapeDtypeStruct(x.shape, x.dtype))
+  with pytest.raises(TypeError, match="fn_kwargs must be a dict"):
+    ficco_jax.autotune_model(step, w, x, fn_kwargs=[1])
+  with pytest.raises(ValueError, match="has no axis 'tp' of size 4"):
+    ficco_jax.autotune_model(step, w, x, mesh=util.mesh((8,), ("x",)),
+                             candidates=[NONE], store=False, **FAST)
   # A cache under a file cannot be written: said before anything compiles.
   blocker = tmp_path / "not_a_dir"
   blocker.write_text("x")

@@ -68,11 +68,6 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
                                w_shape=w.shape, dtype=a.dtype, axis_size=p,
                                axis=axis)
   schedule = resolution.schedule
-  if resolution.source != "explicit":
-    # A site `ficco_jax.autotune_model` may tune (a no-op unless it traces).
-    sites.record(op, x_shape=a.shape, w_shape=w.shape, dtype=a.dtype,
-                 axis_size=p, axis=axis, axis_name=axis_name,
-                 schedule=schedule, source=resolution.source)
   validation.check_divisible(what, rows, schedule.num_chunks,
                              "schedule.num_chunks")
   if schedule.comm == "dma" and schedule.overlapped and p > 1:
@@ -86,6 +81,11 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
         f"schedule.compute_granularity={schedule.compute_granularity!r} is"
         " the reduce-scatter's; all_gather_matmul takes 'piece', 'step' or"
         " None.")
+  if resolution.source != "explicit":
+    # A site `ficco_jax.autotune_model` may tune (a no-op unless it traces).
+    sites.record(op, x_shape=a.shape, w_shape=w.shape, dtype=a.dtype,
+                 axis_size=p, axis=axis, axis_name=axis_name,
+                 schedule=schedule, source=resolution.source)
   return axis, matmul.make_static(
       op, axis_name=axis_name, axis_size=p, schedule=schedule,
       precision=precision, preferred_element_type=preferred_element_type,

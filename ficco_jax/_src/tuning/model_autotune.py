@@ -13,7 +13,6 @@ entries are stored only when the step is faster with them.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -32,12 +31,16 @@ from ficco_jax._src.tuning import sites as sites_lib
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SiteResult:
-  """One distinct call of the function and what tuning it found.
+  """One distinct problem of the function (one autotune-cache key) and
+  what tuning it found.
 
   Attributes:
-    site: the op and its local problem.
-    calls: how many calls of the traced function had this site (layers
-      unrolled in Python count each; a ``scan`` body counts once).
+    site: the op and its local problem (the first call's axis name).
+    calls: how many times tracing the function reached a call with this
+      key: layers unrolled in Python count each; a ``scan`` body or a
+      ``jax.jit`` function JAX traced once, once.
+    axis_names: every axis those calls communicate over (the cache key
+      has the axis size, not its name).
     before: what ``schedule=None`` ran before tuning.
     before_source: where that came from (``"autotune cache"`` or
       ``"heuristic"``).
@@ -47,6 +50,7 @@ class SiteResult:
 
   site: sites_lib.Site
   calls: int
+  axis_names: tuple[str, ...]
   before: schedule_lib.Schedule
   before_source: str
   tuned: autotune_lib.AutotuneResult
@@ -95,7 +99,10 @@ class ModelAutotuneResult:
              f"  {'op gain':>7}"]
     for r in self.sites:
       gain = "" if r.speedup is None else f"{r.speedup:.3f}x"
-      lines.append(f"{r.calls:>5}  {r.site.describe():<66}"
+      where = r.site.describe()
+      if len(r.axis_names) > 1:
+        where += f" (also over {', '.join(map(repr, r.axis_names[1:]))})"
+      lines.append(f"{r.calls:>5}  {where:<66}"
                    f"  {r.before.short():<28}  {r.tuned.best.short():<28}"
                    f"  {gain:>7}")
     after = ("unchanged" if self.step_ms_after is None else
@@ -124,12 +131,20 @@ def _group(mesh: jax.sharding.Mesh, axis_name: str) -> jax.sharding.Mesh:
                            (axis_name,))
 
 
-def _tuning_mesh(site: sites_lib.Site, meshes) -> jax.sharding.Mesh:
-  """Where to tune ``site``: a group along its axis of the first mesh that
-  has that axis at that size; else the first ``axis_size`` devices."""
-  for mesh in meshes:
-    if mesh.shape.get(site.axis_name) == site.axis_size:
-      return _group(mesh, site.axis_name)
+def _tuning_mesh(site: sites_lib.Site, mesh, meshes) -> jax.sharding.Mesh:
+  """Where to tune ``site``: a group along its axis of ``mesh`` (which must
+  have it), else of the first of ``meshes`` that has that axis at that
+  size, else the first ``axis_size`` devices."""
+  if mesh is not None:
+    if mesh.shape.get(site.axis_name) != site.axis_size:
+      raise ValueError(
+          f"autotune_model: mesh (axes {dict(mesh.shape)}) has no axis"
+          f" {site.axis_name!r} of size {site.axis_size}, which"
+          f" {site.describe()} communicates over.")
+    return _group(mesh, site.axis_name)
+  for m in meshes:
+    if m.shape.get(site.axis_name) == site.axis_size:
+      return _group(m, site.axis_name)
   devices = jax.devices()
   if len(devices) < site.axis_size:
     raise ValueError(
@@ -171,6 +186,25 @@ def _time_step(fns, args, *, rounds: int, iters: int):
   return autotune_lib.time_interleaved(fns, args, rounds=rounds, iters=iters)
 
 
+def _check_arguments(fn, args, fn_kwargs, mesh, candidates) -> None:
+  if not callable(fn):
+    raise TypeError(f"fn must be callable, got {fn!r}.")
+  if fn_kwargs is not None and not isinstance(fn_kwargs, dict):
+    raise TypeError(f"fn_kwargs must be a dict or None, got {fn_kwargs!r}.")
+  if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {mesh!r}.")
+  if candidates is not None:
+    if not candidates or not all(isinstance(c, schedule_lib.Schedule)
+                                 for c in candidates):
+      raise ValueError(f"candidates={candidates!r} must be a non-empty"
+                       " sequence of ficco_jax.Schedule (or None).")
+  for leaf in jax.tree_util.tree_leaves((args, fn_kwargs)):
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      raise TypeError(
+          "autotune_model runs fn: pass arrays, not jax.ShapeDtypeStruct"
+          f" ({leaf}).")
+
+
 def _compile(fn, args, kwargs):
   # Traced afresh: JAX's caches would replay the schedules of an earlier
   # trace, and the sites are recorded only while tracing.
@@ -181,6 +215,7 @@ def _compile(fn, args, kwargs):
 def autotune_model(
     fn: Callable[..., Any],
     *args: Any,
+    fn_kwargs: dict[str, Any] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     candidates: Sequence[schedule_lib.Schedule] | None = None,
     store: bool = True,
@@ -188,16 +223,15 @@ def autotune_model(
     warmup: int = 3,
     rounds: int = 5,
     iters: int = 10,
-    **kwargs: Any,
 ) -> ModelAutotuneResult:
   """Tunes every ``schedule=None`` ficco call in ``fn`` and times the gain.
 
-  Traces ``jax.jit(fn)(*args, **kwargs)`` to find the calls of
+  Traces ``jax.jit(fn)(*args, **fn_kwargs)`` to find the calls of
   `ficco_jax.all_gather_matmul` / `ficco_jax.matmul_reduce_scatter` (and
   their `ficco_jax.sharded` forms) that leave the schedule to
   ``schedule=None``, directly or under ``shard_map``, ``jit``, ``grad``,
-  ``scan``. Each distinct call (op, local shapes, dtype, axis) is tuned
-  once with `ficco_jax.autotune` on one group of its devices, with random
+  ``scan``. Each distinct problem (op, local shapes, dtype, axis size and
+  axis: the autotune cache's key) is tuned once with `ficco_jax.autotune` on one group of its devices, with random
   operands of its shapes. Then ``fn`` is compiled with the winners and
   timed against the program it ran before, interleaved; the entries go to
   the user cache (`ficco_jax.set_autotune_cache`) only if the step is
@@ -205,18 +239,24 @@ def autotune_model(
 
   It clears JAX's compilation caches (``jax.clear_caches``) so that every
   call is traced afresh; functions jitted before it retrace on their next
-  call, and then pick up the stored entries.
+  call, and then pick up the stored entries. ``fn``'s own donation, if it
+  is jitted with ``donate_argnums``, does not apply while tuning: the two
+  compiled programs and their outputs are alive at once, so it needs
+  memory for about two steps. Calls over an axis of size 1 have nothing to
+  overlap and are not tuned.
 
   Args:
     fn: the function to tune, e.g. a training step; it must be jittable
-      with ``args`` and ``kwargs`` as its arguments (bind static arguments
-      with ``functools.partial``).
-    *args: example arguments, with the shapes, dtypes and shardings the
-      function will run with.
+      with ``args`` and ``fn_kwargs`` as its arguments (bind static
+      arguments with ``functools.partial``).
+    *args: example arguments (arrays, not ``jax.ShapeDtypeStruct``: ``fn``
+      runs), with the shapes, dtypes and shardings it will run with.
+    fn_kwargs: keyword arguments of ``fn``, if any.
     mesh: the mesh the ops run on, to pick the devices a call is tuned on
-      (a group along its axis). Default: the mesh of the first argument
-      sharded over a ``NamedSharding`` with that axis at that size, else
-      the first devices of ``jax.devices()``.
+      (a group along its axis; it must have every tuned call's axis).
+      Default: the mesh of the first argument sharded over a
+      ``NamedSharding`` with that axis at that size, else the first devices
+      of ``jax.devices()``.
     candidates: schedules to time at every site (those that do not fit a
       site fail there and are listed in its errors); default
       `ficco_jax.autotune`'s candidates for each site.
@@ -226,22 +266,23 @@ def autotune_model(
       fraction (`ficco_jax.autotune`'s ``margin``).
     warmup, rounds, iters: as for `ficco_jax.autotune`, for each site and
       for the step.
-    **kwargs: keyword arguments of ``fn``.
 
   Returns:
     A `ModelAutotuneResult`; ``print(result.report())`` shows it.
 
   Raises:
-    TypeError: ``fn`` is not callable.
-    ValueError: ``fn`` makes no ``schedule=None`` ficco call, a knob is out
-      of range, or a call needs more devices than are visible.
+    TypeError: ``fn`` is not callable, or an argument has the wrong type.
+    ValueError: ``fn`` makes no ``schedule=None`` ficco call over an axis
+      of size > 1, a knob is out of range, ``mesh`` lacks a call's axis, or
+      a call needs more devices than are visible.
+    RuntimeError: no candidate ran at a site, or ``fn`` failed when run.
     NotImplementedError: in a job of several processes (tune each op with
       `ficco_jax.autotune` in every process there).
     OSError: with ``store=True``, before any timing, when the cache file
       cannot be written.
   """
-  if not callable(fn):
-    raise TypeError(f"fn must be callable, got {fn!r}.")
+  _check_arguments(fn, args, fn_kwargs, mesh, candidates)
+  kwargs = dict(fn_kwargs or {})
   if jax.process_count() > 1:
     raise NotImplementedError(
         "autotune_model tunes in one process; in a job of"
@@ -249,27 +290,28 @@ def autotune_model(
         " op in every process.")
   autotune_lib.check_knobs(margin=margin, warmup=warmup, rounds=rounds,
                            iters=iters)
-  if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
-    raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {mesh!r}.")
   if store:
     autotune_cache.check_writable()  # In seconds, not after the timing.
 
   with sites_lib.recording() as calls:
     before = _compile(fn, args, kwargs)
-  if not calls:
+  # One tuning per cache key: calls over two axes of one size share it.
+  by_key: dict[autotune_cache.Key, list[sites_lib.Call]] = {}
+  for c in calls:
+    if c.site.axis_size > 1:
+      by_key.setdefault(_key(c.site), []).append(c)
+  if not by_key:
     raise ValueError(
         f"autotune_model: {getattr(fn, '__name__', fn)!r} makes no ficco"
-        " call with schedule=None (calls with an explicit schedule are not"
-        " tuned).")
-  counts = collections.Counter(c.site for c in calls)
-  first = {}
-  for c in calls:
-    first.setdefault(c.site, c)
-  meshes = ([mesh] if mesh is not None else []) + _meshes_of((args, kwargs))
+        " call with schedule=None over an axis of size > 1 (calls with an"
+        " explicit schedule are not tuned).")
+  meshes = _meshes_of((args, kwargs))
 
   results = []
-  for i, (site, call) in enumerate(first.items()):
-    group = _tuning_mesh(site, meshes)
+  for i, group_calls in enumerate(by_key.values()):
+    call = group_calls[0]
+    site = call.site
+    group = _tuning_mesh(site, mesh, meshes)
     x, w = _operands(site, group, seed=i)
     tuned = autotune_lib.autotune(
         site.op, x, w, mesh=group, axis_name=site.axis_name, axis=site.axis,
@@ -277,8 +319,9 @@ def autotune_model(
         iters=iters, margin=margin)
     del x, w
     results.append(SiteResult(
-        site=site, calls=counts[site], before=call.schedule,
-        before_source=call.source, tuned=tuned,
+        site=site, calls=len(group_calls),
+        axis_names=tuple(dict.fromkeys(c.site.axis_name for c in group_calls)),
+        before=call.schedule, before_source=call.source, tuned=tuned,
         devices=tuple(int(d.id) for d in group.devices.flat)))
 
   flat_args = (args, kwargs)
