@@ -256,3 +256,33 @@ def test_epilogue_reduce_scatter_survives_repeated_calls():
   platform = util.platform_name()
   assert util.library_entries_after(platform) == 0
   assert util.window_entries_after(platform) == 0
+
+
+def test_independent_chains_of_one_program_never_stall_each_other():
+  """A bidirectional two-chunk reduce-scatter runs four independent chains
+  of ring hops. XLA:CPU starts independent ops in the order they become
+  ready, which differs between devices; with one FIFO copy queue per device
+  a flag wait of one chain held back the copies of another that the peer it
+  waited for needed first, and the call stalled until its timeout (about 1
+  in 50 fresh programs on 4 CPU devices; this loop caught it about half the
+  time). Each window now has its own lane on a queue. On GPUs a program
+  runs in one order everywhere; the loop runs there too."""
+  mesh = util.tp_mesh()
+  p = mesh.devices.size
+  schedule = Schedule(dataflow="bidirectional", num_chunks=2, comm="dma",
+                      transport="window")
+  rng = np.random.default_rng(3)
+  m, k, n = 6, 10, 7
+  for _ in range(25):
+    # A fresh program each time: the devices' orders are decided anew.
+    f = jax.jit(jax.shard_map(
+        functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                          schedule=schedule, timeout_s=10.0),
+        mesh=mesh, in_specs=(P(None, "x"), P("x", None)), out_specs=P("x")))
+    for _ in range(2):  # The second call reuses the windows' next slots.
+      h = util.rand(rng, (p * m, p * n), np.float32)
+      w = util.rand(rng, (p * n, k), np.float32)
+      out = f(util.put(mesh, P(None, "x"), h),
+              util.put(mesh, P("x", None), w))
+      assert util.rel_err(out, util.ref_matmul_reduce_scatter(
+          h, w)) < util.tol(np.float32)

@@ -55,6 +55,11 @@ class CpuEvent {
     }
     callback(s);
   }
+  // The state now (kPending if not set yet), without waiting.
+  State Peek() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_;
+  }
   // The state once set, or kPending if `deadline` passed first.
   State WaitUntil(Clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mu_);

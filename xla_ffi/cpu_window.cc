@@ -11,12 +11,16 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -47,6 +51,85 @@ bool Reached(const uint32_t* addr, uint32_t value) {
   return static_cast<int32_t>(__atomic_load_n(addr, __ATOMIC_ACQUIRE) -
                               value) >= 0;
 }
+
+// One window's operations on one copy queue of a device, in order: a lane.
+// Why lanes: XLA:CPU runs a program's independent ops in whatever order
+// they become ready, so two devices may start two chains of one program
+// (the rings and chunks of a bidirectional schedule) in opposite orders. On
+// one FIFO queue a flag wait of one chain would then hold back the other
+// chain's copies that the peer it waits for needs first: a cycle across
+// devices that only the timeout broke (about 1 call in 50 of
+// bidirectional/c2 on 4 CPU devices). A GPU runs a program's ops in one
+// order on every device, so its streams need no lanes. Within a window
+// (one call site) the epochs stay in order, which the flags' >= semantics
+// rely on; a lane whose head is not ready yields the queue to other lanes.
+class Lane {
+ public:
+  // Runs now or later; false: not ready, call again later (it must not
+  // block).
+  using Op = std::function<bool()>;
+
+  static void Push(const Window* w, int32_t device, int64_t queue, Op op) {
+    static std::mutex* mu = new std::mutex();
+    static auto* lanes = new std::map<std::tuple<const Window*, int32_t,
+                                                 int64_t>, Lane*>();
+    Lane* lane;
+    {
+      std::lock_guard<std::mutex> lock(*mu);
+      Lane*& l = (*lanes)[{w, device, queue}];
+      // Windows live as long as the process, and so do their lanes.
+      if (l == nullptr) l = new Lane(&Queue(device, kQueueBase + queue));
+      lane = l;
+    }
+    lane->Add(std::move(op));
+  }
+
+ private:
+  explicit Lane(CopyQueue* queue) : queue_(queue) {}
+
+  void Add(Op op) {
+    bool schedule;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ops_.push_back(std::make_shared<Op>(std::move(op)));
+      schedule = !scheduled_;
+      scheduled_ = true;
+    }
+    if (schedule) queue_->Push([this] { Drain(); });
+  }
+
+  // On the queue's thread: runs the lane's ops until it is empty or its
+  // head is not ready; then it goes to the back of the queue, after a nap
+  // that grows while nothing moves (the queue's other lanes ran meanwhile).
+  void Drain() {
+    for (;;) {
+      std::shared_ptr<Op> op;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (ops_.empty()) {
+          scheduled_ = false;
+          return;
+        }
+        op = ops_.front();
+      }
+      if (!(*op)()) {
+        std::this_thread::sleep_for(nap_);
+        nap_ = std::min(nap_ * 2, std::chrono::microseconds(200));
+        queue_->Push([this] { Drain(); });
+        return;
+      }
+      nap_ = std::chrono::microseconds(1);
+      std::lock_guard<std::mutex> lock(mu_);
+      ops_.pop_front();
+    }
+  }
+
+  CopyQueue* const queue_;
+  std::mutex mu_;
+  std::deque<std::shared_ptr<Op>> ops_;
+  bool scheduled_ = false;
+  std::chrono::microseconds nap_{1};  // Only the queue's thread uses it.
+};
 
 struct CpuWindowBackend {
   using Event = CpuEvent;
@@ -89,25 +172,62 @@ struct CpuWindowBackend {
     return ffi::Error::Success();
   }
 
+  // Every operation goes to its window's lane on the queue (`Lane`).
+  static void Push(const std::shared_ptr<Inv>& inv, int32_t device,
+                   int64_t queue, std::function<void()> op) {
+    Lane::Push(inv->win.get(), device, queue, [op = std::move(op)] {
+      op();
+      return true;
+    });
+  }
+
+  // A wait that is not over yields its lane until it is, or until its
+  // bound passes (counted from when it reached the head of its lane).
+  static void PushWait(const std::shared_ptr<Inv>& inv, int32_t device,
+                       int64_t queue, int64_t ms,
+                       std::function<bool()> over,
+                       std::function<void()> late) {
+    auto deadline = std::make_shared<std::optional<Clock::time_point>>();
+    Lane::Push(inv->win.get(), device, queue,
+               [inv, ms, over = std::move(over), late = std::move(late),
+                deadline] {
+                 // A failed invocation skips its copies: stop waiting for
+                 // them too, so its queues drain at once (`WhenSettled`).
+                 if (inv->failed() || over()) return true;
+                 if (!deadline->has_value()) *deadline = DeadlineAfter(ms);
+                 if (Clock::now() < **deadline) return false;
+                 late();
+                 return true;
+               });
+  }
+
   ffi::Error WaitEvent(const std::shared_ptr<Inv>& inv, int32_t device,
                        int64_t queue, Event* e) {
-    Queue(device, kQueueBase + queue).Push([inv, e] {
-      if (inv->failed()) return;
-      // Events are this device's own: they are late only because a flag
-      // wait is, and that wait's message (which names the rank) should win,
-      // so this bound is twice the op's.
-      const int64_t ms = inv->plan.timeout_ms;
-      if (e->WaitUntil(DeadlineAfter(2 * ms)) == CpuEvent::kOk) return;
-      inv->Fail(inv->where + ": a copy queue waited more than " +
-                std::to_string(2 * ms) + " ms for an event, or it failed" +
-                Late(*inv));
+    // Events are this device's own: they are late only because a flag wait
+    // is, and that wait's message (which names the rank) should win, so
+    // this bound is twice the op's.
+    const int64_t ms = 2 * inv->plan.timeout_ms;
+    PushWait(inv, device, queue, ms,
+             [e] { return e->Peek() != CpuEvent::kPending; },
+             [inv, e, ms] {
+               inv->Fail(inv->where + ": a copy queue waited more than " +
+                         std::to_string(ms) + " ms for an event, or it" +
+                         " failed" + Late(*inv));
+             });
+    // A failed event fails its waiter at once, as the blocking wait did.
+    Lane::Push(inv->win.get(), device, queue, [inv, e] {
+      if (!inv->failed() && e->Peek() == CpuEvent::kFailed) {
+        inv->Fail(inv->where + ": a copy queue waited for an event that"
+                  " failed" + Late(*inv));
+      }
+      return true;
     });
     return ffi::Error::Success();
   }
 
   ffi::Error Copy(const std::shared_ptr<Inv>& inv, int32_t device,
                   int64_t queue, char* dst, const char* src, size_t bytes) {
-    Queue(device, kQueueBase + queue).Push([inv, dst, src, bytes] {
+    Push(inv, device, queue, [inv, dst, src, bytes] {
       if (!inv->failed() && bytes > 0) std::memcpy(dst, src, bytes);
     });
     return ffi::Error::Success();
@@ -115,33 +235,21 @@ struct CpuWindowBackend {
 
   ffi::Error Record(const std::shared_ptr<Inv>& inv, int32_t device,
                     int64_t queue, Event* e) {
-    Queue(device, kQueueBase + queue).Push([inv, e] {
+    Push(inv, device, queue, [inv, e] {
       e->Set(inv->failed() ? CpuEvent::kFailed : CpuEvent::kOk);
     });
     return ffi::Error::Success();
   }
 
-  // Polls, sleeping a little longer each time, until the deadline.
   ffi::Error WaitFlag(const std::shared_ptr<Inv>& inv, int32_t device,
                       int64_t queue, uint32_t* addr, uint32_t value,
                       std::string who) {
-    Queue(device, kQueueBase + queue).Push([inv, addr, value, who] {
-      if (inv->failed()) return;
-      const int64_t ms = inv->plan.timeout_ms;
-      const auto deadline = DeadlineAfter(ms);
-      auto nap = std::chrono::microseconds(1);
-      while (!Reached(addr, value)) {
-        // A failed invocation skips its copies: stop waiting for them too,
-        // so its queues drain at once (`WhenSettled`).
-        if (inv->failed()) return;
-        if (Clock::now() >= deadline) {
-          return inv->Fail(inv->where + ": waited more than " +
-                           std::to_string(ms) + " ms for " + who + Late(*inv));
-        }
-        std::this_thread::sleep_for(nap);
-        nap = std::min(nap * 2, std::chrono::microseconds(200));
-      }
-    });
+    const int64_t ms = inv->plan.timeout_ms;
+    PushWait(inv, device, queue, ms, [addr, value] { return Reached(addr, value); },
+             [inv, ms, who] {
+               inv->Fail(inv->where + ": waited more than " +
+                         std::to_string(ms) + " ms for " + who + Late(*inv));
+             });
     return ffi::Error::Success();
   }
 
@@ -171,7 +279,7 @@ struct CpuWindowBackend {
                  int64_t peers, int64_t chunk_elems) {
     const PushSumArgs args{dtype, out, own, landing, chunks, peers,
                            chunk_elems};
-    Queue(device, kQueueBase + queue).Push([inv, args] {
+    Push(inv, device, queue, [inv, args] {
       if (inv->failed()) return;
       if (ffi::Error err = CpuPushSum(args); err.failure()) {
         inv->Fail(inv->where + ": " + std::string(err.message()));
@@ -183,7 +291,7 @@ struct CpuWindowBackend {
   // A failed invocation writes no flag: its peers must not read garbage.
   ffi::Error WriteFlag(const std::shared_ptr<Inv>& inv, int32_t device,
                        int64_t queue, uint32_t* addr, uint32_t value) {
-    Queue(device, kQueueBase + queue).Push([inv, addr, value] {
+    Push(inv, device, queue, [inv, addr, value] {
       if (!inv->failed()) __atomic_store_n(addr, value, __ATOMIC_RELEASE);
     });
     return ffi::Error::Success();
