@@ -42,6 +42,32 @@ OVERLAP_OPTIONS = {
 OVERLAP_FALLBACK_WITHOUT = ("xla_gpu_multi_streamed_windowed_einsum",)
 
 
+def compile_overlapped(lowered, without=()) -> tuple[object, dict]:
+  """``lowered`` compiled with `OVERLAP_OPTIONS` (less ``without``).
+
+  Options this XLA does not know are dropped one by one and named in the
+  returned notes (``options_rejected``), so one renamed flag does not lose
+  the whole program.
+
+  Returns:
+    (the compiled executable, notes: options used and rejected).
+  """
+  options = {k: v for k, v in OVERLAP_OPTIONS.items() if k not in without}
+  rejected = {}
+  while True:
+    try:
+      return lowered.compile(compiler_options=options), {
+          "compiler_options": options, "options_rejected": rejected}
+    except Exception as e:  # pylint: disable=broad-except
+      bad = re.search(r"No such compile option: '([^']+)'", str(e))
+      if not bad or bad.group(1) not in options:
+        raise
+      rejected[bad.group(1)] = str(e)[:300]
+      del options[bad.group(1)]
+      if not options:
+        raise
+
+
 @dataclasses.dataclass(frozen=True)
 class Op:
   """One op's layouts and programs (see the module docstring)."""
@@ -134,11 +160,8 @@ class Op:
     return fn, ys
 
   def xla_overlap(self, mesh, args, without=()) -> tuple[object, dict]:
-    """XLA's product compiled pjit style with `OVERLAP_OPTIONS`.
-
-    Options this XLA does not know are dropped one by one and named in the
-    returned notes (``options_rejected``), so one renamed flag does not lose
-    the whole variant.
+    """XLA's product compiled pjit style with `OVERLAP_OPTIONS`
+    (`compile_overlapped`).
 
     Args:
       mesh: the mesh of the axis "x".
@@ -155,21 +178,7 @@ class Op:
                 in_shardings=(NamedSharding(mesh, a_spec),
                               NamedSharding(mesh, w_spec)),
                 out_shardings=NamedSharding(mesh, out_spec))
-    lowered = f.lower(*args[0])
-    options = {k: v for k, v in OVERLAP_OPTIONS.items() if k not in without}
-    rejected = {}
-    while True:
-      try:
-        return lowered.compile(compiler_options=options), {
-            "compiler_options": options, "options_rejected": rejected}
-      except Exception as e:  # pylint: disable=broad-except
-        bad = re.search(r"No such compile option: '([^']+)'", str(e))
-        if not bad or bad.group(1) not in options:
-          raise
-        rejected[bad.group(1)] = str(e)[:300]
-        del options[bad.group(1)]
-        if not options:
-          raise
+    return compile_overlapped(f.lower(*args[0]), without)
 
 
 OPS = {key: Op(key) for key in cases_lib.OPS}
