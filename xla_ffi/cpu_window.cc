@@ -58,9 +58,8 @@ bool Reached(const uint32_t* addr, uint32_t value) {
 // (the rings and chunks of a bidirectional schedule) in opposite orders. On
 // one FIFO queue a flag wait of one chain would then hold back the other
 // chain's copies that the peer it waits for needs first: a cycle across
-// devices that only the timeout broke (about 1 call in 50 of
-// bidirectional/c2 on 4 CPU devices). A GPU runs a program's ops in one
-// order on every device, so its streams need no lanes. Within a window
+// devices that only the timeout would break. A GPU runs a program's ops in
+// one order on every device, so its streams need no lanes. Within a window
 // (one call site) the epochs stay in order, which the flags' >= semantics
 // rely on; a lane whose head is not ready yields the queue to other lanes.
 class Lane {
@@ -207,21 +206,17 @@ struct CpuWindowBackend {
     // is, and that wait's message (which names the rank) should win, so
     // this bound is twice the op's.
     const int64_t ms = 2 * inv->plan.timeout_ms;
+    const std::string why = inv->where + ": a copy queue waited more than " +
+                            std::to_string(ms) + " ms for an event, or it" +
+                            " failed";
     PushWait(inv, device, queue, ms,
-             [e] { return e->Peek() != CpuEvent::kPending; },
-             [inv, e, ms] {
-               inv->Fail(inv->where + ": a copy queue waited more than " +
-                         std::to_string(ms) + " ms for an event, or it" +
-                         " failed" + Late(*inv));
-             });
-    // A failed event fails its waiter at once, as the blocking wait did.
-    Lane::Push(inv->win.get(), device, queue, [inv, e] {
-      if (!inv->failed() && e->Peek() == CpuEvent::kFailed) {
-        inv->Fail(inv->where + ": a copy queue waited for an event that"
-                  " failed" + Late(*inv));
-      }
-      return true;
-    });
+             [inv, e, why] {
+               // A failed event fails its waiter at once.
+               const CpuEvent::State s = e->Peek();
+               if (s == CpuEvent::kFailed) inv->Fail(why + Late(*inv));
+               return s != CpuEvent::kPending;
+             },
+             [inv, why] { inv->Fail(why + Late(*inv)); });
     return ffi::Error::Success();
   }
 

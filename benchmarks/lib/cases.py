@@ -93,8 +93,8 @@ def write_heldout(path: str = HELDOUT, seed: int = HELDOUT_SEED,
                   count: int = HELDOUT_COUNT) -> None:
   """Saves `draw_heldout`'s cases with how they were drawn."""
   data = {"about": (
-      "Held-out cases for scoring schedule=None (issue: schedule=None that"
-      " holds on shapes it was never tuned on): drawn once by"
+      "Held-out cases for scoring schedule=None on shapes nothing was"
+      " tuned or fitted on: drawn once by"
       " benchmarks/lib/cases.py draw_heldout(seed, count), disjoint from"
       " shapes.json's models; never used to tune or fit. The all-gather"
       " runs M=tokens, K=H, N=F; the reduce-scatter M=tokens, K=F, N=H."),

@@ -231,8 +231,8 @@ def autotune_model(
   their `ficco_jax.sharded` forms) that leave the schedule to
   ``schedule=None``, directly or under ``shard_map``, ``jit``, ``grad``,
   ``scan``. Each distinct problem (op, local shapes, dtype, axis size and
-  axis: the autotune cache's key) is tuned once with `ficco_jax.autotune` on one group of its devices, with random
-  operands of its shapes. Then ``fn`` is compiled with the winners and
+  axis: the autotune cache's key) is tuned once with `ficco_jax.autotune`
+  on one group of its devices, with random operands of its shapes. Then ``fn`` is compiled with the winners and
   timed against the program it ran before, interleaved; the entries go to
   the user cache (`ficco_jax.set_autotune_cache`) only if the step is
   faster with them. Calls with an explicit ``schedule`` are left alone.
@@ -324,21 +324,14 @@ def autotune_model(
         before=call.schedule, before_source=call.source, tuned=tuned,
         devices=tuple(int(d.id) for d in group.devices.flat)))
 
-  flat_args = (args, kwargs)
-  call_fn = lambda f: (lambda *a: f(*a[0], **a[1]))  # noqa: E731
-  if not any(r.changed for r in results):
-    autotune_lib.warm(call_fn(before), flat_args, warmup)
-    (before_ms,), errors = _time_step([call_fn(before)], flat_args,
-                                      rounds=rounds, iters=iters)
-    if errors:
-      raise RuntimeError(f"autotune_model: running {fn!r} failed: {errors}")
-    after_ms, speedup, keep = None, 1.0, True
-    note = "no site changed"
-  else:
+  # The program before, and (if a site changed) the one with the winners.
+  programs = [before]
+  changed = any(r.changed for r in results)
+  if changed:
     trial = {r.tuned.key: r.tuned.best for r in results}
     try:
       with autotune_cache.trying(trial), sites_lib.recording() as again:
-        after = _compile(fn, args, kwargs)
+        programs.append(_compile(fn, args, kwargs))
     finally:
       jax.clear_caches()  # Nothing traced with unstored entries stays.
     wrong = [c.site.describe() for c in again
@@ -346,13 +339,19 @@ def autotune_model(
     if wrong:
       raise RuntimeError(f"autotune_model: the tuned schedules did not apply"
                          f" at {wrong}.")
-    fns = [call_fn(before), call_fn(after)]
-    for f in fns:
-      autotune_lib.warm(f, flat_args, warmup)
-    (before_ms, after_ms), errors = _time_step(fns, flat_args, rounds=rounds,
-                                               iters=iters)
-    if errors:
-      raise RuntimeError(f"autotune_model: running {fn!r} failed: {errors}")
+  flat_args = (args, kwargs)
+  fns = [lambda a, kw, f=f: f(*a, **kw) for f in programs]
+  for f in fns:
+    autotune_lib.warm(f, flat_args, warmup)
+  medians, errors = _time_step(fns, flat_args, rounds=rounds, iters=iters)
+  if errors:
+    raise RuntimeError(f"autotune_model: running {fn!r} failed: {errors}")
+  before_ms = medians[0]
+  if not changed:
+    after_ms, speedup, keep = None, 1.0, True
+    note = "no site changed"
+  else:
+    after_ms = medians[1]
     speedup = before_ms / after_ms
     # Strictly faster: a tie within the timing's noise keeps what ran.
     keep = after_ms < before_ms

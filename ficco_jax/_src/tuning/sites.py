@@ -22,7 +22,7 @@ from ficco_jax._src import schedule as schedule_lib
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Site:
-  """One distinct call: the local problem the op saw inside ``shard_map``.
+  """One call's problem: what the op saw inside ``shard_map``.
 
   Attributes:
     op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
@@ -88,6 +88,3 @@ def record(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
               axis=int(axis), axis_name=str(axis_name))
   calls.append(Call(site=site, schedule=schedule, source=source))
 
-
-def is_recording() -> bool:
-  return _calls.get() is not None
