@@ -6,9 +6,9 @@
                 transport: windows exchanged through the distributed
                 key-value store), every dataflow, checked the same way; and
                 a dp x tp mesh whose tp groups span processes.
-  mode "push":  the flagged reduce-scatter over such an axis (a job of
-                several processes pushes: docs/windows.md, "Push"); on
-                CPUs or one GPU per process.
+  mode "push":  the flagged reduce-scatter and the push all-gather over
+                such an axis (a job of several processes pushes:
+                docs/windows.md, "Push"); on CPUs or one GPU per process.
   mode "otherhost": as if each process ran on a host of its own
                 (`windows.hostname` replaced): comm="dma" must be refused,
                 naming
@@ -225,6 +225,21 @@ def main(mode: str) -> int:
           assert "ficco_push_finish" in f.lower(*args).as_text()
         _check(f(*args), np.asarray(h_p, np.float64) @ np.asarray(
             w_p, np.float64), tol)
+    # The push all-gather over the same axis: each shard lands in the
+    # other process's window and is multiplied there.
+    g = jax.jit(jax.shard_map(
+        functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                          schedule=Schedule(dataflow="direct", comm="dma",
+                                            compute_granularity="flagged")),
+        mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x")))
+    for i in range(4):
+      x_p = rng.standard_normal((m * p, k)).astype(dtype)
+      wg = rng.standard_normal((k, n * p)).astype(dtype)
+      args_g = (_global(mesh, P("x"), x_p), _global(mesh, P(None, "x"), wg))
+      if i == 0:
+        assert "ficco_push_gather" in g.lower(*args_g).as_text()
+      _check(g(*args_g), np.asarray(x_p, np.float64) @ np.asarray(
+          wg, np.float64), tol)
     # The rendezvous transport cannot reach the other process: asked for,
     # it is a clear error naming the schedule's field.
     schedule = dataclasses.replace(schedule, transport="rendezvous")

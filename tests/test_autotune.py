@@ -306,6 +306,8 @@ def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
       op == "matmul_reduce_scatter")  # The shipped llama3-70b pick.
   assert ("direct/c1/dma/pallas/flagged" in labels) == (
       op == "matmul_reduce_scatter")
+  # The push all-gather, wherever the copy engines are.
+  assert ("direct/c1/dma/xla/flagged" in labels) == (op == "all_gather_matmul")
   assert not any("pallas" in l and "/c4/" in l for l in labels)
   assert not any(s.compute == "pallas" and s.comm == "xla" for s in hopper)
   base = autotune_lib._default_candidates(*args)  # No device: none added.

@@ -39,7 +39,9 @@ RS = ficco_jax.matmul_reduce_scatter
     (dict(a_shape=(24, 10), w_shape=(10, 8), axis_name="y"), ValueError, r"axis 'y' is not bound"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(dataflow="ring", num_chunks=4)), ValueError, r"x.shape\[0\].*\(6\) must be divisible by schedule.num_chunks \(4\)"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(compute_granularity="halving")), ValueError, r"compute_granularity='halving' is the reduce-scatter's"),
-    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", compute="pallas", compute_granularity="flagged")), ValueError, r"compute_granularity='flagged' is the reduce-scatter's"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", compute="pallas", compute_granularity="flagged")), ValueError, r"all_gather_matmul's compute_granularity='flagged' needs compute='xla'.*got compute='pallas'"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", num_chunks=2, compute_granularity="flagged")), ValueError, r"all_gather_matmul's compute_granularity='flagged'.*num_chunks must be 1, got 2"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", compute_granularity="flagged", transport="rendezvous")), ValueError, r"all_gather_matmul's compute_granularity='flagged' travels by transport='push'.*got transport='rendezvous'"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), dtype=np.int32), TypeError, r"x has dtype int32"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule="direct"), TypeError, r"schedule must be a ficco_jax.Schedule"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=0), ValueError, r"timeout_s=0 must be a finite number of seconds"),
@@ -124,6 +126,8 @@ def test_schedule_validation(kwargs, exc, match):
     Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
              compute_granularity="flagged", transport="rendezvous"),
     Schedule(dataflow="ring", num_chunks=3, comm="dma", transport="window"),
+    Schedule(dataflow="direct", num_chunks=1, comm="dma",
+             compute_granularity="flagged", transport="push"),
 ])
 def test_schedule_label_round_trips(schedule):
   assert Schedule.from_short(schedule.short()) == schedule
@@ -194,13 +198,21 @@ def test_sharded_rejects_unknown_axis():
 
 
 @pytest.mark.parametrize("kw", [dict(dataflow="ring"), dict(comm="xla"),
-                                dict(compute="xla"),
                                 dict(reduce_in_epilogue=True)])
-def test_flagged_granularity_needs_direct_dma_pallas(kw):
+def test_flagged_granularity_needs_direct_dma(kw):
   base = dict(dataflow="direct", comm="dma", compute="pallas",
               compute_granularity="flagged")
   with pytest.raises(ValueError, match="compute_granularity='flagged' needs"):
     Schedule(**{**base, **kw})
+
+
+def test_flagged_reduce_scatter_needs_pallas():
+  with pytest.raises(ValueError, match=r"matmul_reduce_scatter's"
+                     r" compute_granularity='flagged' needs compute='pallas'"
+                     r".*got compute='xla'"):
+    _call(RS, a_shape=(24, 20), w_shape=(20, 3),
+          in_specs=(P(None, "x"), P("x")),
+          schedule=Schedule(comm="dma", compute_granularity="flagged"))
 
 
 def _ag_args(mesh):

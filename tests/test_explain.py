@@ -159,3 +159,19 @@ def test_explain_and_choose_schedule_for_another_kind_plan_for_its_gpu():
   e = ficco_jax.explain("matmul_reduce_scatter", **kw)
   assert "platform" not in e.reason
   assert e.chosen == ficco_jax.choose_schedule("matmul_reduce_scatter", **kw)
+
+
+def test_an_axis_across_processes_gathers_by_push(monkeypatch):
+  # The all-gather's direct/c1 on the copy engines, across processes, runs
+  # as the push all-gather (no staging copy); in one process it does not;
+  # explain and choose_schedule agree either way.
+  kw = dict(x_shape=(4096, 4096), w_shape=(4096, 7168), dtype="bfloat16",
+            axis_size=2)
+  one = ficco_jax.choose_schedule("all_gather_matmul", device_kind=H200, **kw)
+  assert one.dataflow == "direct" and one.num_chunks == 1 and one.comm == "dma"
+  assert one.compute_granularity != "flagged"
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  two = ficco_jax.choose_schedule("all_gather_matmul", device_kind=H200, **kw)
+  assert two == heuristics.PUSH_GATHER
+  e = ficco_jax.explain("all_gather_matmul", device_kind=H200, **kw)
+  assert e.chosen == two and "push all-gather" in e.reason

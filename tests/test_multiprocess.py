@@ -46,10 +46,11 @@ def test_dma_across_processes_matches_the_reference():
   assert _launch("dma", timeout_s=300) == 0
 
 
-def test_flagged_reduce_scatter_pushes_across_processes():
-  # mp_worker checks the results of two chunk counts over four calls of
-  # fresh data, that the program pushes, and that asking for the rendezvous
-  # transport is a clear error.
+def test_flagged_ops_push_across_processes():
+  # mp_worker checks the reduce-scatter's results at two chunk counts and
+  # the push all-gather's, over four calls of fresh data each, that the
+  # programs push, and that asking for the rendezvous transport is a clear
+  # error.
   assert _launch("push", timeout_s=300) == 0
 
 

@@ -82,6 +82,12 @@ def _cases(op):
                   compute="pallas", compute_granularity="flagged")
          for c in (1, 3)], (None, "rendezvous"))
     cases += halving + epilogue + flagged
+  else:
+    # The push all-gather: each shard pushed into the peers' windows and
+    # multiplied there behind a device-side wait for its flag, one call.
+    cases += _with_transports(
+        [Schedule(dataflow="direct", num_chunks=1, comm="dma",
+                  compute_granularity="flagged")], (None, "push"))
   return cases
 
 
@@ -159,6 +165,9 @@ def test_bf16_on_8_devices(schedule):
     # Pallas pieces create the result themselves (no zero fill to type it).
     Schedule(dataflow="direct", num_chunks=1, comm="dma", compute="pallas"),
     Schedule(dataflow="ring", num_chunks=1, comm="dma", compute="pallas"),
+    # The push all-gather's GEMM writes f32 from bf16 directly.
+    Schedule(dataflow="direct", num_chunks=1, comm="dma",
+             compute_granularity="flagged"),
 ], ids=Schedule.short)
 def test_preferred_element_type_f32_from_bf16(schedule):
   mesh = util.tp_mesh()
@@ -192,6 +201,28 @@ def test_rank3_operands_along_axis_1(schedule):
   h, w2 = util.rand(rng, (3, 24, 8), np.float64), util.rand(rng, (8, 5), np.float64)
   out = util.run_rs(mesh, h, w2, scatter_axis=1, schedule=schedule)
   assert util.rel_err(out, np.einsum("bmf,fn->bmn", h, w2)) < util.tol(np.float64)
+
+
+@pytest.mark.parametrize("dtypes", [(np.float64, np.float64),
+                                    (jnp.bfloat16, np.float32),
+                                    (np.float16, np.float16)],
+                         ids=lambda d: "-".join(np.dtype(t).name for t in d))
+def test_flagged_all_gather_rank3_and_dtypes(dtypes):
+  """The push all-gather of a [b, S, K] activation gathered along S (rows
+  fold, each rank's stay one block), in f64, f16 and mixed bf16 x f32
+  (jax's promotion: the GEMM runs in f32), twice on fresh data."""
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(40)
+  s = Schedule(dataflow="direct", comm="dma", compute_granularity="flagged")
+  for _ in range(2):
+    x = util.rand(rng, (3, 24, 5), dtypes[0])
+    w = util.rand(rng, (5, 12), dtypes[1])
+    out = util.run_ag(mesh, x, w, gather_axis=1, schedule=s)
+    want = jnp.result_type(x.dtype, w.dtype)
+    assert out.dtype == want
+    ref = np.einsum("bmk,kn->bmn", np.asarray(x, np.float64),
+                    np.asarray(w, np.float64))
+    assert util.rel_err(out, ref) < util.tol(want)
 
 
 @pytest.mark.parametrize("num_chunks", [1, 3])

@@ -109,10 +109,15 @@ def _dma_schedules(op):
   for dataflow, chunks, compute, granularity, epilogue in itertools.product(
       ("direct", "ring", "bidirectional"), (1, 3), ("xla", "pallas"),
       granularities, (False, True)):
-    if op == AG and (epilogue or granularity in ("halving", "flagged")):
+    if op == AG and (epilogue or granularity == "halving" or (
+        granularity == "flagged" and (compute != "xla" or chunks != 1
+                                      or dataflow != "direct"))):
       continue
+    if op != AG and granularity == "flagged" and compute != "pallas":
+      continue  # The reduce-scatter's flagged kernel is ficco's.
     # The flagged reduce-scatter picks its transport when traced.
-    transports = (None, "rendezvous") if granularity == "flagged" else (None,)
+    transports = ((None, "rendezvous") if granularity == "flagged" and op != AG
+                  else (None,))
     for transport in transports:
       try:
         yield Schedule(dataflow=dataflow, num_chunks=chunks, comm="dma",

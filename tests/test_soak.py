@@ -79,6 +79,8 @@ def _programs(mesh, kind):
     return [("ag", ag("direct/c2/xla")), ("rs", rs("direct/c1/xla"))]
   if kind == "push":  # The flagged reduce-scatter's pushes into windows.
     return [("rs", rs("direct/c1/dma/pallas/flagged"))]
+  if kind == "push-ag":  # The push all-gather: one call per op.
+    return [("ag", ag("direct/c1/dma/xla/flagged"))]
   transports = ("rendezvous", "window") if kind == "both" else (kind,)
   return [p for t in transports
           for p in (("ag", ag(f"direct/c2/dma/xla/{t}")),
@@ -94,6 +96,7 @@ def _programs(mesh, kind):
     pytest.param("rendezvous", marks=pytest.mark.gpu),
     pytest.param("window", marks=pytest.mark.gpu),
     pytest.param("push", marks=pytest.mark.gpu),
+    pytest.param("push-ag", marks=pytest.mark.gpu),
     pytest.param("xla", marks=pytest.mark.gpu),
 ])
 def test_memory_is_flat_over_many_calls(kind):

@@ -4,26 +4,11 @@
 #include <cstring>
 #include <string>
 
+#include "bf16.h"
 #include "push_sum.h"
 
 namespace ficco {
 namespace {
-
-float Bf16ToF32(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Round to nearest even, as XLA converts; NaNs stay quiet NaNs.
-uint16_t F32ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 
 template <class T, class Acc, class Load, class Store>
 void Sum(const PushSumArgs& a, Load load, Store store) {

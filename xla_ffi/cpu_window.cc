@@ -28,6 +28,8 @@
 #include "dispatch_advice.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
+#include "gather_push_protocol.h"
+#include "gemm.h"
 #include "push_protocol.h"
 #include "push_sum.h"
 #include "window.h"
@@ -277,6 +279,17 @@ struct CpuWindowBackend {
     Push(inv, device, queue, [inv, args] {
       if (inv->failed()) return;
       if (ffi::Error err = CpuPushSum(args); err.failure()) {
+        inv->Fail(inv->where + ": " + std::string(err.message()));
+      }
+    });
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Gemm(const std::shared_ptr<Inv>& inv, int32_t device,
+                  int64_t queue, const GemmArgs& g) {
+    Push(inv, device, queue, [inv, g] {
+      if (inv->failed()) return;
+      if (ffi::Error err = CpuGemm(g); err.failure()) {
         inv->Fail(inv->where + ": " + std::string(err.message()));
       }
     });
@@ -589,6 +602,17 @@ ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
                      "the peers' pieces and the sum");
 }
 
+ffi::Future PushGatherImpl(ffi::RunId run_id, int32_t device,
+                           ffi::AnyBuffer x, ffi::AnyBuffer w,
+                           ffi::Result<ffi::AnyBuffer> out,
+                           PushGatherAttrs attrs) {
+  CpuWindowBackend backend;
+  auto inv = PushGather(backend, run_id.run_id, device, x, w, *out, attrs);
+  if (!inv.has_value()) return Failed(inv.error());
+  return AwaitEvents(device, *inv, {(*inv)->staged, (*inv)->signalled},
+                     "the pushes, the peers' shards and the products");
+}
+
 }  // namespace
 
 // --- window memory: POSIX shared memory ------------------------------------
@@ -670,3 +694,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushFinishCpu, ficco::PushFinishImpl,
                                   .Arg<xla::ffi::AnyBuffer>()      // flags
                                   .Ret<xla::ffi::AnyBuffer>()      // out
                                   .Attrs<ficco::PushFinishAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushGatherCpu, ficco::PushGatherImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Arg<xla::ffi::AnyBuffer>()      // x
+                                  .Arg<xla::ffi::AnyBuffer>()      // w
+                                  .Ret<xla::ffi::AnyBuffer>()      // out
+                                  .Attrs<ficco::PushGatherAttrs>());

@@ -30,6 +30,8 @@
 #include "dispatch_advice.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
+#include "gather_push_protocol.h"
+#include "gemm.h"
 #include "peer_copy_registry.h"  // Clock, DeadlineAfter
 #include "push_protocol.h"
 #include "push_sum.h"
@@ -127,6 +129,13 @@ struct CudaWindowBackend {
     if (!s.has_value()) return s.error();
     return CudaPushSum(*s, PushSumArgs{dtype, out, own, landing, chunks,
                                        peers, chunk_elems});
+  }
+
+  ffi::Error Gemm(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
+                  const GemmArgs& g) {
+    auto s = Stream(device, queue);
+    if (!s.has_value()) return s.error();
+    return CudaGemm(*s, device, g);
   }
 
   static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
@@ -472,6 +481,22 @@ ffi::Error PushFinishImpl(cudaStream_t stream, int32_t device,
   return ffi::Error::Success();
 }
 
+ffi::Error PushGatherImpl(cudaStream_t stream, ffi::RunId run_id,
+                          int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                          ffi::Result<ffi::AnyBuffer> out,
+                          PushGatherAttrs attrs) {
+  if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  CudaWindowBackend backend(stream);
+  auto inv = PushGather(backend, run_id.run_id, device, x, w, *out, attrs);
+  if (!inv.has_value()) return inv.error();
+  // Bounds the invocation: past its deadline the watchdog names the ranks
+  // that never pushed and releases the streams waiting on them.
+  Watchdog::Get().Watch(std::move(*inv));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 ffi::Error CudaEnablePeer(int32_t device, int32_t peer_device) {
@@ -595,3 +620,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<xla::ffi::AnyBuffer>()                     // flags
         .Ret<xla::ffi::AnyBuffer>()                     // out
         .Attrs<ficco::PushFinishAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoPushGatherCuda, ficco::PushGatherImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // x
+        .Arg<xla::ffi::AnyBuffer>()                     // w
+        .Ret<xla::ffi::AnyBuffer>()                     // out
+        .Attrs<ficco::PushGatherAttrs>());

@@ -20,6 +20,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushArmCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushStartCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushFinishCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushGatherCpu);
 
 #ifdef FICCO_WITH_CUDA
 // CUDA (cuda_peer_copy.cu, cuda_window.cu): cudaMemcpyAsync on side
@@ -33,6 +34,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoWindowDoneCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushArmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushFinishCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushGatherCuda);
 #endif
 
 // Platforms of the diagnostics below.

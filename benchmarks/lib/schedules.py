@@ -11,8 +11,9 @@ Items, comma separated:
   dataflow x chunks 1/2/4 x engine, plus none) and ``tuning`` (default,
   none, and the copy-engine schedules the shipped caches ever chose: direct
   c1/c2/c4, ring c1, bidirectional c1 on XLA's dots, direct c1/c2 on
-  ficco's Pallas kernel, direct c2 Pallas step, and the reduce-scatter's
-  flagged; the all-gather skips the last).
+  ficco's Pallas kernel, direct c2 Pallas step, and each op's flagged
+  granularity: the reduce-scatter's kernel-signalled pieces, the push
+  all-gather; each op skips the other's, `applies`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,23 @@ def _tuning(Schedule):
                       compute="pallas", compute_granularity="step"))
   out.append(Schedule(dataflow="direct", num_chunks=1, comm="dma",
                       compute="pallas", compute_granularity="flagged"))
+  out.append(Schedule(dataflow="direct", num_chunks=1, comm="dma",
+                      compute_granularity="flagged"))
   return out
+
+
+def applies(op_key: str, sched: Any) -> str | None:
+  """Why ``sched`` is not a schedule of op ``op_key`` ("ag" or "rs"), or
+  None: "halving" is the reduce-scatter's, and each op's "flagged" has its
+  own compute (the reduce-scatter's kernel, the all-gather's BLAS)."""
+  if sched is None:
+    return None
+  g = sched.compute_granularity
+  if op_key == "ag" and g == "halving":
+    return "a reduce-scatter granularity"
+  if g == "flagged" and (sched.compute == "pallas") != (op_key == "rs"):
+    return "the other op's flagged granularity"
+  return None
 
 
 PRESETS = {"quick": _quick, "all": _all, "tuning": _tuning}

@@ -146,9 +146,8 @@ def measure_case(rec: results.Recorder, op: programs.Op, case, mesh,
       if rec.over_budget():
         rec.skip(f"{tag} ficco {label}", "time budget")
         continue
-      if (op.key == "ag" and sched is not None
-          and sched.compute_granularity in ("halving", "flagged")):
-        rec.skip(f"{tag} ficco {label}", "a reduce-scatter granularity")
+      if (why := schedules_lib.applies(op.key, sched)) is not None:
+        rec.skip(f"{tag} ficco {label}", why)
         continue
       m = results.guarded(rec, f"{tag} ficco {label}", lambda s=sched: measure(
           lambda cv: op.shard_mapped(mesh, op.ficco_body(s), cv)))

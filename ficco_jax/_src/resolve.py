@@ -120,7 +120,7 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
       axis=axis, platform=tgt.platform,
       params=device_params.params_for(tgt.device_kind),
-      assume_dma=tgt.assume_dma)
+      assume_dma=tgt.assume_dma, processes=jax.process_count())
   return Resolution(schedule=schedule, source="heuristic", reason=reason,
                     target=tgt)
 

@@ -77,8 +77,19 @@ class Schedule:
         dots and the own rows'. On 4 devices that is one host round trip
         and one kernel launch fewer per chunk than ``"piece"``, at the price
         of the first group's pulls starting one piece's dot later.
-      * ``"flagged"`` (reduce-scatter, ``dataflow="direct"``,
-        ``comm="dma"``, ``compute="pallas"`` only): the overlap of
+      * ``"flagged"`` (``dataflow="direct"``, ``comm="dma"``): pieces
+        signalled on the device, one host call per op's side.
+        All-gather (``compute="xla"``, ``num_chunks=1``): the push
+        all-gather. One call pushes this rank's shard straight from XLA's
+        buffer into every peer's window on the copy engines and flags its
+        arrival there; the compute stream multiplies the own shard at once
+        and each peer's shard where it landed in the window, behind a
+        device-side wait for that peer's flag (``cuStreamWaitValue32``),
+        writing each product in place into its rows of the result. No
+        staging copy, no host rendezvous; the GEMMs are the BLAS library's
+        (cuBLAS, as XLA's dots), since the window is memory outside XLA's
+        buffers that neither an XLA dot nor a Pallas kernel can read.
+        Reduce-scatter (``compute="pallas"``): the overlap of
         ``"piece"`` at the host cost of ``"step"``. One kernel launch
         computes every piece of the op, peers' pieces first, and bumps a
         per-piece completion flag in device memory once each CTA has
@@ -117,8 +128,9 @@ class Schedule:
         and ranks synchronise through flags in the windows, with no host
         rendezvous. Works across the processes of one host.
       * ``"push"`` (``compute_granularity="flagged"`` only): each rank's
-        copy engines push its pieces into the owners' pooled windows, so a
-        call needs no host rendezvous; one process or several.
+        copy engines push its pieces into the receivers' pooled windows,
+        so a call needs no host rendezvous; one process or several. The
+        flagged all-gather travels by push only.
       Must be None with ``comm="xla"``.
   """
 
@@ -159,13 +171,12 @@ class Schedule:
                        f" {GRANULARITIES}.")
     if self.compute_granularity == "flagged" and (
         self.dataflow != "direct" or self.comm != "dma"
-        or self.compute != "pallas" or self.reduce_in_epilogue):
+        or self.reduce_in_epilogue):
       raise ValueError(
           "compute_granularity='flagged' needs dataflow='direct',"
-          " comm='dma', compute='pallas' and no reduce_in_epilogue (its"
-          " kernel signals the copy engines), got"
+          " comm='dma' and no reduce_in_epilogue (its pieces are signalled"
+          " on the device), got"
           f" dataflow={self.dataflow!r}, comm={self.comm!r},"
-          f" compute={self.compute!r},"
           f" reduce_in_epilogue={self.reduce_in_epilogue}.")
     if not isinstance(self.reduce_in_epilogue, bool):
       raise TypeError(f"{self.reduce_in_epilogue=} must be a bool.")

@@ -29,6 +29,7 @@ TARGETS: dict[str, str] = {
     "ficco_push_arm": "FiccoPushArm",
     "ficco_push_start": "FiccoPushStart",
     "ficco_push_finish": "FiccoPushFinish",
+    "ficco_push_gather": "FiccoPushGather",
 }
 
 _lock = threading.Lock()

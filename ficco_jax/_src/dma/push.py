@@ -1,4 +1,5 @@
-"""The push protocol of the flagged reduce-scatter (docs/windows.md, "Push").
+"""The push protocol (docs/windows.md, "Push"): the flagged reduce-scatter
+and the push all-gather matmul (`gather`).
 
 Each rank's copy engines push its partials straight from XLA's buffer into
 the window of the rank that owns those rows, each piece once the kernel's
@@ -130,6 +131,38 @@ def finish(parts: jax.Array, flags: jax.Array, *, own_row: int,
                         timeout_ms=primitives.timeout_ms(timeout_s))
 
 
+def gather(x: jax.Array, w: jax.Array, *, out_dtype, axis_size: int,
+           axis_name: str, site: int, op_name: str,
+           timeout_s: float) -> jax.Array:
+  """``all_gather(x, tiled) @ w`` in one call (docs/windows.md, "Push
+  all-gather").
+
+  Each rank's copy engines push ``x`` into every peer's pooled window and
+  flag its arrival there; the compute stream multiplies the own shard at
+  once and each peer's where it landed, behind a device-side wait for that
+  peer's flag, writing every product in place into its rows of the result.
+
+  Args:
+    x: this rank's rows, ``[m, k]``.
+    w: ``[k, n]``, of ``x``'s dtype.
+    out_dtype: the result's dtype: ``x``'s, or float32 for 16-bit inputs.
+    axis_size: devices of ``axis_name``.
+    axis_name, site, op_name: the gathered axis, the call site
+      (`peer_copy.new_site`), the op's name for messages.
+    timeout_s: bound of every wait for a peer.
+
+  Returns:
+    ``[axis_size m, n]``: rank ``q``'s rows times ``w`` at rows ``[q m, + m)``,
+    accumulated in float32 (float64 for float64) and rounded once.
+  """
+  half = half_bytes((axis_size - 1) * x.shape[0],
+                    x.shape[1] * np.dtype(x.dtype).itemsize)
+  return _gather_p.bind(x, w, out_dtype=np.dtype(out_dtype),
+                        axis_size=int(axis_size), half=half,
+                        axis_name=axis_name, site=site, op_name=op_name,
+                        timeout_ms=primitives.timeout_ms(timeout_s))
+
+
 # --- abstract evaluation ----------------------------------------------------
 
 
@@ -143,6 +176,10 @@ def _finish_abstract_eval(parts, flags, *, chunk_rows, num_chunks, **_):
   return parts.update(shape=(num_chunks * chunk_rows,) + tuple(parts.shape[1:]))
 
 
+def _gather_abstract_eval(x, w, *, out_dtype, axis_size, **_):
+  return x.update(shape=(axis_size * x.shape[0], w.shape[1]), dtype=out_dtype)
+
+
 _arm_p = primitives.primitive("ficco_push_arm")
 _arm_p.def_abstract_eval(_arm_abstract_eval)
 
@@ -152,6 +189,10 @@ _start_p.def_abstract_eval(lambda parts, flags, **_: flags)
 _finish_p = primitives.primitive("ficco_push_finish",
                                  multiple_results=False)
 _finish_p.def_abstract_eval(_finish_abstract_eval)
+
+
+_gather_p = primitives.primitive("ficco_push_gather", multiple_results=False)
+_gather_p.def_abstract_eval(_gather_abstract_eval)
 
 
 # --- lowering ---------------------------------------------------------------
@@ -213,7 +254,17 @@ def _finish_lowering(ctx, parts, flags, *, own_row: int, chunk_rows: int,
       half_bytes=np.int64(half))
 
 
+def _gather_lowering(ctx, x, w, *, half: int, axis_name: str, site: int,
+                     op_name: str, timeout_ms: int, **_):
+  library.ensure_registered()
+  window = _family(ctx, axis_name, site, half, create=True)
+  return jax.ffi.ffi_lowering("ficco_push_gather", has_side_effect=True)(
+      ctx, x, w, window=np.int64(window), op_name=op_name,
+      timeout_ms=np.int64(timeout_ms), half_bytes=np.int64(half))
+
+
 for _platform in ("cpu", "cuda"):
   mlir.register_lowering(_arm_p, _arm_lowering, platform=_platform)
   mlir.register_lowering(_start_p, _start_lowering, platform=_platform)
   mlir.register_lowering(_finish_p, _finish_lowering, platform=_platform)
+  mlir.register_lowering(_gather_p, _gather_lowering, platform=_platform)

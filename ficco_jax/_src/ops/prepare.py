@@ -72,15 +72,15 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
                              "schedule.num_chunks")
   if schedule.comm == "dma" and schedule.overlapped and p > 1:
     validation.check_traced_for_copy_engines(op, a)
-  if (op == "all_gather_matmul"
-      and schedule.compute_granularity in ("halving", "flagged")):
+  if schedule.compute_granularity == "flagged":
+    _check_flagged(op, schedule, a, w)
+  elif (op == "all_gather_matmul"
+        and schedule.compute_granularity == "halving"):
     # The all-gather waits for a step's pieces in one landing buffer, so
-    # smaller groups would only mean more dots; and its copies read the
-    # inputs, which no kernel of the op writes (nothing to flag).
+    # smaller groups would only mean more dots.
     raise ValueError(
-        f"schedule.compute_granularity={schedule.compute_granularity!r} is"
-        " the reduce-scatter's; all_gather_matmul takes 'piece', 'step' or"
-        " None.")
+        "schedule.compute_granularity='halving' is the reduce-scatter's;"
+        " all_gather_matmul takes 'piece', 'step', 'flagged' or None.")
   if resolution.source != "explicit":
     # A site `ficco_jax.autotune_model` may tune (a no-op unless it traces).
     sites.record(op, x_shape=a.shape, w_shape=w.shape, dtype=a.dtype,
@@ -90,3 +90,38 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
       op, axis_name=axis_name, axis_size=p, schedule=schedule,
       precision=precision, preferred_element_type=preferred_element_type,
       timeout_s=timeout_s)
+
+
+def _check_flagged(op: str, schedule, a, w) -> None:
+  """What ``compute_granularity="flagged"`` needs of each op (the schedule
+  itself checked dataflow, comm and epilogue)."""
+  if op == "matmul_reduce_scatter":
+    if schedule.compute != "pallas":
+      raise ValueError(
+          "matmul_reduce_scatter's compute_granularity='flagged' needs"
+          " compute='pallas' (its kernel signals the copy engines), got"
+          f" compute={schedule.compute!r}.")
+    return
+  # The all-gather's: the push all-gather, whose GEMMs read the peers'
+  # shards where they landed, in the window.
+  if schedule.compute != "xla":
+    raise ValueError(
+        "all_gather_matmul's compute_granularity='flagged' needs"
+        " compute='xla': its GEMMs read the peers' shards in the window,"
+        " memory outside XLA's buffers that a Pallas kernel cannot take;"
+        " they run the BLAS library XLA's dots call, got"
+        f" compute={schedule.compute!r}.")
+  if schedule.transport not in (None, "push"):
+    raise ValueError(
+        "all_gather_matmul's compute_granularity='flagged' travels by"
+        f" transport='push' (or None), got transport={schedule.transport!r}.")
+  if schedule.num_chunks != 1:
+    raise ValueError(
+        "all_gather_matmul's compute_granularity='flagged' moves each shard"
+        f" as one piece: num_chunks must be 1, got {schedule.num_chunks}.")
+  for name, arr in (("x", a), ("w", w)):
+    if not jnp.issubdtype(arr.dtype, jnp.floating):
+      raise TypeError(
+          "all_gather_matmul's compute_granularity='flagged' needs floating"
+          f" operands, got {name} of dtype {arr.dtype} (shape"
+          f" {tuple(arr.shape)}).")

@@ -137,11 +137,12 @@ def _hopper_kernel_runs(device, dtype) -> bool:
   return major == 9 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
 
 
-# Pallas variants timed by default: the one- and two-chunk copy-engine
-# schedules at every granularity (what the shipped H200 cache holds, e.g.
-# direct/c2/dma/pallas/step; more chunks were never faster there), and the
-# reduce-scatter's flagged granularity, which the cost model does not
-# predict.
+# Beyond the cost model's candidates, the push all-gather (which it models
+# as direct/c1 on XLA's dots). Pallas variants timed by default: the one-
+# and two-chunk copy-engine schedules at every granularity (what the
+# shipped H200 cache holds, e.g. direct/c2/dma/pallas/step; more chunks
+# were never faster there), and the reduce-scatter's flagged granularity,
+# which the cost model does not predict.
 _PALLAS_CHUNKS = (1, 2)
 
 
@@ -151,9 +152,11 @@ def _default_candidates(op, x_local, w_local, dtype, p, axis, platform,
   prob = cost_model.problem(op, x_shape=x_local, w_shape=w_local, dtype=dtype,
                             axis_size=p, axis=axis)
   out = list(cost_model.candidates(prob, comms))
+  push = ((heuristics.PUSH_GATHER,)
+          if op == "all_gather_matmul" and "dma" in comms and p > 1 else ())
   if device is None or "dma" not in comms or not _hopper_kernel_runs(device,
                                                                      dtype):
-    return tuple(out)
+    return tuple(out) + push
   for s in tuple(out):
     if s.comm == "dma" and s.num_chunks in _PALLAS_CHUNKS:
       out.append(dataclasses.replace(s, compute="pallas"))
@@ -161,7 +164,7 @@ def _default_candidates(op, x_local, w_local, dtype, p, axis, platform,
           and s.compute_granularity is None):
         out.append(dataclasses.replace(s, compute="pallas",
                                        compute_granularity="flagged"))
-  return tuple(out)
+  return tuple(out) + push
 
 
 def autotune(

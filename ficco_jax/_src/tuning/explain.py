@@ -192,7 +192,7 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     decided, _ = heuristics.decide(
         op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
         axis_size=axis_size, axis=axis, platform=tgt.platform, params=params,
-        assume_dma=tgt.assume_dma)
+        assume_dma=tgt.assume_dma, processes=jax.process_count())
     reason = (f"measured fastest (the heuristic alone would pick"
               f" {decided.short()})")
     gated = None

@@ -128,9 +128,16 @@ def pallas_fits(op: str, schedule: schedule_lib.Schedule, *, x_shape,
   return True
 
 
+# The push all-gather (Schedule docs, compute_granularity="flagged").
+PUSH_GATHER = schedule_lib.Schedule(dataflow="direct", num_chunks=1,
+                                    comm="dma",
+                                    compute_granularity="flagged")
+
+
 def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
            platform: str, params: device_params.DeviceParams,
-           assume_dma: bool = False) -> tuple[schedule_lib.Schedule, str]:
+           assume_dma: bool = False,
+           processes: int = 1) -> tuple[schedule_lib.Schedule, str]:
   """The heuristic's choice and, in words, why.
 
   Args:
@@ -139,6 +146,8 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
     params: the cost model's constants for the target device.
     assume_dma: plan as if the copy-engine library were available
       (``ficco_jax.explain`` for a device kind that is not at hand).
+    processes: the job's process count (``jax.process_count()`` for the
+      devices at hand).
 
   Returns:
     ``(schedule, reason)``.
@@ -175,6 +184,18 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
       schedule = dataclasses.replace(schedule, compute="pallas")
       reason += ("; pieces on ficco's Pallas kernel (measured faster than"
                  " XLA's dot for this op on this device kind)")
+    if (processes > 1 and op == "all_gather_matmul"
+        and schedule.comm == "dma" and schedule.dataflow == "direct"
+        and schedule.num_chunks == 1):
+      # Across processes a pulled shard must first be staged into the
+      # window (the window transport), on the critical path of every peer;
+      # the push all-gather copies it straight from XLA's buffer into the
+      # peers' windows and multiplies it there. In one process the two are
+      # level, and the rendezvous path keeps its Pallas pieces.
+      schedule = PUSH_GATHER
+      reason += ("; as the push all-gather (direct/c1/dma/xla/flagged):"
+                 " the axis spans processes, where pulled shards would be"
+                 " staged first")
     return schedule, reason
   top = next(pr for pr in preds if allowed(pr.schedule))
   if top.schedule.overlapped:

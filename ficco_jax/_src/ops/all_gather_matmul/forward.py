@@ -75,6 +75,9 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
     gathered = lax.all_gather(x0, st.axis_name, axis=0, tiled=True)
     return matmul.dot(gathered, w, st).astype(out_dtype)
 
+  if st.schedule.compute_granularity == "flagged":
+    return _push(x0, w, st, out_dtype)
+
   rank = lax.axis_index(st.axis_name)
   gplan = plan_lib.gather_plan(st.schedule, axis_size=p, shard_rows=m)
   step = st.schedule.granularity(st.op_name) == "step"
@@ -124,4 +127,30 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
     out = _assemble(products, shift_rows, rank, m, p)
   out = gather.finish(out, pending, st)
   # The Pallas kernel's in-place writes leave `out` typed invariant.
+  return vma.vary_like(out, x0, w)
+
+
+def _push(x0, w, st: Static, out_dtype):
+  """``compute_granularity="flagged"``: the push all-gather (docs/windows.md,
+  "Push all-gather"), one call that pushes ``x0`` into every peer's window
+  and multiplies each shard where it landed, behind a device-side wait for
+  its arrival flag. ``rest`` folds into rows (each rank's rows stay one
+  contiguous block of the 2-D result)."""
+  from ficco_jax._src.dma import peer_copy  # Optional dependency.
+  from ficco_jax._src.dma import push
+
+  p, m = st.axis_size, x0.shape[0]
+  rest = x0.shape[1:-1]
+  # The handler's GEMM takes one input type (jax's promotion of the two)
+  # and writes that type, or float32 from 16-bit inputs.
+  in_dtype = jnp.promote_types(x0.dtype, w.dtype)
+  gemm_out = out_dtype
+  if not (out_dtype == in_dtype or (in_dtype.itemsize == 2
+                                    and out_dtype == jnp.float32)):
+    gemm_out = in_dtype
+  x2 = x0.reshape(-1, x0.shape[-1]).astype(in_dtype)
+  out = push.gather(x2, w.astype(in_dtype), out_dtype=gemm_out, axis_size=p,
+                    axis_name=st.axis_name, site=peer_copy.new_site(),
+                    op_name=st.op_name, timeout_s=st.timeout_s)
+  out = out.astype(out_dtype).reshape((p * m,) + rest + (w.shape[1],))
   return vma.vary_like(out, x0, w)

@@ -1,0 +1,237 @@
+// The push all-gather matmul (docs/windows.md, "Push all-gather"), written
+// once over a window Backend (cpu_window.cc, cuda_window.cu).
+//
+// One call per op: out = all_gather(x) @ w. Each rank's copy engines push
+// its shard x straight from XLA's buffer into every peer's window, and each
+// arrival sets a flag there; the compute stream multiplies the own shard at
+// once, then each peer's shard where it landed, behind a stream wait for
+// that peer's flag (cuStreamWaitValue32), writing every product in place
+// into its rows of the result. Nothing is staged, no host thread waits for
+// a peer (only, rarely, for one two calls behind or not yet at this op), and
+// nothing crosses devices but the copies and the flags.
+//
+// The window (a pooled push window, shared with the flagged reduce-scatter)
+// holds two halves of P - 1 landing shards: epoch e lands in half e % 2, the
+// shard of the peer s ranks before this one at index s - 1. Its header's
+// ready[q] and freed[q] mean what they mean for the push protocol
+// (push_protocol.h), so its watchdog, failure and pooling rules hold here.
+//
+// Beyond the push protocol's Backend interface, the backend provides
+//   Gemm(inv, device, queue, GemmArgs)   gemm.h, enqueued on `queue`.
+
+#ifndef FICCO_XLA_FFI_GATHER_PUSH_PROTOCOL_H_
+#define FICCO_XLA_FFI_GATHER_PUSH_PROTOCOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gemm.h"
+#include "push_protocol.h"
+#include "window.h"
+#include "window_protocol.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ficco {
+
+struct PushGatherAttrs {
+  int64_t window;
+  std::string_view op_name;
+  int64_t timeout_ms;
+  int64_t half_bytes;
+};
+
+// ficco_push_gather: enqueue the pushes of x, the own GEMM, and per peer the
+// wait for its shard and its GEMM, then the freed flags; returns the
+// invocation (the caller awaits or watches it).
+template <class B>
+ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
+    B& backend, int64_t run_id, int32_t device, ffi::AnyBuffer x,
+    ffi::AnyBuffer w, ffi::AnyBuffer out, const PushGatherAttrs& a) {
+  using Inv = WindowInvocation<B>;
+  auto who = [&] { return PushWho("all-gather", a.op_name, device); };
+  auto failed = [](ffi::Error err) { return ffi::Unexpected(std::move(err)); };
+  // The never-arrive hook: this rank does nothing, its peers time out.
+  auto found = UsableWindow<B>(a.window, device, who, kFaultStart);
+  if (!found.has_value()) return failed(found.error());
+  std::shared_ptr<Window> win = *found;
+  if (PushStates<B>::Get().HasStarted(a.window, device)) {
+    // A flagged reduce-scatter's start on this window never reached its
+    // finish: two ops on one window interleaved, or an execution failed.
+    const std::string why =
+        who() + ": a push start of window " + std::to_string(a.window) +
+        " on this device never reached its finish";
+    win->Poison(why);
+    return failed(ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                             why + "; its ranks no longer agree on epochs:"
+                             " call jax.clear_caches() to lower onto fresh"
+                             " windows"));
+  }
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto od = out.dimensions();
+  const int64_t size = win->size, me = win->rank;
+  const int64_t elem = static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
+  if (xd.size() != 2 || wd.size() != 2 || od.size() != 2 || xd[1] != wd[0] ||
+      od[0] != size * xd[0] || od[1] != wd[1] ||
+      x.element_type() != w.element_type() || elem == 0) {
+    auto dims = [](auto d) {
+      std::string s = "[";
+      for (size_t i = 0; i < d.size(); ++i) {
+        s += (i ? ", " : "") + std::to_string(d[i]);
+      }
+      return s + "]";
+    };
+    return failed(ffi::Error::InvalidArgument(
+        who() + ": needs x [m, k], w [k, n] of one element type and a result"
+        " [" + std::to_string(size) + " m, n], got x " + dims(xd) + ", w " +
+        dims(wd) + ", result " + dims(od)));
+  }
+  if (ffi::Error err = CheckGemmTypes(x.element_type(), out.element_type(),
+                                      who());
+      err.failure()) {
+    return failed(std::move(err));
+  }
+  const int64_t m = xd[0], k = xd[1], n = wd[1];
+  const int64_t rb = k * elem;
+  const int64_t out_row_bytes =
+      n * static_cast<int64_t>(ffi::ByteWidth(out.element_type()));
+  if ((size - 1) * m * rb > a.half_bytes || 2 * a.half_bytes > win->slot_bytes) {
+    return failed(ffi::Error::InvalidArgument(
+        who() + ": " + std::to_string(size - 1) + " shards of " +
+        std::to_string(m * rb) + " bytes must fit a half of " +
+        std::to_string(a.half_bytes) + " bytes, two of which fit the"
+        " window's slot of " + std::to_string(win->slot_bytes)));
+  }
+
+  auto inv = std::make_shared<Inv>();
+  inv->win = win;
+  inv->plan.op_name = std::string(a.op_name);
+  inv->plan.axis_size = size;
+  inv->plan.timeout_ms = a.timeout_ms;
+  const uint32_t e = win->epoch.fetch_add(1) + 1;
+  inv->epoch = e;
+  inv->freed_lag = 2;  // The landing halves.
+  inv->where = PushWhere("all-gather", a.op_name, *win, e);
+  auto fail = [&](ffi::Error err) {
+    inv->Fail(inv->where + ": " + std::string(err.message()));
+    return ffi::Unexpected(std::move(err));
+  };
+  // The pooled window is shared by programs: pairing two of them at one
+  // epoch would multiply one's shards into the other's result.
+  if (ffi::Error err = CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where);
+      err.failure()) {
+    return ffi::Unexpected(std::move(err));
+  }
+  for (auto* slot : {&inv->ready, &inv->staged, &inv->signalled}) {
+    auto ev = B::AcquireEvent(device);
+    if (!ev.has_value()) return fail(ev.error());
+    *slot = *ev;
+  }
+  if (ffi::Error err = backend.RecordOnCompute(device, inv->ready);
+      err.failure()) {
+    return fail(std::move(err));
+  }
+
+  // Half e % 2 of a peer was last read in epoch e - 2: its freed flag, whose
+  // writer must be enqueued before the wait is (docs/windows.md, "Why the
+  // host orders the waits"); it is, unless this rank is two calls ahead.
+  if constexpr (B::kHostOrdered) {
+    for (int64_t t = 0; e > 2 && t < size; ++t) {
+      if (t == me) continue;
+      if (ffi::Error err = HostWait(*win, t, kAllEnqueued, e - 2,
+                                    a.timeout_ms, inv->where);
+          err.failure()) {
+        return fail(std::move(err));
+      }
+    }
+  }
+  const char* src = static_cast<const char*>(x.untyped_data());
+  auto push = [&]() -> ffi::Error {
+    FICCO_RETURN_IF_FAILED(
+        backend.WaitEvent(inv, device, kPushQueue, inv->ready));
+    std::vector<FlagOp> ops;
+    for (int64_t t = 0; e > 2 && t < size; ++t) {
+      if (t == me) continue;
+      ops.push_back({false, win->FreedOf(win->base, t), e - 2,
+                     WaitName<B>([&] {
+                       return RankName(*win, t) + " to finish reading epoch " +
+                              std::to_string(e - 2);
+                     })});
+    }
+    // Nearest peer first: it is the one whose GEMM comes first.
+    for (int64_t s = 1; s < size; ++s) {
+      const int64_t t = (me + s) % size;
+      FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, kPushQueue, ops));
+      ops.clear();
+      FICCO_RETURN_IF_FAILED(backend.Copy(
+          inv, device, kPushQueue,
+          PushHalf(*win, win->peers[t], e) + (s - 1) * m * rb, src,
+          static_cast<size_t>(m * rb)));
+      ops.push_back({true, win->ReadyOf(win->peers[t], me), e, ""});
+    }
+    FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, kPushQueue, ops));
+    return backend.Record(inv, device, kPushQueue, inv->staged);
+  };
+  if (ffi::Error err = push(); err.failure()) return fail(std::move(err));
+  HostPublish(*win, kStagedEnqueued, e);
+
+  const int64_t queue = B::kComputeQueue;
+  char* dst = static_cast<char*>(out.untyped_data());
+  auto gemm = [&](const char* rows, int64_t rank) {
+    return backend.Gemm(inv, device, queue,
+                        GemmArgs{x.element_type(), out.element_type(), rows,
+                                 static_cast<const char*>(w.untyped_data()),
+                                 dst + rank * m * out_row_bytes, m, k, n, n});
+  };
+  // The own shard needs no peer: its GEMM goes first, before any host wait.
+  if (ffi::Error err = gemm(src, me); err.failure()) return fail(std::move(err));
+  if constexpr (B::kHostOrdered) {
+    // The peers' pushes of epoch e, whose ready flags the compute stream is
+    // about to wait on, must be enqueued.
+    for (int64_t q = 0; q < size; ++q) {
+      if (q == me) continue;
+      if (ffi::Error err = HostWait(*win, q, kStagedEnqueued, e, a.timeout_ms,
+                                    inv->where);
+          err.failure()) {
+        return fail(std::move(err));
+      }
+    }
+  }
+  auto consume = [&]() -> ffi::Error {
+    const char* half = PushHalf(*win, win->base, e);
+    for (int64_t s = 1; s < size; ++s) {
+      const int64_t q = (me - s + size) % size;
+      FICCO_RETURN_IF_FAILED(backend.FlagOps(
+          inv, device, queue,
+          {{false, win->ReadyOf(win->base, q), e, WaitName<B>([&] {
+              return RankName(*win, q) + " to push epoch " + std::to_string(e);
+            })}}));
+      FICCO_RETURN_IF_FAILED(gemm(half + (s - 1) * m * rb, q));
+    }
+    // This rank's pushes read x, which XLA may reuse after this call.
+    FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, queue, inv->staged));
+    std::vector<FlagOp> ops;
+    for (int64_t q = 0; q < size; ++q) {
+      if (q != me) ops.push_back({true, win->FreedOf(win->peers[q], me), e, ""});
+    }
+    FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, queue, ops));
+    return backend.Record(inv, device, queue, inv->signalled);
+  };
+  if (ffi::Error err = consume(); err.failure()) return fail(std::move(err));
+  HostPublish(*win, kAllEnqueued, e);
+  return inv;
+}
+
+}  // namespace ficco
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    ::ficco::PushGatherAttrs,
+    ::xla::ffi::StructMember<int64_t>("window"),
+    ::xla::ffi::StructMember<std::string_view>("op_name"),
+    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
+    ::xla::ffi::StructMember<int64_t>("half_bytes"));
+
+#endif  // FICCO_XLA_FFI_GATHER_PUSH_PROTOCOL_H_
