@@ -213,12 +213,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     }
     // This rank's pushes read x, which XLA may reuse after this call.
     FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, queue, inv->staged));
-    std::vector<FlagOp> ops;
-    for (int64_t q = 0; q < size; ++q) {
-      if (q != me) ops.push_back({true, win->FreedOf(win->peers[q], me), e, ""});
-    }
-    FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, queue, ops));
-    return backend.Record(inv, device, queue, inv->signalled);
+    return PushRelease(backend, inv, device, queue);
   };
   if (ffi::Error err = consume(); err.failure()) return fail(std::move(err));
   HostPublish(*win, kAllEnqueued, e);

@@ -199,6 +199,25 @@ inline char* PushHalf(const Window& w, char* window, uint32_t e) {
 }
 
 
+// The end of a push op on `queue`, once this rank has read every peer's
+// pieces of the invocation's epoch: tell the peers (freed[rank] = epoch in
+// their windows: they may push into that half again) and record
+// `signalled`.
+template <class B>
+ffi::Error PushRelease(B& backend,
+                       const std::shared_ptr<WindowInvocation<B>>& inv,
+                       int32_t device, int64_t queue) {
+  const Window& win = *inv->win;
+  std::vector<FlagOp> ops;
+  for (int64_t q = 0; q < win.size; ++q) {
+    if (q != win.rank) {
+      ops.push_back({true, win.FreedOf(win.peers[q], win.rank), inv->epoch, ""});
+    }
+  }
+  FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, queue, ops));
+  return backend.Record(inv, device, queue, inv->signalled);
+}
+
 // ficco_push_arm: zero the flags, write the rank, record the event after
 // which the flags are zero, for this window's next start on this device.
 template <class B>
@@ -470,13 +489,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
         static_cast<const char*>(parts.untyped_data()) + a.own_row * rb,
         PushHalf(*win, win->base, e), a.num_chunks, size - 1,
         a.chunk_rows * rb / elem));
-    ops.clear();
-    for (int64_t q = 0; q < size; ++q) {
-      if (q == me) continue;
-      ops.push_back({true, win->FreedOf(win->peers[q], me), e, ""});
-    }
-    FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, queue, ops));
-    return backend.Record(inv, device, queue, inv->signalled);
+    return PushRelease(backend, inv, device, queue);
   };
   if (auto err = run(); err.failure()) {
     inv->Fail(inv->where + ": " + std::string(err.message()));
