@@ -73,7 +73,7 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
   if schedule.comm == "dma" and schedule.overlapped and p > 1:
     validation.check_traced_for_copy_engines(op, a)
   if schedule.compute_granularity == "flagged":
-    _check_flagged(op, schedule, a, w)
+    _check_flagged(op, schedule)
   elif (op == "all_gather_matmul"
         and schedule.compute_granularity == "halving"):
     # The all-gather waits for a step's pieces in one landing buffer, so
@@ -92,7 +92,7 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
       timeout_s=timeout_s)
 
 
-def _check_flagged(op: str, schedule, a, w) -> None:
+def _check_flagged(op: str, schedule) -> None:
   """What ``compute_granularity="flagged"`` needs of each op (the schedule
   itself checked dataflow, comm and epilogue)."""
   if op == "matmul_reduce_scatter":
@@ -119,9 +119,3 @@ def _check_flagged(op: str, schedule, a, w) -> None:
     raise ValueError(
         "all_gather_matmul's compute_granularity='flagged' moves each shard"
         f" as one piece: num_chunks must be 1, got {schedule.num_chunks}.")
-  for name, arr in (("x", a), ("w", w)):
-    if not jnp.issubdtype(arr.dtype, jnp.floating):
-      raise TypeError(
-          "all_gather_matmul's compute_granularity='flagged' needs floating"
-          f" operands, got {name} of dtype {arr.dtype} (shape"
-          f" {tuple(arr.shape)}).")

@@ -65,7 +65,7 @@ def recording() -> Iterator[list[Call]]:
   """Records the ``schedule=None`` calls traced inside the block, in order.
 
   Only calls that are traced record: a function JAX already traced and
-  cached runs its old trace (``jax.clear_caches()`` first).
+  cached runs the trace it cached (``jax.clear_caches()`` first).
   """
   calls: list[Call] = []
   token = _calls.set(calls)
