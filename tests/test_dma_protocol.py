@@ -346,6 +346,23 @@ def test_host_stats_count_handlers_and_stream_waits(platform, dataflow):
   assert all(v == (0, 0.0) for v in library.host_stats(platform).values())
 
 
+# The timeline is a build option (FICCO_TRACE); the default build has none.
+needs_trace = pytest.mark.skipif(
+    not library.trace_compiled(),
+    reason="built without FICCO_TRACE (pip install ."
+           " -Ccmake.define.FICCO_TRACE=ON)")
+
+
+@pytest.mark.skipif(library.trace_compiled(), reason="built with FICCO_TRACE")
+def test_trace_without_the_build_option_says_how_to_get_it():
+  with pytest.raises(ValueError, match="capacity=-1"):
+    library.trace_enable(-1)
+  with pytest.raises(RuntimeError, match="FICCO_TRACE=ON"):
+    library.trace_enable(10)
+  library.trace_disable()
+  assert library.trace_read(10) == ([], 0)
+
+
 def _traced_calls(platform, plan, calls, *, capacity, gpu_stamps=0,
                   marks=False):
   """Runs a gather `calls` times under the host timeline (and `gpu_stamps`
@@ -371,6 +388,7 @@ def _traced_calls(platform, plan, calls, *, capacity, gpu_stamps=0,
   return mesh, lambda: f(x)[0], library.trace_read(max(capacity, 100))
 
 
+@needs_trace
 def test_host_trace_records_every_handler_in_order(platform):
   plan = _plan("direct", 3)
   calls = 4
@@ -409,6 +427,7 @@ def test_host_trace_records_every_handler_in_order(platform):
   assert library.trace_read(10)[1] == 0
 
 
+@needs_trace
 def test_gpu_stamps_follow_every_start_sync_and_copy(platform):
   if platform != "cuda":
     pytest.skip("GPU stamps are CUDA only")
@@ -434,6 +453,7 @@ def test_gpu_stamps_follow_every_start_sync_and_copy(platform):
     assert compute == sorted(compute) and times[0] == 0
 
 
+@needs_trace
 def test_host_trace_overflow_keeps_the_first_events(platform):
   _, _, (events, recorded) = _traced_calls(platform, _plan("ring", 3), 3,
                                            capacity=5)

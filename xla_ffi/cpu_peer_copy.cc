@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_backend.h"
 #include "cpu_runtime.h"
 #include "event_pool.h"
 #include "ficco_ffi.h"
@@ -39,121 +40,64 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace ficco {
-namespace {
 
-EventPools<CpuEvent>& Pools() {
-  static auto* pools = new EventPools<CpuEvent>();
-  return *pools;
+// The rendezvous transport's queues: a queue blocks on an event like a
+// stream would, but never for longer than the op's timeout: it then fails
+// the invocation, so its later copies are skipped and every event it
+// records reads "failed".
+ffi::Error CpuBackend::WaitEvent(const std::shared_ptr<Inv>& inv,
+                                 int32_t device, int64_t queue, Event* e) {
+  Queue(device, queue).Push([inv, device, queue, e] {
+    if (inv->failed()) return;
+    const int64_t ms = inv->plan->timeout_ms;
+    if (e->WaitUntil(DeadlineAfter(ms)) == CpuEvent::kOk) return;
+    inv->Fail("ficco peer copy of '" + inv->plan->op_name + "' (site " +
+              std::to_string(inv->plan->site) + "): copy queue " +
+              std::to_string(queue) + " of device " + std::to_string(device) +
+              " waited more than " + std::to_string(ms) +
+              " ms for a peer's data, or that copy failed");
+  });
+  return ffi::Error::Success();
 }
 
-struct CpuBackend {
-  using Event = CpuEvent;
-  using Inv = Invocation<CpuBackend>;
-  static constexpr bool kFlagsMustAlias = false;
-  // XLA:CPU runs handlers on a small shared pool: a start that blocked for
-  // its peers could starve them, so by default the last rank to arrive
-  // issues for all; the C API (FiccoSetIssueMode) can select async issue,
-  // where each device's issuer thread, which is ficco's own, waits and
-  // issues instead. Never parallel.
-  static bool SupportsIssueMode(int mode) {
-    return mode == kIssueLast || mode == kIssueAsync;
-  }
-  static int DefaultIssueMode() { return kIssueLast; }
+ffi::Error CpuBackend::Copy(const std::shared_ptr<Inv>& inv, int32_t device,
+                            int64_t queue, char* dst, const char* src,
+                            size_t bytes) {
+  Queue(device, queue).Push([inv, dst, src, bytes] {
+    if (!inv->failed() && bytes > 0) std::memcpy(dst, src, bytes);
+  });
+  return ffi::Error::Success();
+}
 
-  // The issuer threads hold no per-thread device state.
-  static void BindIssuer(int32_t) {}
+ffi::Error CpuBackend::Record(const std::shared_ptr<Inv>& inv, int32_t device,
+                              int64_t queue, Event* e) {
+  Queue(device, queue).Push([inv, e] {
+    e->Set(inv->failed() ? CpuEvent::kFailed : CpuEvent::kOk);
+  });
+  return ffi::Error::Success();
+}
 
-  static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
-    return AcquireCpuEvent(Pools(), device);
-  }
-  static void ReleaseEvent(int32_t device, Event* e) {
-    Pools().Release(device, e);
-  }
+// CUDA's flag stream, on a queue of its own: `out` is set once `*flag >=
+// target` (after `after`), or failed past the plan's timeout, which the
+// copies waiting on it then report. XLA:CPU runs the start only after the
+// kernel's results are complete, so here the wait is a check.
+ffi::Error CpuBackend::FlagReady(int32_t device, int64_t /*flag_index*/,
+                                 const int32_t* flag, int64_t target,
+                                 Event* after, Event* out, int64_t timeout_ms) {
+  Queue(device, kFlagQueue).Push([flag, target, after, out, timeout_ms] {
+    const auto deadline = DeadlineAfter(timeout_ms);
+    bool ok = after->WaitUntil(deadline) == CpuEvent::kOk;
+    const auto* atomic_flag = reinterpret_cast<const std::atomic<int32_t>*>(flag);
+    while (ok && atomic_flag->load(std::memory_order_acquire) < target) {
+      if (Clock::now() >= deadline) ok = false;
+      std::this_thread::yield();
+    }
+    out->Set(ok ? CpuEvent::kOk : CpuEvent::kFailed);
+  });
+  return ffi::Error::Success();
+}
 
-  // The handler runs when its operands are complete: the host thread is the
-  // compute stream.
-  ffi::Error RecordOnCompute(int32_t, Event* e) {
-    e->Set(CpuEvent::kOk);
-    return ffi::Error::Success();
-  }
-
-  ffi::Error EnsurePeerAccess(int32_t, int32_t) {
-    return ffi::Error::Success();
-  }
-
-  // A queue blocks on the event like a stream would, but never for longer
-  // than the op's timeout: it then fails the invocation, so its later copies
-  // are skipped and every event it records reads "failed".
-  ffi::Error SideWait(const std::shared_ptr<Inv>& inv, int32_t device,
-                      int64_t stream, Event* e) {
-    Queue(device, stream).Push([inv, device, stream, e] {
-      if (inv->failed()) return;
-      const int64_t ms = inv->plan->timeout_ms;
-      if (e->WaitUntil(DeadlineAfter(ms)) == CpuEvent::kOk) return;
-      inv->Fail("ficco peer copy of '" + inv->plan->op_name + "' (site " +
-                std::to_string(inv->plan->site) + "): copy queue " +
-                std::to_string(stream) + " of device " + std::to_string(device) +
-                " waited more than " + std::to_string(ms) +
-                " ms for a peer's data, or that copy failed");
-    });
-    return ffi::Error::Success();
-  }
-
-  ffi::Error SideCopy(const std::shared_ptr<Inv>& inv, int32_t device,
-                      int64_t stream, char* dst, const char* src, int32_t,
-                      size_t bytes) {
-    Queue(device, stream).Push([inv, dst, src, bytes] {
-      if (!inv->failed() && bytes > 0) std::memcpy(dst, src, bytes);
-    });
-    return ffi::Error::Success();
-  }
-
-  ffi::Error SideRecord(const std::shared_ptr<Inv>& inv, int32_t device,
-                        int64_t stream, Event* e) {
-    Queue(device, stream).Push([inv, e] {
-      e->Set(inv->failed() ? CpuEvent::kFailed : CpuEvent::kOk);
-    });
-    return ffi::Error::Success();
-  }
-
-  ffi::Error ZeroOnCompute(void* data, size_t bytes) {
-    std::memset(data, 0, bytes);
-    return ffi::Error::Success();
-  }
-
-  ffi::Error SetInt32OnCompute(void* data, int32_t value) {
-    std::memcpy(data, &value, sizeof(value));
-    return ffi::Error::Success();
-  }
-
-  // The handler's thread is the compute stream.
-  void DrainWait(Event* e, Clock::time_point deadline) {
-    e->WaitUntil(deadline);
-  }
-
-  // CUDA's flag stream, on a queue of its own: `out` is set once `*flag >=
-  // target` (after `after`), or failed past the plan's timeout, which the
-  // copies waiting on it then report. XLA:CPU runs the start only after the
-  // kernel's results are complete, so here the wait is a check.
-  ffi::Error FlagReady(int32_t device, int64_t /*flag_index*/,
-                       const int32_t* flag, int64_t target, Event* after,
-                       Event* out, int64_t timeout_ms) {
-    Queue(device, kFlagQueue).Push([flag, target, after, out, timeout_ms] {
-      const auto deadline = DeadlineAfter(timeout_ms);
-      bool ok = after->WaitUntil(deadline) == CpuEvent::kOk;
-      const auto* atomic_flag = reinterpret_cast<const std::atomic<int32_t>*>(flag);
-      while (ok && atomic_flag->load(std::memory_order_acquire) < target) {
-        if (Clock::now() >= deadline) ok = false;
-        std::this_thread::yield();
-      }
-      out->Set(ok ? CpuEvent::kOk : CpuEvent::kFailed);
-    });
-    return ffi::Error::Success();
-  }
-
-  // Copy queues are indices [0, num_streams), the completer -1.
-  static constexpr int64_t kFlagQueue = int64_t{1} << 40;
-};
+namespace {
 
 // One asynchronous wait or done: completes its future exactly once, with
 // the first of success (every awaited event set), a failure, or the
@@ -306,7 +250,7 @@ ffi::Future FailedSync(int64_t run_id, int32_t device, ffi::Error error) {
 }
 
 ffi::Error StartImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
-                     ffi::RemainingRets rets, StartAttrs attrs) {
+                     ffi::RemainingRets rets, Attrs attrs) {
   CpuBackend backend;
   ffi::Error err = Start(backend, run_id.run_id, device, args, rets, attrs);
   if (err.failure()) {
@@ -317,7 +261,7 @@ ffi::Error StartImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
 
 // One landing buffer's arrivals on this device.
 ffi::Future AwaitLanding(int64_t run_id, int32_t device, const void* address,
-                         const SyncAttrs& attrs) {
+                         const Attrs& attrs) {
   auto f = FindWait<CpuBackend>(run_id, device, address, attrs.op_name);
   if (!f.has_value()) {
     return FailedSync(run_id, device,
@@ -334,7 +278,7 @@ ffi::Future AwaitLanding(int64_t run_id, int32_t device, const void* address,
 // alive (ReaderEvents).
 ffi::Future AwaitDone(int64_t run_id, int32_t device,
                       const std::vector<const void*>& keepalive,
-                      const SyncAttrs& attrs) {
+                      const Attrs& attrs) {
   auto f = FindDone<CpuBackend>(run_id, device, keepalive, attrs.op_name);
   if (!f.has_value()) {
     return FailedSync(run_id, device,
@@ -351,7 +295,7 @@ ffi::Future AwaitDone(int64_t run_id, int32_t device,
 // that completes the last one, as a single one would.
 ffi::Future SyncUntimed(ffi::RunId run_id, int32_t device,
                         ffi::RemainingArgs args, ffi::RemainingRets rets,
-                        const SyncAttrs& attrs) {
+                        const Attrs& attrs) {
   auto call = DecodeSync(args, rets, attrs);
   if (!call.has_value()) {
     return FailedSync(run_id.run_id, device, call.error());
@@ -393,7 +337,7 @@ ffi::Future SyncUntimed(ffi::RunId run_id, int32_t device,
 }
 
 ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
-                     ffi::RemainingRets rets, SyncAttrs attrs) {
+                     ffi::RemainingRets rets, Attrs attrs) {
   const auto since = Clock::now();
   Trace(device, kTraceSyncEnter, -1);
   ffi::Future future = SyncUntimed(run_id, device, args, rets, attrs);
@@ -405,7 +349,7 @@ ffi::Future SyncImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
 
 ffi::Error ArmImpl(ffi::RunId run_id, int32_t device,
                    ffi::RemainingArgs /*like*/, ffi::RemainingRets rets,
-                   ArmAttrs attrs) {
+                   Attrs attrs) {
   CpuBackend backend;
   ffi::Error err = Arm(backend, run_id.run_id, device, rets, attrs);
   if (err.failure()) {
@@ -424,7 +368,7 @@ int64_t CpuPendingEntries() {
          static_cast<int64_t>(Watchdog::Get().Pending());
 }
 void CpuEventCounts(int device, int64_t* created, int64_t* pooled) {
-  Pools().Counts(device, created, pooled);
+  CpuEventPools().Counts(device, created, pooled);
 }
 bool CpuHostStat(int stat, int64_t* calls, int64_t* ns) {
   return Registry<CpuBackend>::Get().stats().Read(stat, calls, ns);
@@ -443,7 +387,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopyStartCpu, ficco::StartImpl,
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .RemainingArgs()                 // sources
                                   .RemainingRets()                 // landings
-                                  .Attrs<ficco::StartAttrs>());    // plan
+                                  .Attrs<ficco::Attrs>());    // plan
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopySyncCpu, ficco::SyncImpl,
                               xla::ffi::Ffi::Bind()
@@ -451,7 +395,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopySyncCpu, ficco::SyncImpl,
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .RemainingArgs()  // outs, keepalive
                                   .RemainingRets()  // outs, aliased
-                                  .Attrs<ficco::SyncAttrs>());  // layout
+                                  .Attrs<ficco::Attrs>());  // layout
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoFlagsArmCpu, ficco::ArmImpl,
                               xla::ffi::Ffi::Bind()
@@ -459,4 +403,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoFlagsArmCpu, ficco::ArmImpl,
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .RemainingArgs()  // types only
                                   .RemainingRets()  // flags, rank, landings
-                                  .Attrs<ficco::ArmAttrs>());  // site
+                                  .Attrs<ficco::Attrs>());  // site

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_backend.h"
 #include "cpu_runtime.h"
 #include "dispatch_advice.h"
 #include "event_pool.h"
@@ -42,11 +43,6 @@ namespace {
 // Window queues are threads of their own, apart from the rendezvous
 // transport's queues.
 constexpr int64_t kQueueBase = int64_t{1} << 32;
-
-EventPools<CpuEvent>& Pools() {
-  static auto* pools = new EventPools<CpuEvent>();
-  return *pools;
-}
 
 // The cyclic comparison of cuStreamWaitValue32(GEQ): epochs may wrap.
 bool Reached(const uint32_t* addr, uint32_t value) {
@@ -132,181 +128,147 @@ class Lane {
   std::chrono::microseconds nap_{1};  // Only the queue's thread uses it.
 };
 
-struct CpuWindowBackend {
-  using Event = CpuEvent;
-  using Inv = WindowInvocation<CpuWindowBackend>;
-  static constexpr int kPlatform = kFiccoCpu;
-  // Queues are threads: a flag wait blocks only its own queue, so the host
-  // need not order waits after writes (and XLA:CPU's small handler pool
-  // must not block in start).
-  static constexpr bool kHostOrdered = false;
-  // Worker threads share no SMs with the compute: the stage need not run
-  // first.
-  static constexpr bool kStageBeforeCompute = false;
-  // The push protocol's "compute stream" is a queue thread of its own, and
-  // its start runs after the kernel's results are complete: any copy of the
-  // flags XLA made holds their final counts.
-  static constexpr int64_t kComputeQueue = kPushQueue + 1;
-  static constexpr bool kFlagsMustAlias = false;
-  static constexpr bool kNamesWaits = true;
+// A timeout's tail: "; never signalled: rank 2 (device 2) ..." when some
+// peer is late (the window's header is host memory here, so any timeout
+// can name who is), else what this device's copies queued behind.
+std::string Late(const WindowInvocation<CpuBackend>& inv) {
+  const std::string missing = Unsignalled(
+      *inv.win, reinterpret_cast<const uint32_t*>(inv.win->base), inv.epoch,
+      inv.freed_lag);
+  return "; " + (missing.empty() ? QueuedBehind(inv) : NeverSignalled(missing));
+}
 
-  // A timeout's tail: "; never signalled: rank 2 (device 2) ..." when some
-  // peer is late (the window's header is host memory here, so any timeout
-  // can name who is), else what this device's copies queued behind.
-  static std::string Late(const WindowInvocation<CpuWindowBackend>& inv) {
-    const std::string missing = Unsignalled(
-        *inv.win, reinterpret_cast<const uint32_t*>(inv.win->base), inv.epoch,
-        inv.freed_lag);
-    return "; " + (missing.empty() ? QueuedBehind(inv) : NeverSignalled(missing));
-  }
+// Every operation goes to its window's lane on the queue (`Lane`).
+void Push(const std::shared_ptr<WindowInvocation<CpuBackend>>& inv,
+          int32_t device, int64_t queue, std::function<void()> op) {
+  Lane::Push(inv->win.get(), device, queue, [op = std::move(op)] {
+    op();
+    return true;
+  });
+}
 
-  static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
-    return AcquireCpuEvent(Pools(), device);
-  }
-  static void ReleaseEvent(int32_t device, Event* e) {
-    Pools().Release(device, e);
-  }
-
-  // The handler runs once its operands are complete.
-  ffi::Error RecordOnCompute(int32_t, Event* e) {
-    e->Set(CpuEvent::kOk);
-    return ffi::Error::Success();
-  }
-
-  // Every operation goes to its window's lane on the queue (`Lane`).
-  static void Push(const std::shared_ptr<Inv>& inv, int32_t device,
-                   int64_t queue, std::function<void()> op) {
-    Lane::Push(inv->win.get(), device, queue, [op = std::move(op)] {
-      op();
-      return true;
-    });
-  }
-
-  // A wait that is not over yields its lane until it is, or until its
-  // bound passes (counted from when it reached the head of its lane).
-  static void PushWait(const std::shared_ptr<Inv>& inv, int32_t device,
-                       int64_t queue, int64_t ms,
-                       std::function<bool()> over,
-                       std::function<void()> late) {
-    auto deadline = std::make_shared<std::optional<Clock::time_point>>();
-    Lane::Push(inv->win.get(), device, queue,
-               [inv, ms, over = std::move(over), late = std::move(late),
-                deadline] {
-                 // A failed invocation skips its copies: stop waiting for
-                 // them too, so its queues drain at once (`WhenSettled`).
-                 if (inv->failed() || over()) return true;
-                 if (!deadline->has_value()) *deadline = DeadlineAfter(ms);
-                 if (Clock::now() < **deadline) return false;
-                 late();
-                 return true;
-               });
-  }
-
-  ffi::Error WaitEvent(const std::shared_ptr<Inv>& inv, int32_t device,
-                       int64_t queue, Event* e) {
-    // Events are this device's own: they are late only because a flag wait
-    // is, and that wait's message (which names the rank) should win, so
-    // this bound is twice the op's.
-    const int64_t ms = 2 * inv->plan.timeout_ms;
-    const std::string why = inv->where + ": a copy queue waited more than " +
-                            std::to_string(ms) + " ms for an event, or it" +
-                            " failed";
-    PushWait(inv, device, queue, ms,
-             [inv, e, why] {
-               // A failed event fails its waiter at once.
-               const CpuEvent::State s = e->Peek();
-               if (s == CpuEvent::kFailed) inv->Fail(why + Late(*inv));
-               return s != CpuEvent::kPending;
-             },
-             [inv, why] { inv->Fail(why + Late(*inv)); });
-    return ffi::Error::Success();
-  }
-
-  ffi::Error Copy(const std::shared_ptr<Inv>& inv, int32_t device,
-                  int64_t queue, char* dst, const char* src, size_t bytes) {
-    Push(inv, device, queue, [inv, dst, src, bytes] {
-      if (!inv->failed() && bytes > 0) std::memcpy(dst, src, bytes);
-    });
-    return ffi::Error::Success();
-  }
-
-  ffi::Error Record(const std::shared_ptr<Inv>& inv, int32_t device,
-                    int64_t queue, Event* e) {
-    Push(inv, device, queue, [inv, e] {
-      e->Set(inv->failed() ? CpuEvent::kFailed : CpuEvent::kOk);
-    });
-    return ffi::Error::Success();
-  }
-
-  ffi::Error WaitFlag(const std::shared_ptr<Inv>& inv, int32_t device,
-                      int64_t queue, uint32_t* addr, uint32_t value,
-                      std::string who) {
-    const int64_t ms = inv->plan.timeout_ms;
-    PushWait(inv, device, queue, ms, [addr, value] { return Reached(addr, value); },
-             [inv, ms, who] {
-               inv->Fail(inv->where + ": waited more than " +
-                         std::to_string(ms) + " ms for " + who + Late(*inv));
+// A wait that is not over yields its lane until it is, or until its
+// bound passes (counted from when it reached the head of its lane).
+void PushWait(const std::shared_ptr<WindowInvocation<CpuBackend>>& inv,
+              int32_t device, int64_t queue, int64_t ms,
+              std::function<bool()> over, std::function<void()> late) {
+  auto deadline = std::make_shared<std::optional<Clock::time_point>>();
+  Lane::Push(inv->win.get(), device, queue,
+             [inv, ms, over = std::move(over), late = std::move(late),
+              deadline] {
+               // A failed invocation skips its copies: stop waiting for
+               // them too, so its queues drain at once (`WhenSettled`).
+               if (inv->failed() || over()) return true;
+               if (!deadline->has_value()) *deadline = DeadlineAfter(ms);
+               if (Clock::now() < **deadline) return false;
+               late();
+               return true;
              });
-    return ffi::Error::Success();
-  }
+}
 
-  ffi::Error FlagOps(const std::shared_ptr<Inv>& inv, int32_t device,
-                    int64_t queue, const std::vector<FlagOp>& ops) {
-    for (const FlagOp& op : ops) {
-      FICCO_RETURN_IF_FAILED(
-          op.write ? WriteFlag(inv, device, queue, op.addr, op.value)
-                   : WaitFlag(inv, device, queue, op.addr, op.value, op.who));
+}  // namespace
+
+// The window and push transports' queues: every operation goes to its
+// window's lane (`Lane`).
+ffi::Error CpuBackend::WaitEvent(const std::shared_ptr<WindowInv>& inv,
+                                 int32_t device, int64_t queue, Event* e) {
+  // Events are this device's own: they are late only because a flag wait
+  // is, and that wait's message (which names the rank) should win, so
+  // this bound is twice the op's.
+  const int64_t ms = 2 * inv->plan.timeout_ms;
+  const std::string why = inv->where + ": a copy queue waited more than " +
+                          std::to_string(ms) + " ms for an event, or it" +
+                          " failed";
+  PushWait(inv, device, queue, ms,
+           [inv, e, why] {
+             // A failed event fails its waiter at once.
+             const CpuEvent::State s = e->Peek();
+             if (s == CpuEvent::kFailed) inv->Fail(why + Late(*inv));
+             return s != CpuEvent::kPending;
+           },
+           [inv, why] { inv->Fail(why + Late(*inv)); });
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuBackend::Copy(const std::shared_ptr<WindowInv>& inv,
+                            int32_t device, int64_t queue, char* dst,
+                            const char* src, size_t bytes) {
+  Push(inv, device, queue, [inv, dst, src, bytes] {
+    if (!inv->failed() && bytes > 0) std::memcpy(dst, src, bytes);
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuBackend::Record(const std::shared_ptr<WindowInv>& inv,
+                              int32_t device, int64_t queue, Event* e) {
+  Push(inv, device, queue, [inv, e] {
+    e->Set(inv->failed() ? CpuEvent::kFailed : CpuEvent::kOk);
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuBackend::WaitFlag(const std::shared_ptr<WindowInv>& inv,
+                                int32_t device, int64_t queue, uint32_t* addr,
+                                uint32_t value, const std::string& who) {
+  const int64_t ms = inv->plan.timeout_ms;
+  PushWait(inv, device, queue, ms, [addr, value] { return Reached(addr, value); },
+           [inv, ms, who] {
+             inv->Fail(inv->where + ": waited more than " +
+                       std::to_string(ms) + " ms for " + who + Late(*inv));
+           });
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuBackend::FlagOps(const std::shared_ptr<WindowInv>& inv,
+                               int32_t device, int64_t queue,
+                               const std::vector<FlagOp>& ops) {
+  for (const FlagOp& op : ops) {
+    FICCO_RETURN_IF_FAILED(
+        op.write ? WriteFlag(inv, device, queue, op.addr, op.value)
+                 : WaitFlag(inv, device, queue, op.addr, op.value, op.who));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuBackend::Sum(const std::shared_ptr<WindowInv>& inv,
+                           int32_t device, int64_t queue, ffi::DataType dtype,
+                           char* out, const char* own, const char* landing,
+                           int64_t chunks, int64_t peers, int64_t chunk_elems) {
+  const PushSumArgs args{dtype, out, own, landing, chunks, peers,
+                         chunk_elems};
+  Push(inv, device, queue, [inv, args] {
+    if (inv->failed()) return;
+    if (ffi::Error err = CpuPushSum(args); err.failure()) {
+      inv->Fail(inv->where + ": " + std::string(err.message()));
     }
-    return ffi::Error::Success();
-  }
+  });
+  return ffi::Error::Success();
+}
 
-  // The push arm's: the handler runs once its operands are complete.
-  ffi::Error ZeroOnCompute(char* data, size_t bytes) {
-    std::memset(data, 0, bytes);
-    return ffi::Error::Success();
-  }
-  ffi::Error SetInt32OnCompute(char* data, int32_t value) {
-    std::memcpy(data, &value, sizeof(value));
-    return ffi::Error::Success();
-  }
+ffi::Error CpuBackend::Gemm(const std::shared_ptr<WindowInv>& inv,
+                            int32_t device, int64_t queue, const GemmArgs& g) {
+  Push(inv, device, queue, [inv, g] {
+    if (inv->failed()) return;
+    if (ffi::Error err = CpuGemm(g); err.failure()) {
+      inv->Fail(inv->where + ": " + std::string(err.message()));
+    }
+  });
+  return ffi::Error::Success();
+}
 
-  ffi::Error Sum(const std::shared_ptr<Inv>& inv, int32_t device,
-                 int64_t queue, ffi::DataType dtype, char* out,
-                 const char* own, const char* landing, int64_t chunks,
-                 int64_t peers, int64_t chunk_elems) {
-    const PushSumArgs args{dtype, out, own, landing, chunks, peers,
-                           chunk_elems};
-    Push(inv, device, queue, [inv, args] {
-      if (inv->failed()) return;
-      if (ffi::Error err = CpuPushSum(args); err.failure()) {
-        inv->Fail(inv->where + ": " + std::string(err.message()));
-      }
-    });
-    return ffi::Error::Success();
-  }
+// A failed invocation writes no flag: its peers must not read garbage.
+ffi::Error CpuBackend::WriteFlag(const std::shared_ptr<WindowInv>& inv,
+                                 int32_t device, int64_t queue, uint32_t* addr,
+                                 uint32_t value) {
+  Push(inv, device, queue, [inv, addr, value] {
+    if (!inv->failed()) __atomic_store_n(addr, value, __ATOMIC_RELEASE);
+  });
+  return ffi::Error::Success();
+}
 
-  ffi::Error Gemm(const std::shared_ptr<Inv>& inv, int32_t device,
-                  int64_t queue, const GemmArgs& g) {
-    Push(inv, device, queue, [inv, g] {
-      if (inv->failed()) return;
-      if (ffi::Error err = CpuGemm(g); err.failure()) {
-        inv->Fail(inv->where + ": " + std::string(err.message()));
-      }
-    });
-    return ffi::Error::Success();
-  }
+namespace {
 
-  // A failed invocation writes no flag: its peers must not read garbage.
-  ffi::Error WriteFlag(const std::shared_ptr<Inv>& inv, int32_t device,
-                       int64_t queue, uint32_t* addr, uint32_t value) {
-    Push(inv, device, queue, [inv, addr, value] {
-      if (!inv->failed()) __atomic_store_n(addr, value, __ATOMIC_RELEASE);
-    });
-    return ffi::Error::Success();
-  }
-};
-
-using Inv = WindowInvocation<CpuWindowBackend>;
+using Inv = WindowInvocation<CpuBackend>;
 
 ffi::Future Failed(ffi::Error error) {
   ffi::Promise promise;
@@ -385,7 +347,7 @@ void WhenSettled(int32_t device, std::vector<std::shared_ptr<Inv>> run,
 // skipped) and completes once their copies have ended.
 ffi::Future FailSettled(int32_t device, const std::shared_ptr<Inv>& inv,
                         ffi::Error error) {
-  auto run = WindowIndex<CpuWindowBackend>::Get().FailRun(
+  auto run = WindowIndex<CpuBackend>::Get().FailRun(
       inv, inv->where + ": " + std::string(error.message()));
   ffi::Promise promise;
   ffi::Future future(promise);
@@ -437,7 +399,7 @@ struct Await : std::enable_shared_from_this<Await> {
       // XLA frees the execution's buffers once it sees the error: let the
       // copies of every invocation it started here end first.
       WhenSettled(device,
-                  WindowIndex<CpuWindowBackend>::Get().FailRun(held, why),
+                  WindowIndex<CpuBackend>::Get().FailRun(held, why),
                   std::move(complete));
       return;
     }
@@ -473,7 +435,7 @@ ffi::Future AwaitEvents(int32_t device, const std::shared_ptr<Inv>& inv,
     std::string why = inv->Failure();
     if (why.empty()) {
       why = inv->where + ": " + a->what + " took more than " +
-            std::to_string(ms) + " ms" + CpuWindowBackend::Late(*inv);
+            std::to_string(ms) + " ms" + Late(*inv);
       inv->Fail(why);
     }
     a->Finish(false, why);
@@ -521,23 +483,23 @@ ffi::Future Refused(int32_t device, const std::shared_ptr<Inv>& inv,
 
 ffi::Error StartImpl(ffi::RunId run_id, int32_t device,
                      ffi::RemainingArgs args, ffi::RemainingRets rets,
-                     WindowStartAttrs attrs) {
-  CpuWindowBackend backend;
+                     Attrs attrs) {
+  CpuBackend backend;
   return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
 }
 
 ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
-                     ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
+                     ffi::Result<ffi::AnyBuffer> out, Attrs attrs) {
   if (buf.untyped_data() != out->untyped_data()) {
     return Failed(ffi::Error::Internal("ficco window wait: output not aliased"));
   }
-  auto [inv, landing] = WindowIndex<CpuWindowBackend>::Get().TakeWait(
+  auto [inv, landing] = WindowIndex<CpuBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
   if (Faults(device, kFaultWait)) {
     return Refused(device, inv, "wait", attrs.op_name);
   }
   if (!inv) {
-    return Failed(WindowMissError<CpuWindowBackend>(attrs.window, "wait",
+    return Failed(WindowMissError<CpuBackend>(attrs.window, "wait",
                                                     attrs.op_name, device));
   }
   std::vector<CpuEvent*> events;
@@ -550,19 +512,19 @@ ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
 
 ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
                      ffi::RemainingArgs keepalive,
-                     ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
+                     ffi::Result<ffi::AnyBuffer> out, Attrs attrs) {
   if (out_in.untyped_data() != out->untyped_data()) {
     return Failed(ffi::Error::Internal("ficco window done: output not aliased"));
   }
   auto first = keepalive.get<ffi::AnyBuffer>(0);
   if (!first.has_value()) return Failed(first.error());
-  auto inv = WindowIndex<CpuWindowBackend>::Get().TakeDone(
+  auto inv = WindowIndex<CpuBackend>::Get().TakeDone(
       attrs.window, device, first->untyped_data());
   if (Faults(device, kFaultDone)) {
     return Refused(device, inv, "done", attrs.op_name);
   }
   if (!inv) {
-    return Failed(WindowMissError<CpuWindowBackend>(attrs.window, "done",
+    return Failed(WindowMissError<CpuBackend>(attrs.window, "done",
                                                     attrs.op_name, device));
   }
   // The sources have been staged (XLA may reuse them) and this rank's own
@@ -575,27 +537,27 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
 }
 
 ffi::Error PushArmImpl(int32_t device, ffi::Result<ffi::AnyBuffer> flags,
-                      ffi::Result<ffi::AnyBuffer> rank, PushArmAttrs attrs) {
-  CpuWindowBackend backend;
+                      ffi::Result<ffi::AnyBuffer> rank, Attrs attrs) {
+  CpuBackend backend;
   return PushArm(backend, device, *flags, *rank, attrs);
 }
 
 ffi::Error PushStartImpl(ffi::RunId run_id, int32_t device,
                          ffi::AnyBuffer parts, ffi::AnyBuffer flags,
                          ffi::Result<ffi::AnyBuffer> flags_out,
-                         PushStartAttrs attrs) {
+                         Attrs attrs) {
   if (flags.untyped_data() != flags_out->untyped_data()) {
     return ffi::Error::Internal("ficco push start: flags not aliased");
   }
-  CpuWindowBackend backend;
+  CpuBackend backend;
   return PushStart(backend, run_id.run_id, device, parts, flags, attrs);
 }
 
 ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
                            ffi::AnyBuffer /*flags: kept alive*/,
                            ffi::Result<ffi::AnyBuffer> out,
-                           PushFinishAttrs attrs) {
-  CpuWindowBackend backend;
+                           Attrs attrs) {
+  CpuBackend backend;
   auto inv = PushFinish(backend, device, parts, *out, attrs);
   if (!inv.has_value()) return Failed(inv.error());
   return AwaitEvents(device, *inv, {(*inv)->signalled},
@@ -605,8 +567,8 @@ ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
 ffi::Future PushGatherImpl(ffi::RunId run_id, int32_t device,
                            ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> out,
-                           PushGatherAttrs attrs) {
-  CpuWindowBackend backend;
+                           Attrs attrs) {
+  CpuBackend backend;
   auto inv = PushGather(backend, run_id.run_id, device, x, w, *out, attrs);
   if (!inv.has_value()) return Failed(inv.error());
   return AwaitEvents(device, *inv, {(*inv)->staged, (*inv)->signalled},
@@ -638,12 +600,12 @@ ffi::Error CpuWindowMap(Window& w, int64_t peer, const std::string& handle) {
 }
 
 int64_t CpuWindowPending() {
-  return WindowIndex<CpuWindowBackend>::Get().Pending() +
-         PushStates<CpuWindowBackend>::Get().Pending();
+  return WindowIndex<CpuBackend>::Get().Pending() +
+         PushStates<CpuBackend>::Get().Pending();
 }
 
 void CpuWindowForget(int64_t family) {
-  PushStates<CpuWindowBackend>::Get().Forget(family);
+  PushStates<CpuBackend>::Get().Forget(family);
 }
 
 }  // namespace ficco
@@ -654,14 +616,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowStartCpu, ficco::StartImpl,
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .RemainingArgs()                 // sources
                                   .RemainingRets()                 // landings
-                                  .Attrs<ficco::WindowStartAttrs>());
+                                  .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowWaitCpu, ficco::WaitImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .Arg<xla::ffi::AnyBuffer>()      // landing
                                   .Ret<xla::ffi::AnyBuffer>()      // aliased
-                                  .Attrs<ficco::WindowSyncAttrs>());
+                                  .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowDoneCpu, ficco::DoneImpl,
                               xla::ffi::Ffi::Bind()
@@ -669,14 +631,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowDoneCpu, ficco::DoneImpl,
                                   .Arg<xla::ffi::AnyBuffer>()      // out
                                   .RemainingArgs()                 // keepalive
                                   .Ret<xla::ffi::AnyBuffer>()      // aliased
-                                  .Attrs<ficco::WindowSyncAttrs>());
+                                  .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushArmCpu, ficco::PushArmImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .Ret<xla::ffi::AnyBuffer>()      // flags
                                   .Ret<xla::ffi::AnyBuffer>()      // rank
-                                  .Attrs<ficco::PushArmAttrs>());
+                                  .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushStartCpu, ficco::PushStartImpl,
                               xla::ffi::Ffi::Bind()
@@ -685,7 +647,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushStartCpu, ficco::PushStartImpl,
                                   .Arg<xla::ffi::AnyBuffer>()      // parts
                                   .Arg<xla::ffi::AnyBuffer>()      // flags
                                   .Ret<xla::ffi::AnyBuffer>()      // aliased
-                                  .Attrs<ficco::PushStartAttrs>());
+                                  .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushFinishCpu, ficco::PushFinishImpl,
                               xla::ffi::Ffi::Bind()
@@ -693,7 +655,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushFinishCpu, ficco::PushFinishImpl,
                                   .Arg<xla::ffi::AnyBuffer>()      // parts
                                   .Arg<xla::ffi::AnyBuffer>()      // flags
                                   .Ret<xla::ffi::AnyBuffer>()      // out
-                                  .Attrs<ficco::PushFinishAttrs>());
+                                  .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushGatherCpu, ficco::PushGatherImpl,
                               xla::ffi::Ffi::Bind()
@@ -702,4 +664,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushGatherCpu, ficco::PushGatherImpl,
                                   .Arg<xla::ffi::AnyBuffer>()      // x
                                   .Arg<xla::ffi::AnyBuffer>()      // w
                                   .Ret<xla::ffi::AnyBuffer>()      // out
-                                  .Attrs<ficco::PushGatherAttrs>());
+                                  .Attrs<ficco::Attrs>());

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_backend.h"
 #include "cuda_util.h"
 #include "dispatch_advice.h"
 #include "event_pool.h"
@@ -44,175 +45,129 @@ namespace {
 
 constexpr int64_t kQueueBase = int64_t{1} << 32;
 
-EventPools<CUevent_st>& Pools() {
-  static auto* pools = new EventPools<CUevent_st>();
-  return *pools;
-}
-
 ffi::ErrorOr<cudaStream_t> QueueStream(int32_t device, int64_t queue) {
   return SideStream(device, kQueueBase + queue);
 }
 
-struct CudaWindowBackend {
-  using Event = CUevent_st;
-  using Inv = WindowInvocation<CudaWindowBackend>;
-  static constexpr int kPlatform = kFiccoCuda;
-  // Streams share the GPU's few hardware queues: a stream blocked in
-  // cuStreamWaitValue32 may block others behind it, so every wait is
-  // enqueued after the write it waits for (docs/windows.md, "Why the host
-  // orders the waits").
-  static constexpr bool kHostOrdered = true;
-  // The push protocol's finish runs on XLA's stream; its start's copy
-  // engines wait on the flags the kernel bumps in place.
-  static constexpr int64_t kComputeQueue = -1;
-  static constexpr bool kFlagsMustAlias = true;
-  static constexpr bool kNamesWaits = false;
+}  // namespace
 
-  explicit CudaWindowBackend(cudaStream_t compute) : compute(compute) {}
+// The window and push transports' queues: on the handler's device (it made
+// that device current), on streams apart from the rendezvous transport's.
+ffi::ErrorOr<cudaStream_t> CudaBackend::WindowStream(int32_t device,
+                                                     int64_t queue) const {
+  if (queue == kComputeQueue) return compute;
+  return QueueStream(device, queue);
+}
 
-  // The window start's issuer thread (window_protocol.h) enqueues on this
-  // device only.
-  static void BindIssuer(int32_t device) { cudaSetDevice(device); }
-
-  ffi::ErrorOr<cudaStream_t> Stream(int32_t device, int64_t queue) const {
-    if (queue == kComputeQueue) return compute;
-    return QueueStream(device, queue);
+// One cuStreamBatchMemOp for the lot (same order and semantics as the
+// single calls: waits are cyclic >=, writes fence the queue's earlier
+// work).
+ffi::Error CudaBackend::FlagOps(const std::shared_ptr<WindowInv>&,
+                                int32_t device, int64_t queue,
+                                const std::vector<FlagOp>& ops) {
+  if (ops.empty()) return ffi::Error::Success();
+  auto s = WindowStream(device, queue);
+  if (!s.has_value()) return s.error();
+  BatchMemOpFn batch = BatchMemOp();
+  if (batch == nullptr) {
+    return ffi::Error::Internal("the driver has no cuStreamBatchMemOp");
   }
-
-  ffi::Error ZeroOnCompute(char* data, size_t bytes) {
-    return ZeroAsync(data, bytes, compute);
-  }
-
-  ffi::Error SetInt32OnCompute(char* data, int32_t value) {
-    return SetInt32Async(data, value, compute);
-  }
-
-  // One cuStreamBatchMemOp for the lot (same order and semantics as the
-  // single calls: waits are cyclic >=, writes fence the queue's earlier
-  // work).
-  ffi::Error FlagOps(const std::shared_ptr<Inv>&, int32_t device,
-                     int64_t queue, const std::vector<FlagOp>& ops) {
-    if (ops.empty()) return ffi::Error::Success();
-    auto s = Stream(device, queue);
-    if (!s.has_value()) return s.error();
-    BatchMemOpFn batch = BatchMemOp();
-    if (batch == nullptr) {
-      return ffi::Error::Internal("the driver has no cuStreamBatchMemOp");
+  std::vector<CUstreamBatchMemOpParams> params(ops.size());
+  std::memset(params.data(), 0, params.size() * sizeof(params[0]));
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto addr = reinterpret_cast<CUdeviceptr>(ops[i].addr);
+    if (ops[i].write) {
+      params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      params[i].writeValue.address = addr;
+      params[i].writeValue.value = ops[i].value;
+      params[i].writeValue.flags = 0;
+    } else {
+      params[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+      params[i].waitValue.address = addr;
+      params[i].waitValue.value = ops[i].value;
+      params[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
     }
-    std::vector<CUstreamBatchMemOpParams> params(ops.size());
-    std::memset(params.data(), 0, params.size() * sizeof(params[0]));
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const auto addr = reinterpret_cast<CUdeviceptr>(ops[i].addr);
-      if (ops[i].write) {
-        params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-        params[i].writeValue.address = addr;
-        params[i].writeValue.value = ops[i].value;
-        params[i].writeValue.flags = 0;
-      } else {
-        params[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-        params[i].waitValue.address = addr;
-        params[i].waitValue.value = ops[i].value;
-        params[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-      }
-    }
-    return CheckCu(batch(reinterpret_cast<CUstream>(*s),
-                         static_cast<unsigned int>(params.size()),
-                         params.data(), 0),
-                   "cuStreamBatchMemOp");
   }
+  return CheckCu(batch(reinterpret_cast<CUstream>(*s),
+                       static_cast<unsigned int>(params.size()),
+                       params.data(), 0),
+                 "cuStreamBatchMemOp");
+}
 
-  ffi::Error Sum(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
-                 ffi::DataType dtype, char* out, const char* own,
-                 const char* landing, int64_t chunks, int64_t peers,
-                 int64_t chunk_elems) {
-    auto s = Stream(device, queue);
-    if (!s.has_value()) return s.error();
-    return CudaPushSum(*s, PushSumArgs{dtype, out, own, landing, chunks,
-                                       peers, chunk_elems});
-  }
+ffi::Error CudaBackend::Sum(const std::shared_ptr<WindowInv>&, int32_t device,
+                            int64_t queue, ffi::DataType dtype, char* out,
+                            const char* own, const char* landing,
+                            int64_t chunks, int64_t peers,
+                            int64_t chunk_elems) {
+  auto s = WindowStream(device, queue);
+  if (!s.has_value()) return s.error();
+  return CudaPushSum(*s, PushSumArgs{dtype, out, own, landing, chunks,
+                                     peers, chunk_elems});
+}
 
-  ffi::Error Gemm(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
-                  const GemmArgs& g) {
-    auto s = Stream(device, queue);
-    if (!s.has_value()) return s.error();
-    return CudaGemm(*s, device, g);
-  }
+ffi::Error CudaBackend::Gemm(const std::shared_ptr<WindowInv>&, int32_t device,
+                             int64_t queue, const GemmArgs& g) {
+  auto s = WindowStream(device, queue);
+  if (!s.has_value()) return s.error();
+  return CudaGemm(*s, device, g);
+}
 
-  static ffi::ErrorOr<Event*> AcquireEvent(int32_t device) {
-    return Pools().Acquire(device, CreateEvent);
-  }
-  static void ReleaseEvent(int32_t device, Event* e) {
-    Pools().Release(device, e);
-  }
+// The handler made `device` current; every queue is on it.
+ffi::Error CudaBackend::WaitEvent(const std::shared_ptr<WindowInv>&,
+                                  int32_t device, int64_t queue, Event* e) {
+  auto s = WindowStream(device, queue);
+  if (!s.has_value()) return s.error();
+  FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(*s, e, 0));
+  return ffi::Error::Success();
+}
 
-  ffi::Error RecordOnCompute(int32_t, Event* e) {
-    FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, compute));
-    return ffi::Error::Success();
-  }
+ffi::Error CudaBackend::Copy(const std::shared_ptr<WindowInv>&, int32_t device,
+                             int64_t queue, char* dst, const char* src,
+                             size_t bytes) {
+  if (bytes == 0) return ffi::Error::Success();
+  auto s = WindowStream(device, queue);
+  if (!s.has_value()) return s.error();
+  // Unified addressing: a peer's window (peer access or IPC) is a device
+  // pointer like any other, and the copy engine moves it over NVLink.
+  FICCO_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, *s));
+  return ffi::Error::Success();
+}
 
-  // The window start's stage runs before the compute stream goes on
-  // (window_protocol.h, WindowStage).
-  static constexpr bool kStageBeforeCompute = true;
-  ffi::Error WaitOnCompute(int32_t, Event* e) {
-    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, e, 0));
-    return ffi::Error::Success();
-  }
+ffi::Error CudaBackend::Record(const std::shared_ptr<WindowInv>&,
+                               int32_t device, int64_t queue, Event* e) {
+  auto s = WindowStream(device, queue);
+  if (!s.has_value()) return s.error();
+  FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, *s));
+  return ffi::Error::Success();
+}
 
-  // The handler made `device` current; every queue is on it.
-  ffi::Error WaitEvent(const std::shared_ptr<Inv>&, int32_t device,
-                       int64_t queue, Event* e) {
-    auto s = Stream(device, queue);
-    if (!s.has_value()) return s.error();
-    FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(*s, e, 0));
-    return ffi::Error::Success();
-  }
+ffi::Error CudaBackend::WaitFlag(const std::shared_ptr<WindowInv>&,
+                                 int32_t device, int64_t queue, uint32_t* addr,
+                                 uint32_t value, const std::string&) {
+  auto s = WindowStream(device, queue);
+  if (!s.has_value()) return s.error();
+  return CheckCu(Ops().wait(reinterpret_cast<CUstream>(*s),
+                            reinterpret_cast<CUdeviceptr>(addr), value,
+                            CU_STREAM_WAIT_VALUE_GEQ),
+                 "cuStreamWaitValue32");
+}
 
-  ffi::Error Copy(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
-                  char* dst, const char* src, size_t bytes) {
-    if (bytes == 0) return ffi::Error::Success();
-    auto s = Stream(device, queue);
-    if (!s.has_value()) return s.error();
-    // Unified addressing: a peer's window (peer access or IPC) is a device
-    // pointer like any other, and the copy engine moves it over NVLink.
-    FICCO_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, *s));
-    return ffi::Error::Success();
-  }
+// The default flags fence the stream's earlier writes (the staged data)
+// before the flag, system-wide.
+ffi::Error CudaBackend::WriteFlag(const std::shared_ptr<WindowInv>&,
+                                  int32_t device, int64_t queue, uint32_t* addr,
+                                  uint32_t value) {
+  auto s = WindowStream(device, queue);
+  if (!s.has_value()) return s.error();
+  return CheckCu(Ops().write(reinterpret_cast<CUstream>(*s),
+                             reinterpret_cast<CUdeviceptr>(addr), value, 0),
+                 "cuStreamWriteValue32");
+}
 
-  ffi::Error Record(const std::shared_ptr<Inv>&, int32_t device, int64_t queue,
-                    Event* e) {
-    auto s = Stream(device, queue);
-    if (!s.has_value()) return s.error();
-    FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, *s));
-    return ffi::Error::Success();
-  }
+namespace {
 
-  ffi::Error WaitFlag(const std::shared_ptr<Inv>&, int32_t device,
-                      int64_t queue, uint32_t* addr, uint32_t value,
-                      const std::string&) {
-    auto s = Stream(device, queue);
-    if (!s.has_value()) return s.error();
-    return CheckCu(Ops().wait(reinterpret_cast<CUstream>(*s),
-                              reinterpret_cast<CUdeviceptr>(addr), value,
-                              CU_STREAM_WAIT_VALUE_GEQ),
-                   "cuStreamWaitValue32");
-  }
-
-  // The default flags fence the stream's earlier writes (the staged data)
-  // before the flag, system-wide.
-  ffi::Error WriteFlag(const std::shared_ptr<Inv>&, int32_t device,
-                       int64_t queue, uint32_t* addr, uint32_t value) {
-    auto s = Stream(device, queue);
-    if (!s.has_value()) return s.error();
-    return CheckCu(Ops().write(reinterpret_cast<CUstream>(*s),
-                               reinterpret_cast<CUdeviceptr>(addr), value, 0),
-                   "cuStreamWriteValue32");
-  }
-
-  cudaStream_t compute;
-};
-
-using Inv = WindowInvocation<CudaWindowBackend>;
+using Inv = WindowInvocation<CudaBackend>;
 
 // Bounds every invocation after its done: polls its events; past the
 // deadline it reads the window's flags to name the ranks that never
@@ -327,11 +282,11 @@ ffi::Error Sticky(const Window& w, std::string_view phase,
 
 ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
                      ffi::RemainingArgs args, ffi::RemainingRets rets,
-                     WindowStartAttrs attrs) {
+                     Attrs attrs) {
   if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
-  CudaWindowBackend backend(stream);
+  CudaBackend backend(stream);
   return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
 }
 
@@ -347,7 +302,7 @@ ffi::Error FailDrained(cudaStream_t stream, int32_t device,
                        const std::string& who) {
   // The other invocations this execution started here fail with it: their
   // waits and dones will never come, and their copies use its buffers too.
-  auto run = WindowIndex<CudaWindowBackend>::Get().FailRun(
+  auto run = WindowIndex<CudaBackend>::Get().FailRun(
       inv, inv->where + ": " + std::string(error.message()));
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
@@ -371,11 +326,11 @@ ffi::Error Refused(std::string_view phase, std::string_view op,
 }
 
 ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
-                    ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
+                    ffi::Result<ffi::AnyBuffer> out, Attrs attrs) {
   if (buf.untyped_data() != out->untyped_data()) {
     return ffi::Error::Internal("ficco window wait: output not aliased");
   }
-  auto [inv, landing] = WindowIndex<CudaWindowBackend>::Get().TakeWait(
+  auto [inv, landing] = WindowIndex<CudaBackend>::Get().TakeWait(
       attrs.window, device, buf.untyped_data());
   const std::string who = WindowWho("wait", attrs.op_name, device);
   if (Faults(device, kFaultWait)) {
@@ -384,7 +339,7 @@ ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
     return FailDrained(stream, device, std::move(inv), std::move(refused), who);
   }
   if (!inv) {
-    return WindowMissError<CudaWindowBackend>(attrs.window, "wait",
+    return WindowMissError<CudaBackend>(attrs.window, "wait",
                                               attrs.op_name, device);
   }
   if (auto err = Sticky(*inv->win, "wait", attrs.op_name, device);
@@ -405,13 +360,13 @@ ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
 
 ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
                     ffi::RemainingArgs keepalive,
-                    ffi::Result<ffi::AnyBuffer> out, WindowSyncAttrs attrs) {
+                    ffi::Result<ffi::AnyBuffer> out, Attrs attrs) {
   if (out_in.untyped_data() != out->untyped_data()) {
     return ffi::Error::Internal("ficco window done: output not aliased");
   }
   auto first = keepalive.get<ffi::AnyBuffer>(0);
   if (!first.has_value()) return first.error();
-  auto inv = WindowIndex<CudaWindowBackend>::Get().TakeDone(
+  auto inv = WindowIndex<CudaBackend>::Get().TakeDone(
       attrs.window, device, first->untyped_data());
   const std::string who = WindowWho("done", attrs.op_name, device);
   if (Faults(device, kFaultDone)) {
@@ -420,7 +375,7 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
     return FailDrained(stream, device, std::move(inv), std::move(refused), who);
   }
   if (!inv) {
-    return WindowMissError<CudaWindowBackend>(attrs.window, "done",
+    return WindowMissError<CudaBackend>(attrs.window, "done",
                                               attrs.op_name, device);
   }
   if (auto err = Sticky(*inv->win, "done", attrs.op_name, device);
@@ -444,10 +399,10 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
 
 ffi::Error PushArmImpl(cudaStream_t stream, int32_t device,
                       ffi::Result<ffi::AnyBuffer> flags,
-                      ffi::Result<ffi::AnyBuffer> rank, PushArmAttrs attrs) {
+                      ffi::Result<ffi::AnyBuffer> rank, Attrs attrs) {
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
-  CudaWindowBackend backend(stream);
+  CudaBackend backend(stream);
   return PushArm(backend, device, *flags, *rank, attrs);
 }
 
@@ -455,24 +410,24 @@ ffi::Error PushStartImpl(cudaStream_t stream, ffi::RunId run_id,
                          int32_t device, ffi::AnyBuffer parts,
                          ffi::AnyBuffer flags,
                          ffi::Result<ffi::AnyBuffer> flags_out,
-                         PushStartAttrs attrs) {
+                         Attrs attrs) {
   if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
   if (flags.untyped_data() != flags_out->untyped_data()) {
     return ffi::Error::Internal("ficco push start: flags not aliased");
   }
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
-  CudaWindowBackend backend(stream);
+  CudaBackend backend(stream);
   return PushStart(backend, run_id.run_id, device, parts, flags, attrs);
 }
 
 ffi::Error PushFinishImpl(cudaStream_t stream, int32_t device,
                           ffi::AnyBuffer parts, ffi::AnyBuffer /*flags*/,
                           ffi::Result<ffi::AnyBuffer> out,
-                          PushFinishAttrs attrs) {
+                          Attrs attrs) {
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
-  CudaWindowBackend backend(stream);
+  CudaBackend backend(stream);
   auto inv = PushFinish(backend, device, parts, *out, attrs);
   if (!inv.has_value()) return inv.error();
   // Bounds the invocation: past its deadline the watchdog names the ranks
@@ -484,11 +439,11 @@ ffi::Error PushFinishImpl(cudaStream_t stream, int32_t device,
 ffi::Error PushGatherImpl(cudaStream_t stream, ffi::RunId run_id,
                           int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                           ffi::Result<ffi::AnyBuffer> out,
-                          PushGatherAttrs attrs) {
+                          Attrs attrs) {
   if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
-  CudaWindowBackend backend(stream);
+  CudaBackend backend(stream);
   auto inv = PushGather(backend, run_id.run_id, device, x, w, *out, attrs);
   if (!inv.has_value()) return inv.error();
   // Bounds the invocation: past its deadline the watchdog names the ranks
@@ -550,12 +505,12 @@ ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle) {
 }
 
 int64_t CudaWindowPending() {
-  return WindowIndex<CudaWindowBackend>::Get().Pending() +
-         PushStates<CudaWindowBackend>::Get().Pending();
+  return WindowIndex<CudaBackend>::Get().Pending() +
+         PushStates<CudaBackend>::Get().Pending();
 }
 
 void CudaWindowForget(int64_t family) {
-  PushStates<CudaWindowBackend>::Get().Forget(family);
+  PushStates<CudaBackend>::Get().Forget(family);
 }
 
 }  // namespace ficco
@@ -569,7 +524,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .RemainingArgs()                                // sources
         .RemainingRets()                                // landings
-        .Attrs<ficco::WindowStartAttrs>());
+        .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoWindowWaitCuda, ficco::WaitImpl,
@@ -578,7 +533,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .Arg<xla::ffi::AnyBuffer>()                     // landing
         .Ret<xla::ffi::AnyBuffer>()                     // aliased
-        .Attrs<ficco::WindowSyncAttrs>());
+        .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoWindowDoneCuda, ficco::DoneImpl,
@@ -588,7 +543,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<xla::ffi::AnyBuffer>()                     // out
         .RemainingArgs()                                // keepalive
         .Ret<xla::ffi::AnyBuffer>()                     // aliased
-        .Attrs<ficco::WindowSyncAttrs>());
+        .Attrs<ficco::Attrs>());
 
 // The push protocol (push_protocol.h), on the same windows.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
@@ -598,7 +553,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .Ret<xla::ffi::AnyBuffer>()                     // flags
         .Ret<xla::ffi::AnyBuffer>()                     // rank
-        .Attrs<ficco::PushArmAttrs>());
+        .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoPushStartCuda, ficco::PushStartImpl,
@@ -609,7 +564,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<xla::ffi::AnyBuffer>()                     // parts
         .Arg<xla::ffi::AnyBuffer>()                     // flags
         .Ret<xla::ffi::AnyBuffer>()                     // flags, aliased
-        .Attrs<ficco::PushStartAttrs>());
+        .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoPushFinishCuda, ficco::PushFinishImpl,
@@ -619,7 +574,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<xla::ffi::AnyBuffer>()                     // parts
         .Arg<xla::ffi::AnyBuffer>()                     // flags
         .Ret<xla::ffi::AnyBuffer>()                     // out
-        .Attrs<ficco::PushFinishAttrs>());
+        .Attrs<ficco::Attrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoPushGatherCuda, ficco::PushGatherImpl,
@@ -630,4 +585,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<xla::ffi::AnyBuffer>()                     // x
         .Arg<xla::ffi::AnyBuffer>()                     // w
         .Ret<xla::ffi::AnyBuffer>()                     // out
-        .Attrs<ficco::PushGatherAttrs>());
+        .Attrs<ficco::Attrs>());

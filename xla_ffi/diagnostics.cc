@@ -99,6 +99,8 @@ int FiccoIssueMode(int platform) {
   return -1;
 }
 
+#ifdef FICCO_WITH_TRACE
+int FiccoTraceCompiled(void) { return 1; }
 int FiccoTraceEnable(int64_t capacity) {
   return ficco::HostTrace::Get().Enable(capacity) ? 0 : -1;
 }
@@ -127,6 +129,17 @@ int64_t FiccoTraceGpuTimes(int device, int64_t* out, int64_t max) {
 int64_t FiccoTraceRead(int64_t* out, int64_t max_events, int64_t* recorded) {
   return ficco::HostTrace::Get().Read(out, max_events, recorded);
 }
+#else   // !FICCO_WITH_TRACE: the C API stays, and says so.
+int FiccoTraceCompiled(void) { return 0; }
+int FiccoTraceEnable(int64_t) { return -2; }
+void FiccoTraceDisable(void) {}
+int FiccoTraceGpuEnable(int64_t) { return -1; }
+int64_t FiccoTraceGpuTimes(int, int64_t*, int64_t) { return -1; }
+int64_t FiccoTraceRead(int64_t*, int64_t, int64_t* recorded) {
+  *recorded = 0;
+  return 0;
+}
+#endif  // FICCO_WITH_TRACE
 void FiccoTraceMark(int device, int64_t tag) {
   ficco::Trace(device, ficco::kTraceMark, tag);
 }

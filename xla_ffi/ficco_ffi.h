@@ -73,15 +73,18 @@ void FiccoHostStatsReset(int platform);
 int FiccoSetIssueMode(int platform, int mode);
 int FiccoIssueMode(int platform);
 
-// Host timeline of the handlers (host_trace.h), for diagnosis: Enable
-// starts a trace of at most `capacity` events (dropping the previous one)
-// and returns 0, or -1 if it cannot allocate them;
+// Host timeline of the rendezvous handlers (host_trace.h), for diagnosis,
+// compiled in only with the FICCO_TRACE build option (FiccoTraceCompiled
+// says whether). Enable starts a trace of at most `capacity` events
+// (dropping the previous one) and returns 0, -1 if it cannot allocate them,
+// or -2 if tracing is not compiled in;
 // Read copies up to `max_events` kept events, 4 int64 each (steady-clock ns,
 // device, point + cpu * 65536, tag: the call site, or -1), returns how many it
 // copied, and sets `*recorded` to how many were recorded (more than the
 // capacity if the trace overflowed); Mark records
 // point 8 with `device` and `tag` from the caller's thread. Enable and
 // Disable only while no op is in flight, and Read after the ops finished.
+int FiccoTraceCompiled(void);
 int FiccoTraceEnable(int64_t capacity);
 void FiccoTraceDisable(void);
 int64_t FiccoTraceRead(int64_t* out, int64_t max_events, int64_t* recorded);
@@ -154,9 +157,11 @@ bool CudaHostStat(int stat, int64_t* calls, int64_t* ns);
 void CudaHostStatsReset();
 int CudaSetIssueMode(int mode);
 int CudaIssueMode();
+#ifdef FICCO_WITH_TRACE
 bool CudaTraceGpuEnable(int64_t per_device);
 void CudaTraceGpuDisable();
 int64_t CudaTraceGpuTimes(int device, int64_t* out, int64_t max);
+#endif
 #endif
 }  // namespace ficco
 

@@ -1,5 +1,5 @@
 // The push all-gather matmul (docs/windows.md, "Push all-gather"), written
-// once over a window Backend (cpu_window.cc, cuda_window.cu).
+// once over the backend (backend.h; Gemm, gemm.h, is this protocol's).
 //
 // One call per op: out = all_gather(x) @ w. Each rank's copy engines push
 // its shard x straight from XLA's buffer into every peer's window, and each
@@ -15,9 +15,6 @@
 // shard of the peer s ranks before this one at index s - 1. Its header's
 // ready[q] and freed[q] mean what they mean for the push protocol
 // (push_protocol.h), so its watchdog, failure and pooling rules hold here.
-//
-// Beyond the push protocol's Backend interface, the backend provides
-//   Gemm(inv, device, queue, GemmArgs)   gemm.h, enqueued on `queue`.
 
 #ifndef FICCO_XLA_FFI_GATHER_PUSH_PROTOCOL_H_
 #define FICCO_XLA_FFI_GATHER_PUSH_PROTOCOL_H_
@@ -36,20 +33,13 @@
 
 namespace ficco {
 
-struct PushGatherAttrs {
-  int64_t window;
-  std::string_view op_name;
-  int64_t timeout_ms;
-  int64_t half_bytes;
-};
-
 // ficco_push_gather: enqueue the pushes of x, the own GEMM, and per peer the
 // wait for its shard and its GEMM, then the freed flags; returns the
 // invocation (the caller awaits or watches it).
 template <class B>
 ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     B& backend, int64_t run_id, int32_t device, ffi::AnyBuffer x,
-    ffi::AnyBuffer w, ffi::AnyBuffer out, const PushGatherAttrs& a) {
+    ffi::AnyBuffer w, ffi::AnyBuffer out, const Attrs& a) {
   using Inv = WindowInvocation<B>;
   auto who = [&] { return PushWho("all-gather", a.op_name, device); };
   auto failed = [](ffi::Error err) { return ffi::Unexpected(std::move(err)); };
@@ -221,12 +211,5 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
 }
 
 }  // namespace ficco
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::PushGatherAttrs,
-    ::xla::ffi::StructMember<int64_t>("window"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
-    ::xla::ffi::StructMember<int64_t>("half_bytes"));
 
 #endif  // FICCO_XLA_FFI_GATHER_PUSH_PROTOCOL_H_

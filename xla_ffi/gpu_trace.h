@@ -15,6 +15,8 @@
 // Each stamp takes the next of its device's preallocated events and records
 // a host-timeline event whose tag is that event's index; FiccoTraceGpuTimes
 // reads the GPU times, per device, relative to that device's first stamp.
+// Compiled only with the timeline (FICCO_WITH_TRACE, host_trace.h); without
+// it GpuStamp is empty.
 
 #ifndef FICCO_XLA_FFI_GPU_TRACE_H_
 #define FICCO_XLA_FFI_GPU_TRACE_H_
@@ -29,6 +31,8 @@
 #include "host_trace.h"
 
 namespace ficco {
+
+#ifdef FICCO_WITH_TRACE
 
 class GpuTrace {
  public:
@@ -114,6 +118,16 @@ class GpuTrace {
   int64_t per_device_ = 0;
   std::atomic<bool> enabled_{false};
 };
+
+inline void GpuStamp(int32_t device, cudaStream_t stream, TracePoint point) {
+  GpuTrace::Get().Stamp(device, stream, point);
+}
+
+#else  // !FICCO_WITH_TRACE
+
+inline void GpuStamp(int32_t, cudaStream_t, TracePoint) {}
+
+#endif  // FICCO_WITH_TRACE
 
 }  // namespace ficco
 

@@ -9,6 +9,10 @@
 // the CPU the thread ran on and a tag (the call site), in a preallocated
 // array claimed by one atomic add: a clock read, sched_getcpu and the add
 // per event while on, one relaxed load while off.
+//
+// A build option (CMake FICCO_TRACE=ON defines FICCO_WITH_TRACE): without
+// it every trace point compiles to nothing and FiccoTraceEnable reports the
+// timeline as not compiled in, so the product library carries no tracing.
 
 #ifndef FICCO_XLA_FFI_HOST_TRACE_H_
 #define FICCO_XLA_FFI_HOST_TRACE_H_
@@ -42,6 +46,8 @@ enum TracePoint : int32_t {
   kTraceGpuCopyBegin,    // side stream, before a copy (after its waits)
   kTraceGpuCopyEnd,      // side stream, after it
 };
+
+#ifdef FICCO_WITH_TRACE
 
 class HostTrace {
  public:
@@ -128,6 +134,12 @@ class HostTrace {
 inline void Trace(int32_t device, TracePoint point, int64_t tag) {
   HostTrace::Get().Record(device, point, tag);
 }
+
+#else  // !FICCO_WITH_TRACE
+
+inline void Trace(int32_t, TracePoint, int64_t) {}
+
+#endif  // FICCO_WITH_TRACE
 
 }  // namespace ficco
 

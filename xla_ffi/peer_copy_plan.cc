@@ -11,7 +11,7 @@
 namespace ficco {
 namespace {
 
-ffi::Unexpected<ffi::Error> Invalid(const StartAttrs& attrs,
+ffi::Unexpected<ffi::Error> Invalid(const Attrs& attrs,
                                     const std::string& what) {
   std::ostringstream os;
   os << "ficco peer copy of '" << attrs.op_name << "' (site " << attrs.site
@@ -21,7 +21,7 @@ ffi::Unexpected<ffi::Error> Invalid(const StartAttrs& attrs,
 
 }  // namespace
 
-ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
+ffi::ErrorOr<Plan> MakePlan(const Attrs& attrs,
                             const std::vector<BufferShape>& sources,
                             const std::vector<BufferShape>& landings) {
   const size_t num_transfers = attrs.dst.size();

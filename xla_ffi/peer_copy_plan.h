@@ -11,57 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "attrs.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ficco {
 
 namespace ffi = ::xla::ffi;
-
-// Attributes of ficco_peer_copy_start, decoded by XLA into one struct so both
-// backends bind exactly the same names (member order = decoding order).
-struct StartAttrs {
-  ffi::Span<const int64_t> devices;     // ordinals, group-major, rank-minor
-  int64_t axis_size;                    // P
-  ffi::Span<const int64_t> dst;         // landing buffer of each transfer
-  ffi::Span<const int64_t> dst_row;     // first row written there
-  ffi::Span<const int64_t> src_offset;  // source rank = (rank + offset) % P
-  ffi::Span<const int64_t> src;         // >= 0 operand, < 0 forwarded landing
-  ffi::Span<const int64_t> src_row;     // first row read
-  ffi::Span<const int64_t> rows;        // rows copied
-  ffi::Span<const int64_t> stream;      // copy queue on the receiver
-  ffi::Span<const int64_t> src_flag;    // source's completion flag, or -1
-  int64_t num_streams;                  // queues per receiving device
-  int64_t num_flags;                    // flags operand length (0: none)
-  int64_t flag_target;                  // a flag's value once complete
-  int64_t site;                         // call-site id (trace time)
-  std::string_view op_name;             // for messages
-  int64_t timeout_ms;                   // bound of every host wait
-  std::string_view program;             // the lowered module, for messages
-};
-
-// Attributes of ficco_peer_copy_sync, which waits for landing buffers and
-// ends invocations in one call. Its results alias operands [0, R) ("outs");
-// outs [0, num_wait) are landing buffers to wait for; keepalive group g is
-// operands [keep_bounds[g], keep_bounds[g + 1]), one per invocation to end,
-// so keep_bounds[0] == R and its last entry is the operand count.
-struct SyncAttrs {
-  int64_t num_wait;                      // leading outs that are landings
-  ffi::Span<const int64_t> keep_bounds;  // R, then each group's end
-  std::string_view op_name;              // for messages
-  int64_t timeout_ms;                    // bound of every host wait
-};
-
-// ficco_flags_arm: zeroes the completion flags and marks the landing
-// buffers free on the compute stream, before the kernel that signals them.
-// It also writes this device's rank on the axis (its position in `devices`,
-// modulo `axis_size`), which the kernel reads: one handler call instead of
-// XLA's partition-id and the fusion that converts it.
-struct ArmAttrs {
-  int64_t site;                      // the start's call site
-  std::string_view op_name;          // for messages
-  ffi::Span<const int64_t> devices;  // ordinals, group-major, rank-minor
-  int64_t axis_size;                 // P
-};
 
 struct Transfer {
   int64_t dst, dst_row, src_offset, src, src_row, rows, stream;
@@ -71,7 +26,7 @@ struct Transfer {
   int64_t src_flag = -1;
 };
 
-// An owned, checked copy of StartAttrs: an invocation outlives the call frame
+// An owned, checked copy of Attrs: an invocation outlives the call frame
 // whose attribute memory the spans point into.
 struct Plan {
   std::string op_name;
@@ -108,7 +63,7 @@ struct Position {
 };
 
 // Copies and checks the attributes against the buffers' shapes.
-ffi::ErrorOr<Plan> MakePlan(const StartAttrs& attrs,
+ffi::ErrorOr<Plan> MakePlan(const Attrs& attrs,
                             const std::vector<BufferShape>& sources,
                             const std::vector<BufferShape>& landings);
 
@@ -127,38 +82,5 @@ std::string Where(std::string_view phase, const Plan& plan, int32_t device,
                   Position pos);
 
 }  // namespace ficco
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::StartAttrs,
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("devices"),
-    ::xla::ffi::StructMember<int64_t>("axis_size"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst_row"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_offset"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_row"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("rows"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("stream"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_flag"),
-    ::xla::ffi::StructMember<int64_t>("num_streams"),
-    ::xla::ffi::StructMember<int64_t>("num_flags"),
-    ::xla::ffi::StructMember<int64_t>("flag_target"),
-    ::xla::ffi::StructMember<int64_t>("site"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
-    ::xla::ffi::StructMember<std::string_view>("program"));
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::ArmAttrs, ::xla::ffi::StructMember<int64_t>("site"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("devices"),
-    ::xla::ffi::StructMember<int64_t>("axis_size"));
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::SyncAttrs,
-    ::xla::ffi::StructMember<int64_t>("num_wait"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("keep_bounds"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<int64_t>("timeout_ms"));
 
 #endif  // FICCO_XLA_FFI_PEER_COPY_PLAN_H_

@@ -1,6 +1,6 @@
 // The rendezvous transport's peer-copy protocol (docs/protocol.md), written
-// once over a Backend; cpu_peer_copy.cc and cuda_peer_copy.cu supply the
-// backend and bind the handlers.
+// once over the backend (backend.h); cpu_peer_copy.cc and cuda_peer_copy.cu
+// define the backend's rendezvous queues and bind the handlers.
 //
 // start publishes its rank; then, by the issue mode (issuer.h), each rank or
 // its device's issuer thread issues the copies it receives (CUDA), or the
@@ -10,22 +10,8 @@
 // and enqueue stream waits (BlockingSync); the CPU twin returns futures
 // instead, because XLA:CPU runs handlers on a small shared pool where a
 // blocked thread can starve a peer's start.
-//
-// Besides the Registry's requirements, a Backend instance (one per call; it
-// holds the compute stream) provides, each returning ffi::Error:
-//   RecordOnCompute(device, event)            event <- compute stream now
-//   ComputeWait(event)                        compute stream waits for event
-//   EnsurePeerAccess(device, peer_device)     once per pair
-//   SideWait(inv, device, stream, event)      copy queue waits for event
-//   SideCopy(inv, device, stream, dst, src, src_device, bytes)
-//   SideRecord(inv, device, stream, event)    event <- copy queue now
-//   ZeroOnCompute(data, bytes), SetInt32OnCompute(data, value)   (arm)
-//   FlagReady(device, flag_index, flag, target, after, out, timeout_ms)
-//                                             out <- *flag >= target
-// The Side* calls may name any device: the last arriver issues for all.
-// And, for the issue modes (issuer.h): static SupportsIssueMode(mode),
-// static DefaultIssueMode(), and static BindIssuer(device), run once on each
-// device's issuer thread before its first task.
+// The queue operations may name any device here (the last rank to arrive
+// issues for all).
 
 #ifndef FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
 #define FICCO_XLA_FFI_PEER_COPY_PROTOCOL_H_
@@ -43,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend.h"
 #include "dispatch_advice.h"
 #include "host_trace.h"
 #include "issuer.h"
@@ -97,19 +84,19 @@ ffi::Error CopyTransfer(Backend& backend,
     const int64_t forwarded = -1 - t.src;
     for (size_t j = 0; err.success() && j < i; ++j) {
       if (plan.transfers[j].dst == forwarded) {
-        err = backend.SideWait(inv, me.device, t.stream, peer.arrival[j]);
+        err = backend.WaitEvent(inv, me.device, t.stream, peer.arrival[j]);
       }
     }
     src = peer.landings[forwarded];
   }
   if (err.success()) {
-    err = backend.SideCopy(inv, me.device, t.stream,
-                           me.landings[t.dst] + t.dst_row * inv->row_bytes,
-                           src + t.src_row * inv->row_bytes, peer.device,
-                           static_cast<size_t>(t.rows * inv->row_bytes));
+    err = backend.Copy(inv, me.device, t.stream,
+                       me.landings[t.dst] + t.dst_row * inv->row_bytes,
+                       src + t.src_row * inv->row_bytes,
+                       static_cast<size_t>(t.rows * inv->row_bytes));
   }
   if (err.success()) {
-    err = backend.SideRecord(inv, me.device, t.stream, me.arrival[i]);
+    err = backend.Record(inv, me.device, t.stream, me.arrival[i]);
   }
   if (err.success()) me.stamps[i] = IssueStamp();
   return err;
@@ -141,7 +128,7 @@ ffi::Error PrepareRank(Backend& backend,
     }
   }
   for (int64_t stream : plan.streams_used) {
-    if (auto err = backend.SideWait(inv, me.device, stream, me.ready);
+    if (auto err = backend.WaitEvent(inv, me.device, stream, me.ready);
         err.failure()) {
       return err;
     }
@@ -170,7 +157,7 @@ ffi::Error Issue(Backend& backend, const std::shared_ptr<Invocation<Backend>>& i
     const Transfer& t = plan.transfers[i];
     for (int64_t r = 0; r < p; ++r) {
       const auto& peer = ranks[(r + t.src_offset) % p];
-      ffi::Error err = backend.SideWait(inv, ranks[r].device, t.stream,
+      ffi::Error err = backend.WaitEvent(inv, ranks[r].device, t.stream,
                                         SourceReady(peer, t));
       if (err.success()) err = CopyTransfer(backend, inv, r, i);
       if (err.failure()) return err;
@@ -204,7 +191,7 @@ ffi::Error IssueRank(Backend& backend,
     const auto& peer = ranks[peer_rank];
     ffi::Error err = ffi::Error::Success();
     if (ready_waited.insert({t.stream, peer_rank, t.src_flag}).second) {
-      err = backend.SideWait(inv, me.device, t.stream, SourceReady(peer, t));
+      err = backend.WaitEvent(inv, me.device, t.stream, SourceReady(peer, t));
     }
     if (t.src < 0) {
       const int64_t forwarded = -1 - t.src;
@@ -361,7 +348,7 @@ ffi::Error TakeArmed(int64_t run_id, int32_t device,
 // buffers are free), and hand it to this site's next start.
 template <class Backend>
 ffi::Error Arm(Backend& backend, int64_t run_id, int32_t device,
-               ffi::RemainingRets rets, const ArmAttrs& attrs) {
+               ffi::RemainingRets rets, const Attrs& attrs) {
   const std::string where = "ficco_flags_arm of '" +
                             std::string(attrs.op_name) + "' (site " +
                             std::to_string(attrs.site) + ") on device " +
@@ -445,7 +432,7 @@ void RefuseJoin(const std::shared_ptr<Invocation<Backend>>& inv,
 template <class Backend>
 ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
                         ffi::RemainingArgs args, ffi::RemainingRets rets,
-                        const StartAttrs& attrs) {
+                        const Attrs& attrs) {
   using Inv = Invocation<Backend>;
   using Rank = typename Inv::Rank;
   auto& registry = Registry<Backend>::Get();
@@ -621,7 +608,7 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
 template <class Backend>
 ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
                  ffi::RemainingArgs args, ffi::RemainingRets rets,
-                 const StartAttrs& attrs) {
+                 const Attrs& attrs) {
   const auto since = Clock::now();
   Trace(device, kTraceStartEnter, attrs.site);
   ffi::Error err = StartUntimed(backend, run_id, device, args, rets, attrs);
@@ -793,7 +780,7 @@ struct SyncCall {
 
 inline ffi::ErrorOr<SyncCall> DecodeSync(ffi::RemainingArgs args,
                                          ffi::RemainingRets rets,
-                                         const SyncAttrs& attrs) {
+                                         const Attrs& attrs) {
   const std::string head =
       "ficco peer copy sync of '" + std::string(attrs.op_name) + "'";
   const auto& bounds = attrs.keep_bounds;
@@ -904,7 +891,7 @@ std::vector<Awaited<Backend>> ReaderEvents(const Invocation<Backend>& inv,
 template <class Backend>
 ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
                                int32_t device, const SyncCall& call,
-                               const SyncAttrs& attrs) {
+                               const Attrs& attrs) {
   std::vector<Found<Backend>> parts;
   ffi::Error failure = ffi::Error::Success();
   auto keep = [&](auto&& f) {
@@ -965,7 +952,7 @@ ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
   }
   const auto since = Clock::now();
   for (const auto& [queue, e] : newest) {
-    if (ffi::Error err = backend.ComputeWait(e.event); err.failure()) {
+    if (ffi::Error err = backend.WaitOnCompute(e.device, e.event); err.failure()) {
       abandon_all(err.message());
       return ffi::Error(err.errc().value_or(ffi::ErrorCode::kInternal),
                         parts.front().where + ": " + err.message());
@@ -981,7 +968,7 @@ ffi::Error BlockingSyncUntimed(Backend& backend, int64_t run_id,
 
 template <class Backend>
 ffi::Error BlockingSync(Backend& backend, int64_t run_id, int32_t device,
-                        const SyncCall& call, const SyncAttrs& attrs) {
+                        const SyncCall& call, const Attrs& attrs) {
   const auto since = Clock::now();
   Trace(device, kTraceSyncEnter, -1);
   ffi::Error err = BlockingSyncUntimed(backend, run_id, device, call, attrs);

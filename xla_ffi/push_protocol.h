@@ -1,6 +1,5 @@
 // The push protocol of the flagged reduce-scatter (docs/windows.md,
-// "Push"), written once over a window Backend (cpu_window.cc,
-// cuda_window.cu).
+// "Push"), written once over the backend (backend.h).
 //
 // Each rank's copy engines push its partials straight from XLA's buffer
 // into the owning rank's window, each piece as soon as the kernel's flag
@@ -16,16 +15,10 @@
 // half e % 2, so a push of epoch e waits for the owner to have read epoch
 // e - 2 (its freed flag), which it almost always has.
 //
-// On top of WindowIssue's Backend interface, the backend provides
-//   ZeroOnCompute(dst, bytes), SetInt32OnCompute(dst, value)   (arm)
-//   FlagOps(inv, device, queue, ops)   WaitFlag/WriteFlag of each op, in
-//                                      order (CUDA: one driver call)
-// and kNamesWaits (whether its waits use FlagOp::who).
-//   Sum(inv, device, queue, dtype, out, own, landing, chunks, peers,
-//       chunk_elems)     out chunk c = own chunk c + the peers' pieces of
-//                        chunk c (landing piece c * peers + k), in k
-//                        order, accumulated in f32 (f64 for f64)
-// and kComputeQueue, the queue index that means the compute stream.
+// The backend's Sum (out chunk c = own chunk c + the peers' pieces of chunk
+// c, landing piece c * peers + k, in k order, accumulated in f32, f64 for
+// f64) and FlagOps (WaitFlag/WriteFlag of each op in order; CUDA: one
+// driver call) are this protocol's (backend.h).
 
 #ifndef FICCO_XLA_FFI_PUSH_PROTOCOL_H_
 #define FICCO_XLA_FFI_PUSH_PROTOCOL_H_
@@ -57,36 +50,6 @@ struct FlagOp {
   std::string who;  // a wait's: whom it waits for, for timeout messages
 };
 
-// The push queue (one per device: pieces leave in kernel order, and they
-// share the receivers' inbound links anyway).
-inline constexpr int64_t kPushQueue = kStageQueue + 2;
-
-struct PushArmAttrs {
-  int64_t window;
-  std::string_view op_name;
-};
-
-// Piece i: rows [src_row[i], + rows[i]) of the kernel's result go to rank
-// (rank + shift[i]) % P, at row dst_row[i] of its landing half, once
-// flags[src_flag[i]] >= flag_target.
-struct PushStartAttrs {
-  int64_t window;
-  std::string_view op_name;
-  int64_t timeout_ms;
-  ffi::Span<const int64_t> shift, src_row, dst_row, rows, src_flag;
-  int64_t flag_target;
-  int64_t half_bytes;
-};
-
-// The result: rows [own_row, + num_chunks * chunk_rows) of the kernel's
-// result plus the landed pieces, chunk-major, P - 1 per chunk in shift order.
-struct PushFinishAttrs {
-  int64_t window;
-  std::string_view op_name;
-  int64_t timeout_ms;
-  int64_t own_row, chunk_rows, num_chunks;
-  int64_t half_bytes;
-};
 
 // What an arm hands to its start, and a start to its finish, per window and
 // device (a window's runs are sequential on a device).
@@ -222,7 +185,7 @@ ffi::Error PushRelease(B& backend,
 // which the flags are zero, for this window's next start on this device.
 template <class B>
 ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
-                   ffi::AnyBuffer rank, const PushArmAttrs& attrs) {
+                   ffi::AnyBuffer rank, const Attrs& attrs) {
   auto win = UsableWindow<B>(attrs.window, device, [&] {
     return PushWho("arm", attrs.op_name, device);
   });
@@ -251,10 +214,13 @@ ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
 }
 
 // ficco_push_start: enqueue every push of this rank on its push queue.
+// Piece i (attrs' copy table): rows [src_row[i], + rows[i]) of the kernel's
+// result go to rank (rank + shift[i]) % P, at row dst_row[i] of its landing
+// half (half_bytes), once flags[src_flag[i]] >= flag_target.
 template <class B>
 ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
                      ffi::AnyBuffer parts, ffi::AnyBuffer flags,
-                     const PushStartAttrs& a) {
+                     const Attrs& a) {
   using Inv = WindowInvocation<B>;
   auto who = [&] { return PushWho("start", a.op_name, device); };
   auto found = UsableWindow<B>(a.window, device, who, kFaultWait);
@@ -419,10 +385,12 @@ ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
 // ficco_push_finish: enqueue, on the compute queue, the waits for every
 // peer's pieces and for this rank's own pushes, the sum into `out`, and the
 // freed flags; returns the invocation (the caller awaits or watches it).
+// Its result: rows [own_row, + num_chunks * chunk_rows) of the kernel's
+// result plus the landed pieces, chunk-major, P - 1 per chunk in shift order.
 template <class B>
 ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
     B& backend, int32_t device, ffi::AnyBuffer parts, ffi::AnyBuffer out,
-    const PushFinishAttrs& a) {
+    const Attrs& a) {
   auto who = [&] { return PushWho("finish", a.op_name, device); };
   auto found = UsableWindow<B>(a.window, device, who, kFaultDone);
   if (!found.has_value()) return ffi::Unexpected(found.error());
@@ -500,33 +468,5 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
 }
 
 }  // namespace ficco
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::PushArmAttrs,
-    ::xla::ffi::StructMember<int64_t>("window"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"));
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::PushStartAttrs,
-    ::xla::ffi::StructMember<int64_t>("window"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("shift"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_row"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst_row"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("rows"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_flag"),
-    ::xla::ffi::StructMember<int64_t>("flag_target"),
-    ::xla::ffi::StructMember<int64_t>("half_bytes"));
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::PushFinishAttrs,
-    ::xla::ffi::StructMember<int64_t>("window"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
-    ::xla::ffi::StructMember<int64_t>("own_row"),
-    ::xla::ffi::StructMember<int64_t>("chunk_rows"),
-    ::xla::ffi::StructMember<int64_t>("num_chunks"),
-    ::xla::ffi::StructMember<int64_t>("half_bytes"));
 
 #endif  // FICCO_XLA_FFI_PUSH_PROTOCOL_H_

@@ -119,37 +119,6 @@ class Windows {
   std::map<std::tuple<int, int64_t, int32_t>, std::shared_ptr<Window>> map_;
 };
 
-// Attributes of ficco_window_start: those of ficco_peer_copy_start (the
-// devices table holds the group's global device ids, for messages) plus the
-// window family. Every transfer reads a source operand of its owner
-// (src >= 0): Python rewrites ring forwarding into pulls from the owner,
-// whose shard sits in its window.
-struct WindowStartAttrs {
-  ffi::Span<const int64_t> devices;
-  int64_t axis_size;
-  ffi::Span<const int64_t> dst, dst_row, src_offset, src, src_row, rows,
-      stream;
-  int64_t num_streams;
-  int64_t site;
-  std::string_view op_name;
-  int64_t timeout_ms;
-  int64_t window;
-};
-
-// Attributes of ficco_window_wait and ficco_window_done.
-struct WindowSyncAttrs {
-  std::string_view op_name;
-  int64_t timeout_ms;
-  int64_t window;
-};
-
-inline StartAttrs AsStartAttrs(const WindowStartAttrs& a) {
-  return StartAttrs{a.devices, a.axis_size, a.dst, a.dst_row, a.src_offset,
-                    a.src, a.src_row, a.rows, a.stream,
-                    /*src_flag=*/{}, a.num_streams, /*num_flags=*/0,
-                    /*flag_target=*/0, a.site, a.op_name, a.timeout_ms};
-}
-
 // "ficco window copy of 'op' (site 3, epoch 7) on device 2 (rank 2 of 4)".
 std::string WindowWhere(const Plan& plan, const Window& w, uint32_t epoch);
 
@@ -173,28 +142,5 @@ void CudaWindowForget(int64_t family);
 #endif
 
 }  // namespace ficco
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::WindowStartAttrs,
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("devices"),
-    ::xla::ffi::StructMember<int64_t>("axis_size"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("dst_row"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_offset"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("src_row"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("rows"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("stream"),
-    ::xla::ffi::StructMember<int64_t>("num_streams"),
-    ::xla::ffi::StructMember<int64_t>("site"),
-    ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
-    ::xla::ffi::StructMember<int64_t>("window"));
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
-    ::ficco::WindowSyncAttrs,
-    ::xla::ffi::StructMember<std::string_view>("op_name"),
-    ::xla::ffi::StructMember<int64_t>("timeout_ms"),
-    ::xla::ffi::StructMember<int64_t>("window"));
 
 #endif  // FICCO_XLA_FFI_WINDOW_H_

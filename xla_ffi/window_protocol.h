@@ -1,23 +1,11 @@
-// The window transport's start (docs/windows.md), written once over a
-// Backend; cpu_window.cc and cuda_window.cu supply the backend, wait and
-// done.
+// The window transport's start (docs/windows.md), written once over the
+// backend (backend.h); cpu_window.cc and cuda_window.cu define the
+// backend's window queues, wait and done.
 //
 // start enqueues everything on queues of its own device. Where the backend
 // orders flag waits on the host (kHostOrdered), the pulls wait for the
 // peers' starts, so a per-device issuer thread enqueues them and XLA's
 // thread goes on at once; wait and done first make sure they are enqueued.
-// A Backend instance (one per call; it holds the compute stream) provides,
-// each returning ffi::Error:
-//   RecordOnCompute(device, event)                 event <- compute stream
-//   WaitEvent(inv, device, queue, event)           queue waits for event
-//   Copy(inv, device, queue, dst, src, bytes)      on the copy engine
-//   Record(inv, device, queue, event)              event <- queue
-//   WaitFlag(inv, device, queue, addr, value, who) queue waits *addr >= value
-//   WriteFlag(inv, device, queue, addr, value)     *addr = value, after the
-//                                                  queue's earlier work
-// and static AcquireEvent/ReleaseEvent(device[, event]) and kPlatform;
-// with kHostOrdered, static BindIssuer(device) (issuer.h); with
-// kStageBeforeCompute, WaitOnCompute(device, event) (compute stream waits).
 
 #ifndef FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
 #define FICCO_XLA_FFI_WINDOW_PROTOCOL_H_
@@ -36,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend.h"
 #include "dispatch_advice.h"
 #include "epoch_runs.h"
 #include "issuer.h"
@@ -46,9 +35,6 @@
 
 namespace ficco {
 
-// Queue indexes besides the pull queues 0 .. num_streams - 1.
-inline constexpr int64_t kStageQueue = 1 << 20;
-inline constexpr int64_t kSignalQueue = kStageQueue + 1;
 
 template <class B>
 struct WindowInvocation {
@@ -521,7 +507,7 @@ ffi::Error WindowMissError(int64_t family, std::string_view phase,
 template <class B>
 ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
                        ffi::RemainingArgs args, ffi::RemainingRets rets,
-                       const WindowStartAttrs& attrs) {
+                       const Attrs& attrs) {
   using Inv = WindowInvocation<B>;
   const std::string op(attrs.op_name);
   auto found = UsableWindow<B>(attrs.window, device, [&] {
@@ -549,7 +535,7 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
     landings.push_back(*s);
     landing_ptrs.push_back(static_cast<char*>((*b)->untyped_data()));
   }
-  auto plan = MakePlan(AsStartAttrs(attrs), sources, landings);
+  auto plan = MakePlan(attrs, sources, landings);
   if (!plan.has_value()) return plan.error();
   if (plan->axis_size != win->size) {
     return ffi::Error::InvalidArgument(

@@ -93,6 +93,8 @@ def _library() -> ctypes.CDLL:
   lib.FiccoSetIssueMode.argtypes = [ctypes.c_int, ctypes.c_int]
   lib.FiccoIssueMode.restype = ctypes.c_int
   lib.FiccoIssueMode.argtypes = [ctypes.c_int]
+  lib.FiccoTraceCompiled.restype = ctypes.c_int
+  lib.FiccoTraceCompiled.argtypes = []
   lib.FiccoTraceEnable.restype = ctypes.c_int
   lib.FiccoTraceEnable.argtypes = [ctypes.c_int64]
   lib.FiccoTraceDisable.restype = None
@@ -232,16 +234,32 @@ TRACE_POINTS = ("start_enter", "start_exit", "issue_begin", "peers_arrived",
                 "gpu_copy_begin", "gpu_copy_end")
 
 
+def trace_compiled() -> bool:
+  """Whether the library was built with its diagnostic timeline (the
+  ``FICCO_TRACE`` build option; docs/debugging.md)."""
+  return bool(_library().FiccoTraceCompiled())
+
+
 def trace_enable(capacity: int) -> None:
-  """Starts a host timeline of the peer-copy handlers (both platforms),
-  dropping the previous one; call it only while no op is in flight.
+  """Starts a host timeline of the rendezvous transport's handlers (both
+  platforms), dropping the previous one; call it only while no op is in
+  flight.
 
   Args:
     capacity: events kept; later ones are counted and dropped.
+
+  Raises:
+    RuntimeError: the library was built without the timeline.
   """
   if capacity < 0:
     raise ValueError(f"capacity={capacity} must be >= 0.")
-  if _library().FiccoTraceEnable(capacity):
+  rc = _library().FiccoTraceEnable(capacity)
+  if rc == -2:
+    raise RuntimeError(
+        "libficco_ffi was built without its diagnostic timeline; reinstall"
+        " with `pip install . -Ccmake.define.FICCO_TRACE=ON`"
+        " (docs/debugging.md).")
+  if rc:
     raise MemoryError(f"cannot allocate a trace of {capacity} events.")
 
 

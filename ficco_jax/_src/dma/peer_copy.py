@@ -53,6 +53,7 @@ from jax.interpreters import mlir
 from ficco_jax._src import plan as plan_lib
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import vma
+from ficco_jax._src.dma import attrs
 from ficco_jax._src.dma import library
 from ficco_jax._src.dma import primitives
 from ficco_jax._src.dma import windows
@@ -357,10 +358,10 @@ def _arm_lowering(ctx, *likes, site: int, op_name: str, axis_name: str,
         " device of the axis in this process; use Schedule(transport=None)"
         " (push, which runs across processes) or another"
         " compute_granularity.")
-  return jax.ffi.ffi_lowering("ficco_flags_arm", has_side_effect=True)(
-      ctx, *likes, site=np.int64(site), op_name=op_name,
-      devices=_devices_table(mesh, axis_name, local=True),
-      axis_size=np.int64(mesh.shape[axis_name]))
+  return attrs.lower("ficco_flags_arm", ctx, *likes, site=site,
+                     op_name=op_name,
+                     devices=_devices_table(mesh, axis_name, local=True),
+                     axis_size=mesh.shape[axis_name])
 
 
 def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
@@ -376,15 +377,12 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
     if kind != "rendezvous":
       raise ValueError("Flagged starts need the rendezvous transport.")
     # Operands: sources, flags, then arm's landing buffers, returned aliased.
-    extra.update(src_flag=np.asarray(src_flags, np.int64),
-                 num_flags=np.int64(ctx.avals_in[num_sources].shape[0]),
-                 flag_target=np.int64(flag_target))
+    extra.update(src_flag=src_flags,
+                 num_flags=ctx.avals_in[num_sources].shape[0],
+                 flag_target=flag_target)
     aliases = {num_sources + 1 + b: b for b in range(len(plan.landing_rows))}
   elif kind == "rendezvous":
-    extra.update(src_flag=np.full(len(plan.transfers), -1, np.int64),
-                 num_flags=np.int64(0), flag_target=np.int64(0))
-  if kind == "rendezvous":
-    extra["program"] = primitives.program_name(ctx)
+    extra.update(src_flag=np.full(len(plan.transfers), -1, np.int64))
   if kind == "window":
     # Every piece comes from its owner's window (no forwarding), and the
     # window must hold this rank's sources.
@@ -394,30 +392,27 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
                for a in ctx.avals_in)
     fam = windows.family_for(mesh, axis_name, site=site, slot_bytes=slot,
                              platform=primitives.platform_of(ctx))
-    extra["window"] = np.int64(fam.id)
+    extra["window"] = fam.id
 
   def column(field):
     return np.asarray([getattr(t, field) for t in plan.transfers], np.int64)
 
-  return jax.ffi.ffi_lowering(_TARGETS[kind][0], has_side_effect=True,
-                              operand_output_aliases=aliases or None)(
-      ctx, *sources,
+  return attrs.lower(
+      _TARGETS[kind][0], ctx, *sources, operand_output_aliases=aliases or None,
       devices=_devices_table(mesh, axis_name, local=kind == "rendezvous"),
-      axis_size=np.int64(plan.axis_size),
+      axis_size=plan.axis_size,
       dst=column("dst"), dst_row=column("dst_row"),
       src_offset=column("src_offset"), src=column("src"),
       src_row=column("src_row"), rows=column("rows"),
-      stream=column("stream"),
-      num_streams=np.int64(plan.num_streams),
-      site=np.int64(site), op_name=op_name,
-      timeout_ms=np.int64(timeout_ms), **extra)
+      stream=column("stream"), num_streams=plan.num_streams,
+      site=site, op_name=op_name, timeout_ms=timeout_ms, **extra)
 
 
 def _window_of(ctx, mesh, axis_name: str, site: int) -> dict:
   """The window family a window wait or done of ``site`` syncs on."""
   fam = windows.lowered_family(mesh, axis_name, site=site,
                                platform=primitives.platform_of(ctx))
-  return {"window": np.int64(fam.id)}
+  return {"window": fam.id}
 
 
 def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
@@ -428,13 +423,12 @@ def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
   mesh = primitives.concrete_mesh(ctx, axis_name)
   kind = _resolve(mesh, axis_name, transport)
   num_outs = keep_bounds[0]
-  common = dict(op_name=op_name, timeout_ms=np.int64(timeout_ms))
+  common = dict(op_name=op_name, timeout_ms=timeout_ms)
   if kind == "rendezvous":
-    return jax.ffi.ffi_lowering(
-        _TARGETS[kind][1], has_side_effect=bool(done_sites),
-        operand_output_aliases={i: i for i in range(num_outs)})(
-            ctx, *args, num_wait=np.int64(num_wait),
-            keep_bounds=np.asarray(keep_bounds, np.int64), **common)
+    return attrs.lower(
+        _TARGETS[kind][1], ctx, *args, has_side_effect=bool(done_sites),
+        operand_output_aliases={i: i for i in range(num_outs)},
+        num_wait=num_wait, keep_bounds=keep_bounds, **common)
   # Window transport: one wait per landing buffer, then one done per
   # invocation, threaded through the last out (aliased, so no copies).
   outs = list(args[:num_outs])
@@ -443,9 +437,9 @@ def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
   def call(target, operands, operand_avals, site):
     extra = _window_of(ctx, mesh, axis_name, site)
     sub = ctx.replace(avals_in=operand_avals, avals_out=[operand_avals[0]])
-    return jax.ffi.ffi_lowering(target, operand_output_aliases={0: 0},
-                                has_side_effect=target.endswith("done"))(
-                                    sub, *operands, **common, **extra)[0]
+    return attrs.lower(target, sub, *operands, operand_output_aliases={0: 0},
+                       has_side_effect=target.endswith("done"), **common,
+                       **extra)[0]
 
   for i, site in enumerate(wait_sites):
     outs[i] = call(_TARGETS[kind][1], [outs[i]], [avals[i]], site)

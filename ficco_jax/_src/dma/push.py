@@ -36,6 +36,7 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
+from ficco_jax._src.dma import attrs
 from ficco_jax._src.dma import library
 from ficco_jax._src.dma import primitives
 from ficco_jax._src.dma import windows
@@ -225,8 +226,8 @@ def _arm_lowering(ctx, flags_like, like, *, half: int, axis_name: str,
   del flags_like, like  # Typing only: the handler takes no operands.
   library.ensure_registered()
   window = _family(ctx, axis_name, site, half, create=True)
-  return jax.ffi.ffi_lowering("ficco_push_arm", has_side_effect=True)(
-      ctx.replace(avals_in=[]), window=np.int64(window), op_name=op_name)
+  return attrs.lower("ficco_push_arm", ctx.replace(avals_in=[]),
+                     window=window, op_name=op_name)
 
 
 def _start_lowering(ctx, parts, flags, *, pieces, flag_target: int, half: int,
@@ -234,12 +235,11 @@ def _start_lowering(ctx, parts, flags, *, pieces, flag_target: int, half: int,
   library.ensure_registered()
   window = _family(ctx, axis_name, site, half, create=False)
   column = lambda i: np.asarray([p[i] for p in pieces], np.int64)
-  return jax.ffi.ffi_lowering("ficco_push_start", has_side_effect=True,
-                              operand_output_aliases={1: 0})(
-      ctx, parts, flags, window=np.int64(window), op_name=op_name,
-      timeout_ms=np.int64(timeout_ms), shift=column(0), src_row=column(1),
-      dst_row=column(2), rows=column(3), src_flag=column(4),
-      flag_target=np.int64(flag_target), half_bytes=np.int64(half))
+  return attrs.lower(
+      "ficco_push_start", ctx, parts, flags, operand_output_aliases={1: 0},
+      window=window, op_name=op_name, timeout_ms=timeout_ms, shift=column(0),
+      src_row=column(1), dst_row=column(2), rows=column(3),
+      src_flag=column(4), flag_target=flag_target, half_bytes=half)
 
 
 def _finish_lowering(ctx, parts, flags, *, own_row: int, chunk_rows: int,
@@ -247,20 +247,18 @@ def _finish_lowering(ctx, parts, flags, *, own_row: int, chunk_rows: int,
                      op_name: str, timeout_ms: int):
   library.ensure_registered()
   window = _family(ctx, axis_name, site, half, create=False)
-  return jax.ffi.ffi_lowering("ficco_push_finish", has_side_effect=True)(
-      ctx, parts, flags, window=np.int64(window), op_name=op_name,
-      timeout_ms=np.int64(timeout_ms), own_row=np.int64(own_row),
-      chunk_rows=np.int64(chunk_rows), num_chunks=np.int64(num_chunks),
-      half_bytes=np.int64(half))
+  return attrs.lower(
+      "ficco_push_finish", ctx, parts, flags, window=window, op_name=op_name,
+      timeout_ms=timeout_ms, own_row=own_row, chunk_rows=chunk_rows,
+      num_chunks=num_chunks, half_bytes=half)
 
 
 def _gather_lowering(ctx, x, w, *, half: int, axis_name: str, site: int,
                      op_name: str, timeout_ms: int, **_):
   library.ensure_registered()
   window = _family(ctx, axis_name, site, half, create=True)
-  return jax.ffi.ffi_lowering("ficco_push_gather", has_side_effect=True)(
-      ctx, x, w, window=np.int64(window), op_name=op_name,
-      timeout_ms=np.int64(timeout_ms), half_bytes=np.int64(half))
+  return attrs.lower("ficco_push_gather", ctx, x, w, window=window,
+                     op_name=op_name, timeout_ms=timeout_ms, half_bytes=half)
 
 
 for _platform in ("cpu", "cuda"):
