@@ -10,6 +10,7 @@ each under suites/; benchmarks/README.md describes them):
   kernel       the Pallas chunk kernel vs XLA's dot on one GPU
   host-floor   a tiny op, XLA vs ficco, with the copy handlers' host counters
   peers        PyTorch async-TP under torchrun, same cases and method
+  moe          the MoE layer (dispatch, experts, combine) vs XLA's ragged ops
   characterize device components; fits the device parameters
   heuristic    schedule=None's picks scored against measured labels
   autotune     fills an autotune cache from measured labels
@@ -38,6 +39,7 @@ SUITES = {
     "kernel": "suites.kernel",
     "host-floor": "suites.host_floor",
     "peers": "suites.peers",
+    "moe": "suites.moe",
     "characterize": "suites.characterize",
     "heuristic": "suites.heuristic",
     "autotune": "suites.autotune",

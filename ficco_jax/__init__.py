@@ -12,12 +12,16 @@ The public API (everything else lives in the private ``ficco_jax._src``):
 * `autotune`, `set_autotune_cache`: measure the candidates on your devices
   and cache the fastest; `autotune_model` does it for every call of a whole
   function (a training step, say) and times the step's gain.
+* `all_to_all_matmul`, `matmul_all_to_all`: the expert-parallel (MoE)
+  dispatch and combine with their grouped matmuls, a piece per peer.
 * `ficco_jax.launch`: one local process per GPU.
 """
 
 from ficco_jax import sharded as sharded
 from ficco_jax._src.ops.all_gather_matmul.api import all_gather_matmul as all_gather_matmul
 from ficco_jax._src.ops.matmul_reduce_scatter.api import matmul_reduce_scatter as matmul_reduce_scatter
+from ficco_jax._src.ops.moe.api import all_to_all_matmul as all_to_all_matmul
+from ficco_jax._src.ops.moe.api import matmul_all_to_all as matmul_all_to_all
 from ficco_jax._src.resolve import choose_schedule as choose_schedule
 from ficco_jax._src.schedule import Schedule as Schedule
 from ficco_jax._src.tuning.autotune import autotune as autotune

@@ -60,8 +60,16 @@
 #define FICCO_XLA_FFI_BACKEND_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gemm.h"
+#include "xla/ffi/api/ffi.h"
 
 namespace ficco {
+
+struct FlagOp;  // push_protocol.h
 
 // The window transport's queue indexes besides its pull queues
 // 0 .. num_streams - 1: the stage and the signal queue; and the push queue
@@ -78,5 +86,41 @@ template <class B>
 struct WindowInvocation;
 
 }  // namespace ficco
+
+// The queue operations' signatures, spelled once: a backend declares them
+// for each invocation type (`Event` is its own) and defines them in its
+// transports' files.
+#define FICCO_BACKEND_QUEUE_OPS(INV)                                         \
+  ::xla::ffi::Error WaitEvent(const std::shared_ptr<INV>& inv,               \
+                              int32_t device, int64_t queue, Event* e);      \
+  ::xla::ffi::Error Copy(const std::shared_ptr<INV>& inv, int32_t device,    \
+                         int64_t queue, char* dst, const char* src,          \
+                         size_t bytes);                                      \
+  ::xla::ffi::Error Record(const std::shared_ptr<INV>& inv, int32_t device,  \
+                           int64_t queue, Event* e);
+
+// The flag and compute operations of the window and push transports.
+#define FICCO_BACKEND_WINDOW_OPS(INV)                                        \
+  ::xla::ffi::Error WaitFlag(const std::shared_ptr<INV>& inv,                \
+                             int32_t device, int64_t queue, uint32_t* addr,  \
+                             uint32_t value, const std::string& who);        \
+  ::xla::ffi::Error WriteFlag(const std::shared_ptr<INV>& inv,               \
+                              int32_t device, int64_t queue, uint32_t* addr, \
+                              uint32_t value);                               \
+  ::xla::ffi::Error FlagOps(const std::shared_ptr<INV>& inv, int32_t device, \
+                            int64_t queue,                                   \
+                            const std::vector<::ficco::FlagOp>& ops);        \
+  ::xla::ffi::Error Sum(const std::shared_ptr<INV>& inv, int32_t device,     \
+                        int64_t queue, ::xla::ffi::DataType dtype,           \
+                        char* out, const char* own, const char* landing,     \
+                        int64_t chunks, int64_t peers, int64_t chunk_elems); \
+  ::xla::ffi::Error Gemm(const std::shared_ptr<INV>& inv, int32_t device,    \
+                         int64_t queue, const ::ficco::GemmArgs& g);
+
+// The rendezvous transport's flag wait (a kernel's completion flag).
+#define FICCO_BACKEND_FLAG_READY                                             \
+  ::xla::ffi::Error FlagReady(int32_t device, int64_t flag_index,            \
+                              const int32_t* flag, int64_t target,           \
+                              Event* after, Event* out, int64_t timeout_ms);
 
 #endif  // FICCO_XLA_FFI_BACKEND_H_

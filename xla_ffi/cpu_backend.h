@@ -31,8 +31,6 @@ namespace ficco {
 
 namespace ffi = ::xla::ffi;
 
-struct FlagOp;
-
 // Both transports' events, per device.
 inline EventPools<CpuEvent>& CpuEventPools() {
   static auto* pools = new EventPools<CpuEvent>();
@@ -104,36 +102,12 @@ struct CpuBackend {
   }
 
   // Queues of the rendezvous transport (cpu_peer_copy.cc).
-  ffi::Error WaitEvent(const std::shared_ptr<Inv>& inv, int32_t device,
-                       int64_t queue, Event* e);
-  ffi::Error Copy(const std::shared_ptr<Inv>& inv, int32_t device,
-                  int64_t queue, char* dst, const char* src, size_t bytes);
-  ffi::Error Record(const std::shared_ptr<Inv>& inv, int32_t device,
-                    int64_t queue, Event* e);
-  ffi::Error FlagReady(int32_t device, int64_t flag_index,
-                       const int32_t* flag, int64_t target, Event* after,
-                       Event* out, int64_t timeout_ms);
+  FICCO_BACKEND_QUEUE_OPS(Inv)
+  FICCO_BACKEND_FLAG_READY
 
   // Queues of the window and push transports (cpu_window.cc).
-  ffi::Error WaitEvent(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                       int64_t queue, Event* e);
-  ffi::Error Copy(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                  int64_t queue, char* dst, const char* src, size_t bytes);
-  ffi::Error Record(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                    int64_t queue, Event* e);
-  ffi::Error WaitFlag(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                      int64_t queue, uint32_t* addr, uint32_t value,
-                      const std::string& who);
-  ffi::Error WriteFlag(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                       int64_t queue, uint32_t* addr, uint32_t value);
-  ffi::Error FlagOps(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                     int64_t queue, const std::vector<FlagOp>& ops);
-  ffi::Error Sum(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                 int64_t queue, ffi::DataType dtype, char* out,
-                 const char* own, const char* landing, int64_t chunks,
-                 int64_t peers, int64_t chunk_elems);
-  ffi::Error Gemm(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                  int64_t queue, const GemmArgs& g);
+  FICCO_BACKEND_QUEUE_OPS(WindowInv)
+  FICCO_BACKEND_WINDOW_OPS(WindowInv)
 };
 
 }  // namespace ficco

@@ -34,8 +34,6 @@ namespace ficco {
 
 namespace ffi = ::xla::ffi;
 
-struct FlagOp;
-
 // Both transports' events, per device.
 inline EventPools<CUevent_st>& CudaEventPools() {
   static auto* pools = new EventPools<CUevent_st>();
@@ -132,36 +130,12 @@ struct CudaBackend {
   }
 
   // Queues of the rendezvous transport (cuda_peer_copy.cu).
-  ffi::Error WaitEvent(const std::shared_ptr<Inv>& inv, int32_t device,
-                       int64_t queue, Event* e);
-  ffi::Error Copy(const std::shared_ptr<Inv>& inv, int32_t device,
-                  int64_t queue, char* dst, const char* src, size_t bytes);
-  ffi::Error Record(const std::shared_ptr<Inv>& inv, int32_t device,
-                    int64_t queue, Event* e);
-  ffi::Error FlagReady(int32_t device, int64_t flag_index,
-                       const int32_t* flag, int64_t target, Event* after,
-                       Event* out, int64_t timeout_ms);
+  FICCO_BACKEND_QUEUE_OPS(Inv)
+  FICCO_BACKEND_FLAG_READY
 
   // Queues of the window and push transports (cuda_window.cu).
-  ffi::Error WaitEvent(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                       int64_t queue, Event* e);
-  ffi::Error Copy(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                  int64_t queue, char* dst, const char* src, size_t bytes);
-  ffi::Error Record(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                    int64_t queue, Event* e);
-  ffi::Error WaitFlag(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                      int64_t queue, uint32_t* addr, uint32_t value,
-                      const std::string& who);
-  ffi::Error WriteFlag(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                       int64_t queue, uint32_t* addr, uint32_t value);
-  ffi::Error FlagOps(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                     int64_t queue, const std::vector<FlagOp>& ops);
-  ffi::Error Sum(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                 int64_t queue, ffi::DataType dtype, char* out,
-                 const char* own, const char* landing, int64_t chunks,
-                 int64_t peers, int64_t chunk_elems);
-  ffi::Error Gemm(const std::shared_ptr<WindowInv>& inv, int32_t device,
-                  int64_t queue, const GemmArgs& g);
+  FICCO_BACKEND_QUEUE_OPS(WindowInv)
+  FICCO_BACKEND_WINDOW_OPS(WindowInv)
 
   // The window transports' stream of `queue` (kComputeQueue: `compute`).
   ffi::ErrorOr<cudaStream_t> WindowStream(int32_t device, int64_t queue) const;

@@ -23,6 +23,7 @@ from suites import compare
 from suites import heuristic_report
 from suites import host_floor
 from suites import kernel
+from suites import moe
 from suites import ops_report
 from suites import peers
 from suites import profile
@@ -58,6 +59,7 @@ def _renderers(folder: str):
       ("compare", compare.markdown),
       ("peers", peers.markdown),
       ("step", step.markdown),
+      ("moe", moe.markdown),
       ("host_floor", host_floor.markdown),
       ("kernel_chunks", kernel.markdown),
       ("kernel_pieces", kernel.markdown),

@@ -1,0 +1,286 @@
+"""Suite ``moe``: the MoE layer (dispatch, experts, combine) against XLA.
+
+Per model of ``shapes.json``'s ``moe_models`` (d_model H, expert width F,
+E experts, top_k), tokens per device (``--moe_tokens``) and routing
+(``--routings``: ``balanced``, every expert equally likely; ``zipf``,
+expert i drawn with weight 1 / (i + 1)^1.2, the same hot experts on every
+device), one forward pass of the layer on each device's ``T * top_k``
+routed rows: ``all_to_all_matmul`` (through ``w1 [E, H, F]``), GELU,
+``matmul_all_to_all`` (through ``w2 [E, F, H]``), bf16.
+
+Programs, timed interleaved and each checked once against an f32
+reference (every expert on every device, ``lax.ragged_dot`` alone):
+
+* ``xla_ragged``: ``lax.ragged_all_to_all`` into the receive buffer, a
+  local sort of the received rows by expert, ``lax.ragged_dot`` twice,
+  the unsort, and ``lax.ragged_all_to_all`` back (GPU only: XLA:CPU has no
+  ragged all-to-all);
+* ``ficco <label>``: the ficco ops under each ``--moe_schedules`` label
+  (``none``: one ``lax.all_to_all`` each way; ``direct``: a piece per
+  peer).
+
+``xla_best`` is the faster correct of the XLA programs (``xla_ragged``, and
+``ficco none``, which is XLA's all_to_all with capacity plus the grouped
+matmul). The ideal is ``max(compute alone, exchange alone)``: the two
+grouped matmuls on the received rows with no exchange, and the two
+all-to-alls with no matmul. The capacity is the most rows any device
+receives (the routing is drawn on the host, seeded), so nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+
+from absl import flags
+
+from lib import jax_util
+from lib import meta as meta_lib
+from lib import options
+from lib import report
+from lib import results
+from lib import timing
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("moe_models", [], "moe: models of shapes.json's moe_models"
+                  " (default: all).")
+flags.DEFINE_list("moe_tokens", [], "moe: tokens per device (default:"
+                  " shapes.json's moe_tokens_per_device).")
+flags.DEFINE_list("routings", ["balanced", "zipf"], "moe: routings.")
+flags.DEFINE_list("moe_schedules", ["none", "direct"],
+                  "moe: ficco dataflows to time.")
+
+ZIPF_S = 1.2
+
+
+def routing(kind: str, p: int, e: int, rows: int, seed: int):
+  """``[P, E]`` rows per expert on each device (each row sums to ``rows``)."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  if kind == "balanced":
+    probs = np.ones(e) / e
+  elif kind == "zipf":
+    probs = 1.0 / np.arange(1, e + 1) ** ZIPF_S
+    probs /= probs.sum()
+  else:
+    raise ValueError(f"--routings: unknown routing {kind!r}")
+  return rng.multinomial(rows, probs, size=p).astype(np.int32)
+
+
+def _programs(mesh, p, e_local, rows, capacity):
+  """name -> jitted ``f(x, w1, w2, gs)`` over global arrays."""
+  import jax
+  from jax import lax
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
+  import ficco_jax
+  from ficco_jax import Schedule
+
+  spec = (P("x"), P("x"), P("x"), P("x"))
+
+  def sm(body):
+    return jax_util.jit_shard_map(body, mesh, spec, P("x"))
+
+  def ficco(dataflow):
+    sched = Schedule(dataflow=dataflow)
+
+    def body(x, w1, w2, gs):
+      h = ficco_jax.all_to_all_matmul(x, w1, gs[0], axis_name="x",
+                                      capacity=capacity, schedule=sched)
+      h = jax.nn.gelu(h).astype(x.dtype)
+      return ficco_jax.matmul_all_to_all(h, w2, gs[0], axis_name="x",
+                                         num_tokens=rows, schedule=sched)
+    return sm(body)
+
+  def excl(v):
+    return jnp.cumsum(v) - v
+
+  def xla_ragged(x, w1, w2, gs):
+    send = gs[0].reshape(p, e_local)
+    send_tot, recv = send.sum(1), lax.all_to_all(send, "x", 0, 0, tiled=True)
+    recv_tot = recv.sum(1)
+    in_off, recv_off = excl(send_tot), excl(recv_tot)
+    # Where this device's rows start on each receiver, and the reverse.
+    out_off = lax.all_to_all(recv_off, "x", 0, 0, tiled=True)
+    back_off = lax.all_to_all(in_off, "x", 0, 0, tiled=True)
+    got = lax.ragged_all_to_all(x, jnp.zeros((capacity, x.shape[1]), x.dtype),
+                                in_off, send_tot, out_off, recv_tot,
+                                axis_name="x")
+    expert = jnp.repeat(jnp.tile(jnp.arange(e_local), p), recv.reshape(-1),
+                        total_repeat_length=capacity)
+    expert = jnp.where(jnp.arange(capacity) < recv_tot.sum(), expert,
+                       e_local)
+    order = jnp.argsort(expert, stable=True)
+    sizes = recv.sum(0)
+    h = jax.nn.gelu(lax.ragged_dot(got[order], w1, sizes)).astype(x.dtype)
+    y = lax.ragged_dot(h, w2, sizes).astype(x.dtype)
+    y = jnp.zeros_like(y).at[order].set(y)
+    return lax.ragged_all_to_all(y, jnp.zeros((rows, y.shape[1]), y.dtype),
+                                 recv_off, recv_tot, back_off, send_tot,
+                                 axis_name="x")
+
+  def reference(x, w1, w2, gs):
+    w1 = lax.all_gather(w1, "x", tiled=True).astype(jnp.float32)
+    w2 = lax.all_gather(w2, "x", tiled=True).astype(jnp.float32)
+    h = jax.nn.gelu(lax.ragged_dot(x.astype(jnp.float32), w1, gs[0]))
+    return lax.ragged_dot(h, w2, gs[0])
+
+  def compute_alone(x, w1, w2, gs):
+    # The received rows' work without the exchange: this device's counts
+    # stand in for the received ones (the same sizes where balanced).
+    sizes = gs[0].reshape(p, e_local).sum(0)
+    xs = jnp.pad(x, ((0, capacity - rows), (0, 0)))[:capacity]
+    h = jax.nn.gelu(lax.ragged_dot(xs, w1, sizes)).astype(x.dtype)
+    return lax.ragged_dot(h, w2, sizes).astype(x.dtype)[:rows]
+
+  def exchange_alone(x, w1, w2, gs):
+    del w1, w2, gs
+    cap = min(rows, capacity)
+    pieces = jnp.broadcast_to(x[:cap], (p, cap, x.shape[1]))
+    there = lax.all_to_all(pieces, "x", 0, 0, tiled=True)
+    back = lax.all_to_all(there, "x", 0, 0, tiled=True)
+    return back.reshape(-1, x.shape[1])[:rows]
+
+  progs = {f"ficco {d}": ficco(d) for d in FLAGS.moe_schedules}
+  progs["xla_ragged"] = sm(xla_ragged)
+  return progs, sm(reference), sm(compute_alone), sm(exchange_alone)
+
+
+def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+  p = mesh.shape["x"]
+  h_dim, f_dim, e, k = cfg["H"], cfg["F"], cfg["E"], cfg["top_k"]
+  if FLAGS.tiny:
+    h_dim, f_dim = max(64, h_dim // 32), max(64, f_dim // 32)
+    tokens = max(64, tokens // 32)
+  rows = tokens * k
+  gs = routing(kind, p, e, rows, seed)
+  e_local = e // p
+  recv = gs.reshape(p, p, e_local).sum(2)  # [source, dest]
+  capacity = int(recv.sum(0).max())
+  c = {"name": f"{name}/T{tokens}/{kind}", "W": p, "H": h_dim, "F": f_dim,
+       "E": e, "top_k": k, "tokens_per_device": tokens, "routing": kind,
+       "rows_per_device": rows, "capacity": capacity,
+       "max_over_mean_received": float(recv.sum(0).max() / recv.sum(0).mean()),
+       "baselines": {}, "programs": {}}
+  tag = f"moe {c['name']} W={p}"
+  sets = []
+  for i in range(max(1, FLAGS.input_sets)):
+    sets.append((
+        jax_util.random_array(mesh, (p * rows, h_dim), P("x"), 10 * i + 1),
+        jax_util.random_array(mesh, (e, h_dim, f_dim), P("x"), 10 * i + 2) *
+        (1 / np.sqrt(h_dim)).astype(np.float32).item(),
+        jax_util.random_array(mesh, (e, f_dim, h_dim), P("x"), 10 * i + 3) *
+        (1 / np.sqrt(f_dim)).astype(np.float32).item(),
+        jax.device_put(gs, jax.sharding.NamedSharding(mesh, P("x")))))
+  sets = [tuple(a.astype(jnp.bfloat16) if a.dtype != jnp.int32 else a
+                for a in s) for s in sets]
+  progs, ref_fn, compute_fn, exchange_fn = _programs(mesh, p, e_local, rows,
+                                                      capacity)
+  tk = options.timing_kwargs()
+  for bname, fn in (("compute", compute_fn), ("exchange", exchange_fn)):
+    c["baselines"][bname] = results.guarded(
+        rec, f"{tag} {bname} alone",
+        lambda fn=fn: timing.time_jax(fn, sets, **tk, interleave=False))
+  ref32 = ref_fn(*sets[0])
+  with timing.interleaved():
+    for pname, fn in progs.items():
+      c["programs"][pname] = results.guarded(
+          rec, f"{tag} {pname}", lambda fn=fn: jax_util.measure(
+              lambda cv, fn=fn: fn, args=sets, ref32=ref32, xla_err=None,
+              tol=FLAGS.tol if "tol" in FLAGS else 2e-2, tk=tk))
+    rec.progress(f"{tag}: timing round-robin")
+  summarize_case(c)
+  return c
+
+
+def summarize_case(c: dict) -> None:
+  ok = lambda r: r.get("median_ms") and r.get("ok", True) and "error" not in r
+  xla = {n: r for n, r in c["programs"].items()
+         if n in ("xla_ragged", "ficco none") and ok(r)}
+  if xla:
+    best = min(xla, key=lambda n: xla[n]["median_ms"])
+    c["xla_best"] = {"program": best, "median_ms": xla[best]["median_ms"]}
+  b = c["baselines"]
+  if b.get("compute", {}).get("median_ms") and b.get("exchange", {}).get(
+      "median_ms"):
+    c["ideal_ms"] = max(b["compute"]["median_ms"], b["exchange"]["median_ms"])
+  for n, r in c["programs"].items():
+    if ok(r) and "xla_best" in c:
+      r["speedup"] = c["xla_best"]["median_ms"] / r["median_ms"]
+
+
+def run() -> int:
+  import jax
+  w = FLAGS.axis_size or jax.device_count()
+  meta = meta_lib.collect("moe")
+  with open(FLAGS.shapes) as f:
+    shapes = json.load(f)
+  models = FLAGS.moe_models or list(shapes["moe_models"])
+  tokens = [int(t) for t in (FLAGS.moe_tokens or
+                             shapes["moe_tokens_per_device"])]
+  data = {"meta": meta, "timing": options.configure_timing(), "axis_size": w,
+          "cases": []}
+  rec = results.Recorder("moe", results.out_dir(meta["device_kind"], w),
+                         data, markdown)
+  mesh = jax_util.mesh_of(w)
+  seed = 0
+  for name in models:
+    cfg = shapes["moe_models"][name]
+    for t in tokens:
+      for kind in FLAGS.routings:
+        seed += 1
+        what = f"moe {name}/T{t}/{kind} W={w}"
+        if cfg["E"] % w:
+          rec.skip(what, f"E={cfg['E']} experts do not split over {w}")
+          continue
+        if rec.over_budget():
+          rec.skip(what, "time budget")
+          continue
+        data["cases"].append(measure_case(rec, mesh, name, cfg, t, kind,
+                                          seed))
+        rec.save()
+        gc.collect()
+        jax.clear_caches()
+  rec.finish()
+  return 0
+
+
+def markdown(data: dict) -> str:
+  import math
+  lines = [f"# MoE layer: dispatch + experts + combine, W={data['axis_size']}",
+           ""]
+  lines += report.provenance(data["meta"]) + [
+      "", "ms per call, median over rounds (min), interleaved; speedup over"
+      " xla_best (the faster correct of `xla_ragged` and `ficco none`)."
+      " Ideal: max(compute alone, exchange alone).", ""]
+  names = sorted({n for c in data["cases"] for n in c["programs"]})
+  rows, speedups = [], {n: [] for n in names}
+  for c in data["cases"]:
+    row = [c["name"], str(c["capacity"]),
+           f"{c['max_over_mean_received']:.2f}",
+           report.times(c["baselines"].get("compute")),
+           report.times(c["baselines"].get("exchange"))]
+    for n in names:
+      r = c["programs"].get(n, {})
+      if "error" in r:
+        row.append("error")
+      elif r.get("ok") is False:
+        row.append(f"wrong ({r.get('rel_err', 0):.3g})")
+      else:
+        s = r.get("speedup")
+        row.append(report.times(r) + (f" ({s:.2f}x)" if s else ""))
+        if s:
+          speedups[n].append(s)
+    rows.append(row)
+  lines += report.table(["case", "capacity", "max/mean received",
+                         "compute alone", "exchange alone", *names], rows)
+  lines += ["", "| program | cases | geomean speedup | min |", "|---|---|---|---|"]
+  for n, v in speedups.items():
+    if v:
+      g = math.exp(sum(math.log(x) for x in v) / len(v))
+      lines.append(f"| {n} | {len(v)} | {g:.3f} | {min(v):.3f} |")
+  return "\n".join(lines + report.skipped(data)) + "\n"

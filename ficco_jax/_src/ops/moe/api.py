@@ -1,0 +1,180 @@
+"""``ficco_jax.all_to_all_matmul`` and ``ficco_jax.matmul_all_to_all``: the
+expert-parallel exchange and its grouped matmul, decomposed per peer."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import validation
+from ficco_jax._src.ops.moe import exchange
+from ficco_jax._src.ops.moe import routing
+
+DATAFLOWS = ("none", "direct")
+
+
+def _dataflow(op: str, schedule: schedule_lib.Schedule | None) -> str:
+  """The MoE ops' schedules: the exchange in one all-to-all (``none``) or a
+  piece per peer (``direct``), both over XLA's collectives. None: ``none``,
+  until measurements say where the decomposition pays."""
+  if schedule is None:
+    return "none"
+  if not isinstance(schedule, schedule_lib.Schedule):
+    raise TypeError(f"{op}: schedule must be a ficco_jax.Schedule or None,"
+                    f" got {schedule!r}.")
+  supported = dict(num_chunks=1, comm="xla", compute="xla", num_sms=None,
+                   compute_granularity=None, reduce_in_epilogue=False,
+                   transport=None)
+  for field, want in supported.items():
+    if getattr(schedule, field) != want:
+      raise ValueError(
+          f"{op}: Schedule({field}={getattr(schedule, field)!r}) is not"
+          f" supported by the MoE ops yet; they take dataflow in {DATAFLOWS}"
+          f" with {field}={want!r}.")
+  if schedule.dataflow not in DATAFLOWS:
+    raise ValueError(f"{op}: Schedule(dataflow={schedule.dataflow!r}) is not"
+                     f" supported by the MoE ops; use one of {DATAFLOWS}.")
+  return schedule.dataflow
+
+
+def _check(op: str, a_name: str, a, w, group_sizes, axis_name) -> int:
+  """Checks the operands; returns the axis size."""
+  validation.check_array(a_name, a)
+  if a.ndim != 2:
+    raise ValueError(f"{op}: {a_name} must be [tokens, d], got shape"
+                     f" {tuple(a.shape)}.")
+  validation.check_array("w", w, min_rank=3)
+  if w.ndim != 3 or w.shape[1] != a.shape[1]:
+    raise ValueError(f"{op}: w must be [local experts, d, f] with d ="
+                     f" {a_name}.shape[1] = {a.shape[1]}, got shape"
+                     f" {tuple(w.shape)}.")
+  validation.check_nonempty(a_name, a)
+  validation.check_nonempty("w", w)
+  if not hasattr(group_sizes, "dtype") or not jnp.issubdtype(
+      group_sizes.dtype, jnp.integer) or group_sizes.ndim != 1:
+    raise TypeError(f"{op}: group_sizes must be a 1-D integer array (rows"
+                    " per global expert), got"
+                    f" {getattr(group_sizes, 'dtype', type(group_sizes))}"
+                    f"{tuple(getattr(group_sizes, 'shape', ()))}.")
+  p = validation.axis_size(axis_name, op)
+  if group_sizes.shape[0] != p * w.shape[0]:
+    raise ValueError(
+        f"{op}: group_sizes has shape {tuple(group_sizes.shape)}; expected"
+        f" ({p * w.shape[0]},): one count per global expert, the axis size"
+        f" {p} times the {w.shape[0]} local experts of w.")
+  return p
+
+
+def _positive_int(op: str, name: str, v) -> int:
+  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+    raise ValueError(f"{op}: {name}={v!r} must be a positive int.")
+  return int(v)
+
+
+def _out_dtype(a, w, preferred_element_type):
+  if preferred_element_type is not None:
+    return np.dtype(preferred_element_type)
+  return jnp.promote_types(a.dtype, w.dtype)
+
+
+def all_to_all_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    axis_name: str,
+    capacity: int | None = None,
+    schedule: schedule_lib.Schedule | None = None,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+  """Dispatch: tokens to the devices that own their experts, through them.
+
+  The semantics of ``lax.ragged_all_to_all`` then ``lax.ragged_dot``. Call
+  inside ``jax.shard_map`` over the expert-parallel axis; device r owns
+  experts ``[r * E_l, (r + 1) * E_l)``. Each peer's rows travel and are
+  multiplied as one piece (``Schedule(dataflow="direct")``), or all at once
+  (``"none"``, the default).
+
+  Args:
+    x: ``[T, d]`` this device's token rows, sorted by global expert; rows
+      past ``sum(group_sizes)`` are ignored.
+    w: ``[E_l, d, f]`` this device's experts.
+    group_sizes: ``[P * E_l]`` int: rows of ``x`` per global expert.
+    axis_name: the ``shard_map`` axis the experts are spread over.
+    capacity: rows a device can receive (static). None: ``P * T``, which
+      no routing exceeds. A routing that exceeds it is an error of the call
+      (raised when the result is read), never a silent truncation.
+    schedule: a `ficco_jax.Schedule` with ``dataflow`` "none" or "direct"
+      (comm and compute "xla"); None: "none".
+    precision: passed to ``lax.ragged_dot``.
+    preferred_element_type: result dtype.
+
+  Returns:
+    ``[capacity, f]``: the rows this device received, peer by peer (peer
+    0's first) and within a peer by local expert, each through its expert;
+    zeros after them. `matmul_all_to_all` takes this layout back.
+  """
+  op = "all_to_all_matmul"
+  p = _check(op, "x", x, w, group_sizes, axis_name)
+  t = x.shape[0]
+  capacity = p * t if capacity is None else _positive_int(op, "capacity",
+                                                          capacity)
+  st = exchange.MoeStatic(
+      op_name=op, axis_name=axis_name, axis_size=p, capacity=capacity,
+      dataflow=_dataflow(op, schedule), precision=precision,
+      out_dtype=_out_dtype(x, w, preferred_element_type))
+  r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
+  if capacity < p * t:
+    routing.check_capacity(r, capacity, op, axis_name)
+  return exchange.dispatch(x, w, r, st)
+
+
+def matmul_all_to_all(
+    h: jax.Array,
+    w: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    axis_name: str,
+    num_tokens: int,
+    schedule: schedule_lib.Schedule | None = None,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+  """Combine: received rows through the local experts, back to their tokens.
+
+  The inverse exchange of `all_to_all_matmul`: ``h`` in its output layout
+  (``[capacity, d]``), the same ``group_sizes``; each row's product lands
+  on the device and at the position its token came from.
+
+  Args:
+    h: ``[C, d]`` rows in `all_to_all_matmul`'s output layout.
+    w: ``[E_l, d, f]`` this device's experts.
+    group_sizes: ``[P * E_l]`` int: the dispatch's counts (of the device
+      the tokens are on).
+    axis_name: the ``shard_map`` axis the experts are spread over.
+    num_tokens: ``T``, the dispatch's token rows per device.
+    schedule: as for `all_to_all_matmul`.
+    precision: passed to ``lax.ragged_dot``.
+    preferred_element_type: result dtype.
+
+  Returns:
+    ``[T, f]``: row i is token row i's product (zeros past
+    ``sum(group_sizes)``).
+  """
+  op = "matmul_all_to_all"
+  p = _check(op, "h", h, w, group_sizes, axis_name)
+  t = _positive_int(op, "num_tokens", num_tokens)
+  st = exchange.MoeStatic(
+      op_name=op, axis_name=axis_name, axis_size=p, capacity=h.shape[0],
+      dataflow=_dataflow(op, schedule), precision=precision,
+      out_dtype=_out_dtype(h, w, preferred_element_type))
+  r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
+  if h.shape[0] < p * t:
+    routing.check_capacity(r, h.shape[0], op, axis_name)
+  return exchange.combine(h, w, r, t, st)
