@@ -89,8 +89,10 @@ def _combine_tokens(y_rows, token, gate, cfg: Config):
 
 def make_loss(cfg: Config, mesh, *, use_ficco: bool, schedule=None):
   """The layer's mean squared error against the targets, on global arrays."""
-  p = mesh.devices.size
   rows = cfg.tokens * cfg.top_k
+  # Rows a device may receive. Routing past it is an error of the step
+  # (check_routing), never dropped tokens: a router that collapses onto
+  # one device's experts stops training with a message naming it.
   capacity = int(np.ceil(cfg.capacity_factor * rows))
 
   def ficco_layer(x, router, w_in, w_out):
@@ -119,7 +121,6 @@ def make_loss(cfg: Config, mesh, *, use_ficco: bool, schedule=None):
   f = jax.shard_map(local_loss, mesh=mesh,
                     in_specs=(P("ep"), P("ep"), P(), P("ep"), P("ep")),
                     out_specs=P())
-  del p
   return lambda params, x, y: f(x, y, params["router"], params["w_in"],
                                 params["w_out"])
 
@@ -163,7 +164,7 @@ def main() -> int:
     worst = max(worst, err)
     print(f"ficco schedule={sched.short() if sched else None}: {got}"
           f" (max relative difference {err:.1e})")
-  ok = worst < 1e-4
+  ok = worst < (1e-4 if devices[0].platform == "cpu" else 3e-3)
   print("losses agree" if ok else "LOSSES DIFFER")
   return 0 if ok else 1
 

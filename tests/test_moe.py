@@ -164,16 +164,65 @@ def test_gradients_match_the_reference(schedule):
     assert util.rel_err(g, r) < util.tol(np.float32), name
 
 
-def test_capacity_overflow_is_an_error_naming_the_device():
+@pytest.mark.parametrize("schedule", SCHEDULES[1:], ids=sched_id)
+def test_capacity_overflow_is_an_error_naming_the_device(schedule):
   mesh = util.tp_mesh(4, "ep")
   rng = np.random.default_rng(5)
   args, host = _inputs(mesh, rng, "one_device", 1, np.float32)
-  with pytest.raises(Exception, match=r"routing sends \d+ rows to device 1"
-                     r" of axis 'ep', more than capacity=4"):
-    jax.block_until_ready(_layer(mesh, None, 4)(*args))
+  with pytest.raises(Exception, match=r"on device 1 of axis 'ep', the routing"
+                     r" sends \d+ rows, more than capacity=4"):
+    jax.block_until_ready(_layer(mesh, schedule, 4)(*args))
   # The next call, with room, works.
-  out = _layer(mesh, None, mesh.devices.size * T)(*args)
+  out = _layer(mesh, schedule, mesh.devices.size * T)(*args)
   assert util.rel_err(out, _ref_layer(*host)) < util.tol(np.float32)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES[1:], ids=sched_id)
+def test_capacity_below_the_tokens_per_device(schedule):
+  # Pieces of min(T, C) = C rows: each peer sends at most C to any device.
+  mesh = util.tp_mesh(4, "ep")
+  p = mesh.devices.size
+  rng = np.random.default_rng(17)
+  args, host = _inputs(mesh, rng, "random", 2, np.float32)
+  # Every device routes one row to each expert, or none: a device receives
+  # at most 2 * P <= 8 rows, fewer than its T = 13 tokens.
+  gs = rng.integers(0, 2, size=(p, 2 * p)).astype(np.int32)
+  need = max(gs[:, r * 2:(r + 1) * 2].sum() for r in range(p))
+  out = _layer(mesh, schedule, int(need))(*args[:3], util.put(mesh, P("ep"), gs))
+  assert need < T
+  assert util.rel_err(out, _ref_layer(*host[:3], gs)) < util.tol(np.float32)
+
+
+@pytest.mark.parametrize("counts, match", [
+    ("negative", r"group_sizes has a negative count \(-1\)"),
+    ("too_many", r"group_sizes routes 14 rows, more than the 13 token rows"),
+])
+def test_invalid_counts_are_an_error_not_wrong_rows(counts, match):
+  mesh = util.tp_mesh(4, "ep")
+  rng = np.random.default_rng(19)
+  args, host = _inputs(mesh, rng, "random", 1, np.float32)
+  gs = np.array(host[3])
+  if counts == "negative":
+    gs[1, 0] = -1
+  else:
+    gs[1, 0] += T + 1 - gs[1].sum()
+  bad = util.put(mesh, P("ep"), gs)
+  with pytest.raises(Exception, match="on device 1 of axis 'ep', " + match):
+    jax.block_until_ready(_layer(mesh, None, None)(*args[:3], bad))
+
+
+def test_preferred_element_type_gives_f32_from_bf16():
+  mesh = util.tp_mesh(4, "ep")
+  rng = np.random.default_rng(23)
+  args, host = _inputs(mesh, rng, "random", 2, jnp.bfloat16)
+
+  def f(x, w, gs):
+    return ficco_jax.all_to_all_matmul(
+        x, w, gs[0], axis_name="ep", schedule=Schedule(dataflow="direct"),
+        preferred_element_type=jnp.float32)
+  out = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("ep"),) * 3,
+                              out_specs=P("ep")))(args[0], args[1], args[3])
+  assert out.dtype == jnp.float32
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -182,6 +231,8 @@ def test_capacity_overflow_is_an_error_naming_the_device():
     (dict(gs=np.zeros((3,), np.int32)), r"group_sizes has shape \(3,\)"),
     (dict(gs=np.zeros((8,), np.float32)), r"group_sizes must be a 1-D integer"),
     (dict(capacity=0), r"capacity=0 must be a positive int"),
+    (dict(capacity=2.0), r"capacity=2.0 must be an int"),
+    (dict(preferred=np.int32), r"preferred_element_type=int32 must be a floating"),
     (dict(schedule=Schedule(dataflow="ring")), r"dataflow='ring'"),
     (dict(schedule=Schedule(dataflow="direct", comm="dma")),
      r"comm='dma'\) is not supported by the MoE ops yet"),
@@ -195,7 +246,8 @@ def test_bad_arguments_name_what_was_expected(bad, match):
   def f(x, w, gs):
     return ficco_jax.all_to_all_matmul(
         x, w, gs, axis_name="ep", capacity=bad.get("capacity"),
-        schedule=bad.get("schedule"))
+        schedule=bad.get("schedule"),
+        preferred_element_type=bad.get("preferred"))
   with pytest.raises((TypeError, ValueError), match=match):
     jax.shard_map(f, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P(),
                   check_vma=False)(x, w, gs)
@@ -218,7 +270,6 @@ def test_sharded_forms_match_the_per_shard_layer():
                                                num_tokens=T, schedule=sched)
   out = layer(x, w1, w2, gs)
   assert util.rel_err(out, _ref_layer(*host)) < util.tol(np.float32)
-  with pytest.raises(ValueError, match=r"group_sizes must be \[4, experts\]"
-                     if mesh.devices.size == 4 else "group_sizes must be"):
+  with pytest.raises(ValueError, match=rf"group_sizes must be \[{mesh.devices.size}, experts\]"):
     ficco_jax.sharded.all_to_all_matmul(x, w1, gs.reshape(-1), mesh=mesh,
                                         axis_name="ep")

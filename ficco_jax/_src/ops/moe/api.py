@@ -71,15 +71,21 @@ def _check(op: str, a_name: str, a, w, group_sizes, axis_name) -> int:
 
 
 def _positive_int(op: str, name: str, v) -> int:
-  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+  if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+    raise TypeError(f"{op}: {name}={v!r} must be an int.")
+  if v < 1:
     raise ValueError(f"{op}: {name}={v!r} must be a positive int.")
   return int(v)
 
 
-def _out_dtype(a, w, preferred_element_type):
-  if preferred_element_type is not None:
-    return np.dtype(preferred_element_type)
-  return jnp.promote_types(a.dtype, w.dtype)
+def _out_dtype(op: str, a, w, preferred_element_type):
+  if preferred_element_type is None:
+    return jnp.promote_types(a.dtype, w.dtype)
+  dt = np.dtype(preferred_element_type)
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"{op}: preferred_element_type={dt} must be a floating"
+                    " dtype.")
+  return dt
 
 
 def all_to_all_matmul(
@@ -92,10 +98,12 @@ def all_to_all_matmul(
     schedule: schedule_lib.Schedule | None = None,
     precision: Any = None,
     preferred_element_type: Any = None,
+    check_routing: bool = True,
 ) -> jax.Array:
   """Dispatch: tokens to the devices that own their experts, through them.
 
-  The semantics of ``lax.ragged_all_to_all`` then ``lax.ragged_dot``. Call
+  ``lax.ragged_all_to_all`` into a source-major layout, then each peer's
+  rows through the local experts (a grouped matmul per peer). Call
   inside ``jax.shard_map`` over the expert-parallel axis; device r owns
   experts ``[r * E_l, (r + 1) * E_l)``. Each peer's rows travel and are
   multiplied as one piece (``Schedule(dataflow="direct")``), or all at once
@@ -108,12 +116,19 @@ def all_to_all_matmul(
     group_sizes: ``[P * E_l]`` int: rows of ``x`` per global expert.
     axis_name: the ``shard_map`` axis the experts are spread over.
     capacity: rows a device can receive (static). None: ``P * T``, which
-      no routing exceeds. A routing that exceeds it is an error of the call
-      (raised when the result is read), never a silent truncation.
+      no valid routing exceeds. Every peer's piece is ``min(T, capacity)``
+      rows whatever the counts, so a capacity near the rows a device really
+      receives keeps the exchanged and multiplied rows near the routed ones.
     schedule: a `ficco_jax.Schedule` with ``dataflow`` "none" or "direct"
       (comm and compute "xla"); None: "none".
     precision: passed to ``lax.ragged_dot``.
-    preferred_element_type: result dtype.
+    preferred_element_type: result dtype (floating).
+    check_routing: check the counts on every call (one all_gather of three
+      numbers per device and a host callback): a negative count, more
+      routed rows than T, or more received rows than ``capacity`` is then
+      an error of the call naming the device, raised when the result is
+      read. False skips the check and its host round trip; such counts
+      then give wrong rows.
 
   Returns:
     ``[capacity, f]``: the rows this device received, peer by peer (peer
@@ -128,10 +143,11 @@ def all_to_all_matmul(
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=capacity,
       dataflow=_dataflow(op, schedule), precision=precision,
-      out_dtype=_out_dtype(x, w, preferred_element_type))
+      out_dtype=_out_dtype(op, x, w, preferred_element_type))
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
-  if capacity < p * t:
-    routing.check_capacity(r, capacity, op, axis_name)
+  if check_routing:
+    routing.check(group_sizes, r, tokens=t, capacity=capacity, op_name=op,
+                  axis_name=axis_name)
   return exchange.dispatch(x, w, r, st)
 
 
@@ -145,6 +161,7 @@ def matmul_all_to_all(
     schedule: schedule_lib.Schedule | None = None,
     precision: Any = None,
     preferred_element_type: Any = None,
+    check_routing: bool = True,
 ) -> jax.Array:
   """Combine: received rows through the local experts, back to their tokens.
 
@@ -161,7 +178,9 @@ def matmul_all_to_all(
     num_tokens: ``T``, the dispatch's token rows per device.
     schedule: as for `all_to_all_matmul`.
     precision: passed to ``lax.ragged_dot``.
-    preferred_element_type: result dtype.
+    preferred_element_type: result dtype (floating).
+    check_routing: as for `all_to_all_matmul` (T is ``num_tokens``, the
+      capacity ``h``'s rows).
 
   Returns:
     ``[T, f]``: row i is token row i's product (zeros past
@@ -173,8 +192,9 @@ def matmul_all_to_all(
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=h.shape[0],
       dataflow=_dataflow(op, schedule), precision=precision,
-      out_dtype=_out_dtype(h, w, preferred_element_type))
+      out_dtype=_out_dtype(op, h, w, preferred_element_type))
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
-  if h.shape[0] < p * t:
-    routing.check_capacity(r, h.shape[0], op, axis_name)
+  if check_routing:
+    routing.check(group_sizes, r, tokens=t, capacity=h.shape[0], op_name=op,
+                  axis_name=axis_name)
   return exchange.combine(h, w, r, t, st)

@@ -8,7 +8,11 @@ Layouts (per device; P devices, E_l local experts, T tokens, C capacity):
 * received rows ``[C, .]``: source-major, packed (peer 0's rows for this
   device's experts, grouped by expert, then peer 1's, ...), then zeros;
 * a piece is one peer's rows, at most ``cap = min(T, C)`` of them (a peer
-  sends no more than its T tokens, a device keeps no more than C).
+  sends no more than its T tokens, a device keeps no more than C). Pieces
+  have that static size whatever the counts, so each direction moves (and
+  each grouped matmul spans) ``P * cap`` rows per device: with the default
+  capacity, P times the routed rows. A capacity near the rows a device
+  really receives keeps this close to the routed work.
 
 ``dataflow="none"`` moves every piece with one ``lax.all_to_all`` and then
 multiplies; ``"direct"`` sends piece k with its own ``ppermute`` (shift k)
@@ -56,10 +60,14 @@ def _add_rows(buf: jax.Array, block: jax.Array, start) -> jax.Array:
 
 def _grouped(rows: jax.Array, w: jax.Array, sizes: jax.Array,
              st: MoeStatic) -> jax.Array:
-  """One piece through the local experts (rows past sum(sizes) give 0)."""
-  return lax.ragged_dot(rows, w, sizes.astype(jnp.int32),
-                        precision=st.precision,
-                        preferred_element_type=st.out_dtype)
+  """One piece through the local experts; rows past ``sum(sizes)`` (the
+  next peer's rows, or padding) are 0, which `_add_rows` relies on:
+  masked here, since ``ragged_dot`` does not promise it on every backend."""
+  sizes = sizes.astype(jnp.int32)
+  out = lax.ragged_dot(rows, w, sizes, precision=st.precision,
+                       preferred_element_type=st.out_dtype)
+  valid = lax.broadcasted_iota(jnp.int32, (rows.shape[0], 1), 0) < sizes.sum()
+  return jnp.where(valid, out, jnp.zeros((), out.dtype))
 
 
 def _shift(a: jax.Array, k: int, st: MoeStatic) -> jax.Array:

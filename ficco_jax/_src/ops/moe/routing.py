@@ -56,24 +56,35 @@ def route(group_sizes: jax.Array, *, axis_name: str,
                  recv_total=recv_total.sum())
 
 
-def check_capacity(r: Routing, capacity: int, op_name: str,
-                   axis_name: str) -> None:
-  """Raises at run time (an error of the call, never a silent truncation)
-  where a device would receive more rows than ``capacity``.
+def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
+          op_name: str, axis_name: str) -> None:
+  """Raises at run time, as an error of the call, where the routing cannot
+  be carried out as given: a negative count, more routed rows than the
+  ``tokens`` a device has, or more received rows than ``capacity``. The
+  exchange itself never fails on such counts (its slices clamp), so
+  without this check they would silently give wrong rows.
 
-  The counts live on the devices; one host callback per call reads them.
-  Every device checks every device's count, so all of them fail the call
-  together (one failing alone would leave its peers waiting in the
-  exchange).
+  The counts live on the devices: one small all_gather and one host
+  callback per call read them. Every device checks every device's counts,
+  so all of them fail the call the same way (a device that raised alone
+  aborted the CPU runtime in testing).
   """
-  totals = lax.all_gather(r.recv_total, axis_name)
+  mine = jnp.stack([group_sizes.min().astype(jnp.int32),
+                    group_sizes.astype(jnp.int32).sum(), r.recv_total])
+  table = lax.all_gather(mine, axis_name)  # [P, 3]
 
-  def check(totals):
-    worst = int(totals.argmax())
-    if int(totals[worst]) > capacity:
-      raise ValueError(
-          f"{op_name}: routing sends {int(totals[worst])} rows to device"
-          f" {worst} of axis {axis_name!r}, more than capacity={capacity};"
-          " raise capacity (the axis size times the tokens per device is"
-          " always enough).")
-  jax.debug.callback(check, totals)
+  def raise_if_bad(table):
+    for dev, (least, routed, received) in enumerate(table.tolist()):
+      where = f"{op_name}: on device {dev} of axis {axis_name!r}, "
+      if least < 0:
+        raise ValueError(where + f"group_sizes has a negative count ({least}).")
+      if routed > tokens:
+        raise ValueError(
+            where + f"group_sizes routes {routed} rows, more than the"
+            f" {tokens} token rows there.")
+      if received > capacity:
+        raise ValueError(
+            where + f"the routing sends {received} rows, more than"
+            f" capacity={capacity}; raise capacity (the axis size times the"
+            " tokens per device is always enough).")
+  jax.debug.callback(raise_if_bad, table)
