@@ -17,7 +17,8 @@ reference (every expert on every device, ``lax.ragged_dot`` alone):
   ragged all-to-all);
 * ``ficco <label>``: the ficco ops under each ``--moe_schedules`` label
   (``none``: one ``lax.all_to_all`` each way; ``direct``: a piece per
-  peer), with ``check_routing=False`` (the routing is valid by
+  peer; ``direct/c1/dma``: the dispatch's pieces on the copy engines, the
+  combine as ``direct``), with ``check_routing=False`` (the routing is valid by
   construction, and XLA's program has no such check either).
 
 ``xla_best`` is the faster correct of the XLA programs (``xla_ragged``, and
@@ -51,8 +52,10 @@ flags.DEFINE_list("moe_models", [], "moe: models of shapes.json's moe_models"
 flags.DEFINE_list("moe_tokens", [], "moe: tokens per device (default:"
                   " shapes.json's moe_tokens_per_device).")
 flags.DEFINE_list("routings", ["balanced", "zipf"], "moe: routings.")
-flags.DEFINE_list("moe_schedules", ["none", "direct"],
-                  "moe: ficco dataflows to time.")
+flags.DEFINE_list("moe_schedules", ["none", "direct", "direct/c1/dma"],
+                  "moe: ficco schedules to time: a dataflow (none, direct) or"
+                  " a Schedule label; with comm=dma the dispatch runs on the"
+                  " copy engines and the combine on XLA's direct ppermutes.")
 
 ZIPF_S = 1.2
 
@@ -85,8 +88,11 @@ def _programs(mesh, p, e_local, rows, capacity):
   def sm(body):
     return jax_util.jit_shard_map(body, mesh, spec, P("x"))
 
-  def ficco(dataflow):
-    sched = Schedule(dataflow=dataflow)
+  def ficco(label):
+    sched = (Schedule.from_short(label) if "/" in label
+             else Schedule(dataflow=label))
+    # The combine has no copy-engine form yet: XLA's direct ppermutes.
+    back = (Schedule(dataflow="direct") if sched.comm == "dma" else sched)
 
     def body(x, w1, w2, gs):
       h = ficco_jax.all_to_all_matmul(x, w1, gs[0], axis_name="x",
@@ -94,7 +100,7 @@ def _programs(mesh, p, e_local, rows, capacity):
                                       check_routing=False)
       h = jax.nn.gelu(h).astype(x.dtype)
       return ficco_jax.matmul_all_to_all(h, w2, gs[0], axis_name="x",
-                                         num_tokens=rows, schedule=sched,
+                                         num_tokens=rows, schedule=back,
                                          check_routing=False)
     return sm(body)
 

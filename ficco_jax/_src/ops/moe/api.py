@@ -12,24 +12,27 @@ import numpy as np
 
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
+from ficco_jax._src.ops.all_gather_matmul.api import DEFAULT_TIMEOUT_S
+from ficco_jax._src.ops.moe import dispatch_dma
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing
 
 DATAFLOWS = ("none", "direct")
 
 
-def _dataflow(op: str, schedule: schedule_lib.Schedule | None) -> str:
+def _schedule(op: str, schedule: schedule_lib.Schedule | None, *,
+              dma: bool) -> schedule_lib.Schedule:
   """The MoE ops' schedules: the exchange in one all-to-all (``none``) or a
-  piece per peer (``direct``), both over XLA's collectives. None: ``none``,
-  until measurements say where the decomposition pays."""
+  piece per peer (``direct``) over XLA's collectives, and (``dma``: the
+  dispatch only) ``direct`` on the copy engines. None: ``none``, until
+  measurements say where the decomposition pays."""
   if schedule is None:
-    return "none"
+    return schedule_lib.Schedule(dataflow="none")
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(f"{op}: schedule must be a ficco_jax.Schedule or None,"
                     f" got {schedule!r}.")
-  supported = dict(num_chunks=1, comm="xla", compute="xla", num_sms=None,
-                   compute_granularity=None, reduce_in_epilogue=False,
-                   transport=None)
+  supported = dict(num_chunks=1, compute="xla", num_sms=None,
+                   compute_granularity=None, reduce_in_epilogue=False)
   for field, want in supported.items():
     if getattr(schedule, field) != want:
       raise ValueError(
@@ -39,7 +42,13 @@ def _dataflow(op: str, schedule: schedule_lib.Schedule | None) -> str:
   if schedule.dataflow not in DATAFLOWS:
     raise ValueError(f"{op}: Schedule(dataflow={schedule.dataflow!r}) is not"
                      f" supported by the MoE ops; use one of {DATAFLOWS}.")
-  return schedule.dataflow
+  if schedule.comm == "dma" and not (dma and schedule.dataflow == "direct"):
+    raise ValueError(
+        f"{op}: Schedule(comm='dma') is not supported"
+        + (" with dataflow='none'; use dataflow='direct'." if dma else
+           " by the combine yet (the dispatch takes it with"
+           " dataflow='direct'); use comm='xla'."))
+  return schedule
 
 
 def _check(op: str, a_name: str, a, w, group_sizes, axis_name) -> int:
@@ -99,6 +108,7 @@ def all_to_all_matmul(
     precision: Any = None,
     preferred_element_type: Any = None,
     check_routing: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> jax.Array:
   """Dispatch: tokens to the devices that own their experts, through them.
 
@@ -120,7 +130,9 @@ def all_to_all_matmul(
       rows whatever the counts, so a capacity near the rows a device really
       receives keeps the exchanged and multiplied rows near the routed ones.
     schedule: a `ficco_jax.Schedule` with ``dataflow`` "none" or "direct"
-      (comm and compute "xla"); None: "none".
+      and compute "xla"; "direct" may move the pieces on the copy engines
+      (``comm="dma"``, under ``jax.jit``; its gradient is the XLA
+      version's, recomputed in the backward pass). None: "none".
     precision: passed to ``lax.ragged_dot``.
     preferred_element_type: result dtype (floating).
     check_routing: check the counts on every call (one all_gather of three
@@ -129,6 +141,7 @@ def all_to_all_matmul(
       an error of the call naming the device, raised when the result is
       read. False skips the check and its host round trip; such counts
       then give wrong rows.
+    timeout_s: ``comm="dma"`` only: how long to wait for peers.
 
   Returns:
     ``[capacity, f]``: the rows this device received, peer by peer (peer
@@ -140,14 +153,19 @@ def all_to_all_matmul(
   t = x.shape[0]
   capacity = p * t if capacity is None else _positive_int(op, "capacity",
                                                           capacity)
+  sched = _schedule(op, schedule, dma=True)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=capacity,
-      dataflow=_dataflow(op, schedule), precision=precision,
+      dataflow=sched.dataflow, precision=precision,
       out_dtype=_out_dtype(op, x, w, preferred_element_type))
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
   if check_routing:
     routing.check(group_sizes, r, tokens=t, capacity=capacity, op_name=op,
                   axis_name=axis_name)
+  if sched.comm == "dma" and p > 1:
+    validation.check_traced_for_copy_engines(op, x)
+    return dispatch_dma.dispatch(x, w, group_sizes, st, sched,
+                                 validation.check_timeout(timeout_s))
   return exchange.dispatch(x, w, r, st)
 
 
@@ -191,7 +209,8 @@ def matmul_all_to_all(
   t = _positive_int(op, "num_tokens", num_tokens)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=h.shape[0],
-      dataflow=_dataflow(op, schedule), precision=precision,
+      dataflow=_schedule(op, schedule, dma=False).dataflow,
+      precision=precision,
       out_dtype=_out_dtype(op, h, w, preferred_element_type))
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
   if check_routing:

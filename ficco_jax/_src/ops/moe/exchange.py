@@ -51,17 +51,17 @@ def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
   return jnp.pad(a, ((0, rows), (0, 0)))
 
 
-def _add_rows(buf: jax.Array, block: jax.Array, start) -> jax.Array:
+def add_rows(buf: jax.Array, block: jax.Array, start) -> jax.Array:
   """``buf[start:start + len(block)] += block``: blocks may overlap only in
   rows that are zero in one of them (padding), so adding places each."""
   cur = lax.dynamic_slice_in_dim(buf, start, block.shape[0], axis=0)
   return lax.dynamic_update_slice_in_dim(buf, cur + block, start, axis=0)
 
 
-def _grouped(rows: jax.Array, w: jax.Array, sizes: jax.Array,
+def grouped(rows: jax.Array, w: jax.Array, sizes: jax.Array,
              st: MoeStatic) -> jax.Array:
   """One piece through the local experts; rows past ``sum(sizes)`` (the
-  next peer's rows, or padding) are 0, which `_add_rows` relies on:
+  next peer's rows, or padding) are 0, which `add_rows` relies on:
   masked here, since ``ragged_dot`` does not promise it on every backend."""
   sizes = sizes.astype(jnp.int32)
   out = lax.ragged_dot(rows, w, sizes, precision=st.precision,
@@ -88,8 +88,8 @@ def dispatch(x: jax.Array, w: jax.Array, r: routing_lib.Routing,
   out = jnp.zeros((st.capacity + cap, w.shape[-1]), st.out_dtype)
 
   def consume(out, rows, src):
-    block = _grouped(rows, w, r.recv[src], st)
-    return _add_rows(out, block, r.recv_offset[src])
+    block = grouped(rows, w, r.recv[src], st)
+    return add_rows(out, block, r.recv_offset[src])
 
   if st.dataflow == "none":
     pieces = jnp.stack([piece_for(d) for d in range(p)])
@@ -119,14 +119,14 @@ def combine(h: jax.Array, w: jax.Array, r: routing_lib.Routing,
     # Rows past this peer's count belong to the next peer; the grouped
     # matmul gives them 0, so only this peer's products travel back.
     rows = lax.dynamic_slice_in_dim(h_pad, r.recv_offset[src], cap, axis=0)
-    return _grouped(rows, w, r.recv[src], st)
+    return grouped(rows, w, r.recv[src], st)
 
   y = jnp.zeros((t + cap, w.shape[-1]), st.out_dtype)
   if st.dataflow == "none":
     blocks = jnp.stack([block_for(s) for s in range(p)])
     got = lax.all_to_all(blocks, st.axis_name, 0, 0, tiled=True)
     for dest in range(p):
-      y = _add_rows(y, got[dest], r.send_offset[dest])
+      y = add_rows(y, got[dest], r.send_offset[dest])
   else:
     for k in range(p):
       src = (rank + k) % p  # The peer whose rows this block is.
@@ -134,5 +134,5 @@ def combine(h: jax.Array, w: jax.Array, r: routing_lib.Routing,
       if k:
         block = _shift(block, k, st)
       # Received from device (rank - k) % P: this device's rows there.
-      y = _add_rows(y, block, r.send_offset[(rank - k) % p])
+      y = add_rows(y, block, r.send_offset[(rank - k) % p])
   return y[:t]
