@@ -276,52 +276,38 @@ def test_sharded_forms_match_the_per_shard_layer():
 
 
 @pytest.mark.parametrize("transport", [None, "rendezvous", "window"])
-def test_dispatch_on_the_copy_engines(transport):
+def test_layer_on_the_copy_engines(transport):
   mesh = util.tp_mesh(4, "ep")
   rng = np.random.default_rng(29)
   args, host = _inputs(mesh, rng, "skewed", 2, np.float32)
   dma = Schedule(dataflow="direct", comm="dma", transport=transport)
   xla = Schedule(dataflow="direct")
-
-  def layer(dispatch_schedule):
-    def f(x, w1, w2, gs):
-      h = ficco_jax.all_to_all_matmul(x, w1, gs[0], axis_name="ep",
-                                      schedule=dispatch_schedule)
-      return ficco_jax.matmul_all_to_all(jax.nn.relu(h), w2, gs[0],
-                                         axis_name="ep", num_tokens=T,
-                                         schedule=xla)
-    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("ep"),) * 4,
-                                 out_specs=P("ep")))
-  out = layer(dma)(*args)
+  out = _layer(mesh, dma, None)(*args)
   assert util.rel_err(out, _ref_layer(*host)) < util.tol(np.float32)
-  # Its gradient is the XLA dispatch's.
+  # Its gradient is the XLA direct layer's.
   ct = util.put(mesh, P("ep"), rng.standard_normal((mesh.devices.size * T, D))
                 .astype(np.float32))
   grads = []
   for sched in (dma, xla):
-    loss = lambda x, w1, w2, s=sched: jnp.sum(layer(s)(x, w1, w2, args[3]) * ct)
+    layer = _layer(mesh, sched, None)
+    loss = lambda x, w1, w2, f=layer: jnp.sum(f(x, w1, w2, args[3]) * ct)
     with jax.set_mesh(mesh):
       grads.append(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args[:3]))
   for g_dma, g_xla in zip(*grads):
     assert util.rel_err(g_dma, g_xla) < util.tol(np.float32)
 
 
-def test_copy_engines_are_the_dispatch_only_and_under_jit():
+def test_copy_engines_need_jit():
   mesh = util.tp_mesh(4, "ep")
   rng = np.random.default_rng(31)
   args, _ = _inputs(mesh, rng, "random", 1, np.float32)
-  dma = Schedule(dataflow="direct", comm="dma")
 
-  def combine(h, w, gs):
-    return ficco_jax.matmul_all_to_all(h, w, gs[0], axis_name="ep",
-                                       num_tokens=T, schedule=dma)
-  with pytest.raises(ValueError, match="not supported by the combine yet"):
-    jax.jit(jax.shard_map(combine, mesh=mesh, in_specs=(P("ep"),) * 3,
-                          out_specs=P("ep")))(args[0], args[1], args[3])
-
-  def dispatch(x, w, gs):
-    return ficco_jax.all_to_all_matmul(x, w, gs[0], axis_name="ep",
-                                       schedule=dma)
+  def dispatch(schedule):
+    def f(x, w, gs):
+      return ficco_jax.all_to_all_matmul(x, w, gs[0], axis_name="ep",
+                                         schedule=schedule)
+    return jax.shard_map(f, mesh=mesh, in_specs=(P("ep"),) * 3,
+                         out_specs=P("ep"))
   with pytest.raises(ValueError, match="must be traced under jax.jit"):
-    jax.shard_map(dispatch, mesh=mesh, in_specs=(P("ep"),) * 3,
-                  out_specs=P("ep"))(args[0], args[1], args[3])
+    dispatch(Schedule(dataflow="direct", comm="dma"))(args[0], args[1],
+                                                      args[3])

@@ -17,8 +17,8 @@ reference (every expert on every device, ``lax.ragged_dot`` alone):
   ragged all-to-all);
 * ``ficco <label>``: the ficco ops under each ``--moe_schedules`` label
   (``none``: one ``lax.all_to_all`` each way; ``direct``: a piece per
-  peer; ``direct/c1/dma``: the dispatch's pieces on the copy engines, the
-  combine as ``direct``), with ``check_routing=False`` (the routing is valid by
+  peer; ``direct/c1/dma``: the pieces of both on the copy engines), with
+  ``check_routing=False`` (the routing is valid by
   construction, and XLA's program has no such check either).
 
 ``xla_best`` is the faster correct of the XLA programs (``xla_ragged``, and
@@ -54,8 +54,7 @@ flags.DEFINE_list("moe_tokens", [], "moe: tokens per device (default:"
 flags.DEFINE_list("routings", ["balanced", "zipf"], "moe: routings.")
 flags.DEFINE_list("moe_schedules", ["none", "direct", "direct/c1/dma"],
                   "moe: ficco schedules to time: a dataflow (none, direct) or"
-                  " a Schedule label; with comm=dma the dispatch runs on the"
-                  " copy engines and the combine on XLA's direct ppermutes.")
+                  " a Schedule label (direct/c1/dma: the copy engines).")
 
 ZIPF_S = 1.2
 
@@ -91,8 +90,6 @@ def _programs(mesh, p, e_local, rows, capacity):
   def ficco(label):
     sched = (Schedule.from_short(label) if "/" in label
              else Schedule(dataflow=label))
-    # The combine has no copy-engine form yet: XLA's direct ppermutes.
-    back = (Schedule(dataflow="direct") if sched.comm == "dma" else sched)
 
     def body(x, w1, w2, gs):
       h = ficco_jax.all_to_all_matmul(x, w1, gs[0], axis_name="x",
@@ -100,7 +97,7 @@ def _programs(mesh, p, e_local, rows, capacity):
                                       check_routing=False)
       h = jax.nn.gelu(h).astype(x.dtype)
       return ficco_jax.matmul_all_to_all(h, w2, gs[0], axis_name="x",
-                                         num_tokens=rows, schedule=back,
+                                         num_tokens=rows, schedule=sched,
                                          check_routing=False)
     return sm(body)
 

@@ -13,6 +13,7 @@ import numpy as np
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
 from ficco_jax._src.ops.all_gather_matmul.api import DEFAULT_TIMEOUT_S
+from ficco_jax._src.ops.moe import combine_dma
 from ficco_jax._src.ops.moe import dispatch_dma
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing
@@ -20,12 +21,12 @@ from ficco_jax._src.ops.moe import routing
 DATAFLOWS = ("none", "direct")
 
 
-def _schedule(op: str, schedule: schedule_lib.Schedule | None, *,
-              dma: bool) -> schedule_lib.Schedule:
+def _schedule(op: str,
+              schedule: schedule_lib.Schedule | None) -> schedule_lib.Schedule:
   """The MoE ops' schedules: the exchange in one all-to-all (``none``) or a
-  piece per peer (``direct``) over XLA's collectives, and (``dma``: the
-  dispatch only) ``direct`` on the copy engines. None: ``none``, until
-  measurements say where the decomposition pays."""
+  piece per peer (``direct``) over XLA's collectives, and ``direct`` on the
+  copy engines. None: ``none``, until measurements say where the
+  decomposition pays."""
   if schedule is None:
     return schedule_lib.Schedule(dataflow="none")
   if not isinstance(schedule, schedule_lib.Schedule):
@@ -42,12 +43,9 @@ def _schedule(op: str, schedule: schedule_lib.Schedule | None, *,
   if schedule.dataflow not in DATAFLOWS:
     raise ValueError(f"{op}: Schedule(dataflow={schedule.dataflow!r}) is not"
                      f" supported by the MoE ops; use one of {DATAFLOWS}.")
-  if schedule.comm == "dma" and not (dma and schedule.dataflow == "direct"):
-    raise ValueError(
-        f"{op}: Schedule(comm='dma') is not supported"
-        + (" with dataflow='none'; use dataflow='direct'." if dma else
-           " by the combine yet (the dispatch takes it with"
-           " dataflow='direct'); use comm='xla'."))
+  if schedule.comm == "dma" and schedule.dataflow != "direct":
+    raise ValueError(f"{op}: Schedule(comm='dma') needs dataflow='direct'"
+                     " (a piece per peer on the copy engines).")
   return schedule
 
 
@@ -131,8 +129,9 @@ def all_to_all_matmul(
       receives keeps the exchanged and multiplied rows near the routed ones.
     schedule: a `ficco_jax.Schedule` with ``dataflow`` "none" or "direct"
       and compute "xla"; "direct" may move the pieces on the copy engines
-      (``comm="dma"``, under ``jax.jit``; its gradient is the XLA
-      version's, recomputed in the backward pass). None: "none".
+      (``comm="dma"``, transport rendezvous or window, under ``jax.jit``;
+      its gradient is the XLA version's, recomputed in the backward pass).
+      None: "none".
     precision: passed to ``lax.ragged_dot``.
     preferred_element_type: result dtype (floating).
     check_routing: check the counts on every call (one all_gather of three
@@ -153,7 +152,7 @@ def all_to_all_matmul(
   t = x.shape[0]
   capacity = p * t if capacity is None else _positive_int(op, "capacity",
                                                           capacity)
-  sched = _schedule(op, schedule, dma=True)
+  sched = _schedule(op, schedule)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=capacity,
       dataflow=sched.dataflow, precision=precision,
@@ -180,6 +179,7 @@ def matmul_all_to_all(
     precision: Any = None,
     preferred_element_type: Any = None,
     check_routing: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> jax.Array:
   """Combine: received rows through the local experts, back to their tokens.
 
@@ -199,6 +199,7 @@ def matmul_all_to_all(
     preferred_element_type: result dtype (floating).
     check_routing: as for `all_to_all_matmul` (T is ``num_tokens``, the
       capacity ``h``'s rows).
+    timeout_s: ``comm="dma"`` only: how long to wait for peers.
 
   Returns:
     ``[T, f]``: row i is token row i's product (zeros past
@@ -207,13 +208,20 @@ def matmul_all_to_all(
   op = "matmul_all_to_all"
   p = _check(op, "h", h, w, group_sizes, axis_name)
   t = _positive_int(op, "num_tokens", num_tokens)
+  sched = _schedule(op, schedule)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=h.shape[0],
-      dataflow=_schedule(op, schedule, dma=False).dataflow,
-      precision=precision,
+      dataflow=sched.dataflow, precision=precision,
       out_dtype=_out_dtype(op, h, w, preferred_element_type))
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
   if check_routing:
     routing.check(group_sizes, r, tokens=t, capacity=h.shape[0], op_name=op,
                   axis_name=axis_name)
+  if sched.comm == "dma" and p > 1:
+    validation.check_traced_for_copy_engines(op, h)
+    kw = dict(axis_name=axis_name, op_name=op,
+              timeout_s=validation.check_timeout(timeout_s),
+              transport=sched.transport)
+    return combine_dma.combine(h, w, group_sizes, t, st,
+                               tuple(sorted(kw.items())))
   return exchange.combine(h, w, r, t, st)
