@@ -291,3 +291,28 @@ def test_independent_chains_of_one_program_never_stall_each_other():
               util.put(mesh, P("x", None), w))
       assert util.rel_err(out, util.ref_matmul_reduce_scatter(
           h, w)) < util.tol(np.float32)
+
+
+@pytest.mark.parametrize("transport", [None, "window"])
+def test_every_done_of_the_moe_layer_reads_its_start(transport):
+  """The MoE dispatch and combine on the copy engines, forward and grad."""
+  mesh = util.tp_mesh()
+  p, t, d, f, e_local = mesh.devices.size, 12, 8, 6, 2
+  schedule = Schedule(dataflow="direct", comm="dma", transport=transport)
+
+  def layer(x, w1, w2, gs):
+    h = ficco_jax.all_to_all_matmul(x, w1, gs[0], axis_name="x",
+                                    schedule=schedule)
+    return ficco_jax.matmul_all_to_all(jax.nn.relu(h), w2, gs[0],
+                                       axis_name="x", num_tokens=t,
+                                       schedule=schedule)
+  spec = P("x")
+  fn = jax.shard_map(layer, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)
+  shapes = [((p * t, d), jnp.float32), ((p * e_local, d, f), jnp.float32),
+            ((p * e_local, f, d), jnp.float32), ((p, p * e_local), jnp.int32)]
+  args = [jax.ShapeDtypeStruct(s, dt, sharding=NamedSharding(mesh, spec))
+          for s, dt in shapes]
+  grad = jax.grad(lambda x, w1, w2, gs: fn(x, w1, w2, gs).sum(),
+                  argnums=(0, 1, 2))
+  found = _unordered_dones(fn, *args) + _unordered_dones(grad, *args)
+  assert not found, f"dones not ordered after their starts: {found}"
