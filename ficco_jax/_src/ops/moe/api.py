@@ -163,7 +163,7 @@ def all_to_all_matmul(
                   axis_name=axis_name)
   if sched.comm == "dma" and p > 1:
     validation.check_traced_for_copy_engines(op, x)
-    return dispatch_dma.dispatch(x, w, group_sizes, st, sched,
+    return dispatch_dma.dispatch(x, w, r, st, sched,
                                  validation.check_timeout(timeout_s))
   return exchange.dispatch(x, w, r, st)
 
@@ -222,6 +222,5 @@ def matmul_all_to_all(
     kw = dict(axis_name=axis_name, op_name=op,
               timeout_s=validation.check_timeout(timeout_s),
               transport=sched.transport)
-    return combine_dma.combine(h, w, group_sizes, t, st,
-                               tuple(sorted(kw.items())))
+    return combine_dma.combine(h, w, r, t, st, tuple(sorted(kw.items())))
   return exchange.combine(h, w, r, t, st)

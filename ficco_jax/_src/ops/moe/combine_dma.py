@@ -26,14 +26,13 @@ from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing as routing_lib
 
 
-def _forward(h, w, group_sizes, num_tokens, st: exchange.MoeStatic,
-             copy_kwargs: tuple):
+def _forward(h, w, r: routing_lib.Routing, num_tokens,
+             st: exchange.MoeStatic, copy_kwargs: tuple):
   from ficco_jax._src.dma import peer_copy  # pylint: disable=g-import-not-at-top
   kw = dict(copy_kwargs)
   p, t = st.axis_size, num_tokens
   cap = min(t, st.capacity)
   rank = lax.axis_index(st.axis_name)
-  r = routing_lib.route(group_sizes, axis_name=st.axis_name, axis_size=p)
   h_pad = jnp.pad(h, ((0, cap), (0, 0)))
 
   def block_for(src):
@@ -63,26 +62,22 @@ def _forward(h, w, group_sizes, num_tokens, st: exchange.MoeStatic,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def combine(h, w, group_sizes, num_tokens, st, copy_kwargs):
-  """`exchange.combine` with the blocks on the copy engines."""
-  return _forward(h, w, group_sizes, num_tokens, st, copy_kwargs)
+def combine(h, w, r, num_tokens, st, copy_kwargs):
+  """`exchange.combine` with the blocks on the copy engines (``r``: the
+  call's `routing_lib.Routing`, integer counts, not differentiated)."""
+  return _forward(h, w, r, num_tokens, st, copy_kwargs)
 
 
-def _fwd(h, w, group_sizes, num_tokens, st, copy_kwargs):
-  out = _forward(h, w, group_sizes, num_tokens, st, copy_kwargs)
-  return out, (h, w, group_sizes)
+def _fwd(h, w, r, num_tokens, st, copy_kwargs):
+  return _forward(h, w, r, num_tokens, st, copy_kwargs), (h, w, r)
 
 
 def _bwd(num_tokens, st, copy_kwargs, res, ct):
   del copy_kwargs
-  h, w, group_sizes = res
+  h, w, r = res
   xla_st = dataclasses.replace(st, dataflow="direct")
-
-  def on_xla(h, w):
-    r = routing_lib.route(group_sizes, axis_name=st.axis_name,
-                          axis_size=st.axis_size)
-    return exchange.combine(h, w, r, num_tokens, xla_st)
-  _, vjp = jax.vjp(on_xla, h, w)
+  _, vjp = jax.vjp(lambda h, w: exchange.combine(h, w, r, num_tokens, xla_st),
+                   h, w)
   dh, dw = vjp(ct)
   return dh, dw, None
 

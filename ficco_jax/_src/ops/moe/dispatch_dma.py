@@ -47,12 +47,11 @@ def all_to_all_plan(axis_size: int, cap: int) -> plan_lib.GatherPlan:
                              num_streams=max(p - 1, 1))
 
 
-def _forward(x, w, group_sizes, st: exchange.MoeStatic,
+def _forward(x, w, r: routing_lib.Routing, st: exchange.MoeStatic,
              schedule: schedule_lib.Schedule, timeout_s: float):
   p, t = st.axis_size, x.shape[0]
   cap = min(t, st.capacity)
   rank = lax.axis_index(st.axis_name)
-  r = routing_lib.route(group_sizes, axis_name=st.axis_name, axis_size=p)
   x_pad = jnp.pad(x, ((0, cap), (0, 0)))
   pieces = jnp.concatenate([
       lax.dynamic_slice_in_dim(x_pad, r.send_offset[(rank + k) % p], cap,
@@ -75,26 +74,21 @@ def _forward(x, w, group_sizes, st: exchange.MoeStatic,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def dispatch(x, w, group_sizes, st, schedule, timeout_s):
-  """`exchange.dispatch` with the pieces on the copy engines."""
-  return _forward(x, w, group_sizes, st, schedule, timeout_s)
+def dispatch(x, w, r, st, schedule, timeout_s):
+  """`exchange.dispatch` with the pieces on the copy engines (``r``: the
+  call's `routing_lib.Routing`, integer counts, not differentiated)."""
+  return _forward(x, w, r, st, schedule, timeout_s)
 
 
-def _fwd(x, w, group_sizes, st, schedule, timeout_s):
-  return _forward(x, w, group_sizes, st, schedule, timeout_s), (x, w,
-                                                                group_sizes)
+def _fwd(x, w, r, st, schedule, timeout_s):
+  return _forward(x, w, r, st, schedule, timeout_s), (x, w, r)
 
 
 def _bwd(st, schedule, timeout_s, res, ct):
   del schedule, timeout_s
-  x, w, group_sizes = res
+  x, w, r = res
   xla_st = dataclasses.replace(st, dataflow="direct")
-
-  def on_xla(x, w):
-    r = routing_lib.route(group_sizes, axis_name=st.axis_name,
-                          axis_size=st.axis_size)
-    return exchange.dispatch(x, w, r, xla_st)
-  _, vjp = jax.vjp(on_xla, x, w)
+  _, vjp = jax.vjp(lambda x, w: exchange.dispatch(x, w, r, xla_st), x, w)
   dx, dw = vjp(ct)
   return dx, dw, None
 

@@ -11,12 +11,16 @@ and multiplied piece by piece.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 from jax import lax
 import jax.numpy as jnp
 
 
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["send", "send_offset", "recv", "recv_offset",
+                                "recv_total"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class Routing:
   """One device's view of the exchange (every field is per device).
