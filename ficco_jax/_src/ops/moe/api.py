@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ficco_jax._src import matmul
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
 from ficco_jax._src.ops.all_gather_matmul.api import DEFAULT_TIMEOUT_S
@@ -47,6 +48,16 @@ def _schedule(op: str,
     raise ValueError(f"{op}: Schedule(comm='dma') needs dataflow='direct'"
                      " (a piece per peer on the copy engines).")
   return schedule
+
+
+def _copy_static(op: str, axis_name: str, p: int,
+                 sched: schedule_lib.Schedule, timeout_s) -> matmul.Static:
+  """The copy-engine config of a ``comm="dma"`` call (the gather engine
+  and the peer-copy primitives read axis, op, transport and timeout)."""
+  return matmul.make_static(op, axis_name=axis_name, axis_size=p,
+                            schedule=sched, precision=None,
+                            preferred_element_type=None,
+                            timeout_s=validation.check_timeout(timeout_s))
 
 
 def _check(op: str, a_name: str, a, w, group_sizes, axis_name) -> int:
@@ -163,8 +174,8 @@ def all_to_all_matmul(
                   axis_name=axis_name)
   if sched.comm == "dma" and p > 1:
     validation.check_traced_for_copy_engines(op, x)
-    return dispatch_dma.dispatch(x, w, r, st, sched,
-                                 validation.check_timeout(timeout_s))
+    return dispatch_dma.dispatch(x, w, r, (st, _copy_static(
+        op, axis_name, p, sched, timeout_s)))
   return exchange.dispatch(x, w, r, st)
 
 
@@ -219,8 +230,6 @@ def matmul_all_to_all(
                   axis_name=axis_name)
   if sched.comm == "dma" and p > 1:
     validation.check_traced_for_copy_engines(op, h)
-    kw = dict(axis_name=axis_name, op_name=op,
-              timeout_s=validation.check_timeout(timeout_s),
-              transport=sched.transport)
-    return combine_dma.combine(h, w, r, t, st, tuple(sorted(kw.items())))
+    return combine_dma.combine(h, w, r, (t, st, _copy_static(
+        op, axis_name, p, sched, timeout_s)))
   return exchange.combine(h, w, r, t, st)

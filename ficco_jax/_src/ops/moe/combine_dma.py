@@ -15,21 +15,20 @@ recomputed in the backward pass.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
-import jax
 from jax import lax
 import jax.numpy as jnp
 
+from ficco_jax._src import matmul
 from ficco_jax._src.ops.matmul_reduce_scatter import pieces as rs_pieces
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing as routing_lib
 
 
 def _forward(h, w, r: routing_lib.Routing, num_tokens,
-             st: exchange.MoeStatic, copy_kwargs: tuple):
+             st: exchange.MoeStatic, mst: matmul.Static):
   from ficco_jax._src.dma import peer_copy  # pylint: disable=g-import-not-at-top
-  kw = dict(copy_kwargs)
+  kw = mst.copy_kwargs()
   p, t = st.axis_size, num_tokens
   cap = min(t, st.capacity)
   rank = lax.axis_index(st.axis_name)
@@ -61,25 +60,12 @@ def _forward(h, w, r: routing_lib.Routing, num_tokens,
   return y[:t]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def combine(h, w, r, num_tokens, st, copy_kwargs):
-  """`exchange.combine` with the blocks on the copy engines (``r``: the
-  call's `routing_lib.Routing`, integer counts, not differentiated)."""
-  return _forward(h, w, r, num_tokens, st, copy_kwargs)
+def _on_xla(h, w, r, num_tokens, st, mst):
+  del mst
+  return exchange.combine(h, w, r, num_tokens,
+                          dataclasses.replace(st, dataflow="direct"))
 
 
-def _fwd(h, w, r, num_tokens, st, copy_kwargs):
-  return _forward(h, w, r, num_tokens, st, copy_kwargs), (h, w, r)
-
-
-def _bwd(num_tokens, st, copy_kwargs, res, ct):
-  del copy_kwargs
-  h, w, r = res
-  xla_st = dataclasses.replace(st, dataflow="direct")
-  _, vjp = jax.vjp(lambda h, w: exchange.combine(h, w, r, num_tokens, xla_st),
-                   h, w)
-  dh, dw = vjp(ct)
-  return dh, dw, None
-
-
-combine.defvjp(_fwd, _bwd)
+# combine(h, w, r, (num_tokens, st, mst)): `exchange.combine` with the blocks
+# on the copy engines (``mst``: the call's copy-engine config).
+combine = exchange.with_xla_gradient(_forward, _on_xla)

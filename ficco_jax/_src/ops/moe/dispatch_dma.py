@@ -16,16 +16,13 @@ in the backward pass.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
-import jax
 from jax import lax
 import jax.numpy as jnp
 
 from ficco_jax._src import gather
 from ficco_jax._src import matmul
 from ficco_jax._src import plan as plan_lib
-from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing as routing_lib
 
@@ -48,7 +45,7 @@ def all_to_all_plan(axis_size: int, cap: int) -> plan_lib.GatherPlan:
 
 
 def _forward(x, w, r: routing_lib.Routing, st: exchange.MoeStatic,
-             schedule: schedule_lib.Schedule, timeout_s: float):
+             mst: matmul.Static):
   p, t = st.axis_size, x.shape[0]
   cap = min(t, st.capacity)
   rank = lax.axis_index(st.axis_name)
@@ -56,9 +53,6 @@ def _forward(x, w, r: routing_lib.Routing, st: exchange.MoeStatic,
   pieces = jnp.concatenate([
       lax.dynamic_slice_in_dim(x_pad, r.send_offset[(rank + k) % p], cap,
                                axis=0) for k in range(p)])
-  mst = matmul.Static(axis_name=st.axis_name, axis_size=p, schedule=schedule,
-                      precision=st.precision, preferred_element_type=None,
-                      op_name=st.op_name, timeout_s=timeout_s)
 
   def consume(out, data, blocks):
     [b] = blocks
@@ -73,24 +67,11 @@ def _forward(x, w, r: routing_lib.Routing, st: exchange.MoeStatic,
   return gather.finish(out, pending, mst)[:st.capacity]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def dispatch(x, w, r, st, schedule, timeout_s):
-  """`exchange.dispatch` with the pieces on the copy engines (``r``: the
-  call's `routing_lib.Routing`, integer counts, not differentiated)."""
-  return _forward(x, w, r, st, schedule, timeout_s)
+def _on_xla(x, w, r, st, mst):
+  del mst
+  return exchange.dispatch(x, w, r, dataclasses.replace(st, dataflow="direct"))
 
 
-def _fwd(x, w, r, st, schedule, timeout_s):
-  return _forward(x, w, r, st, schedule, timeout_s), (x, w, r)
-
-
-def _bwd(st, schedule, timeout_s, res, ct):
-  del schedule, timeout_s
-  x, w, r = res
-  xla_st = dataclasses.replace(st, dataflow="direct")
-  _, vjp = jax.vjp(lambda x, w: exchange.dispatch(x, w, r, xla_st), x, w)
-  dx, dw = vjp(ct)
-  return dx, dw, None
-
-
-dispatch.defvjp(_fwd, _bwd)
+# dispatch(x, w, r, (st, mst)): `exchange.dispatch` with the pieces on the
+# copy engines (``mst``: the call's copy-engine config).
+dispatch = exchange.with_xla_gradient(_forward, _on_xla)

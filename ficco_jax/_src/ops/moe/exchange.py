@@ -25,7 +25,8 @@ reverse ppermute: the backward pass is decomposed the same way).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import jax
 from jax import lax
@@ -136,3 +137,26 @@ def combine(h: jax.Array, w: jax.Array, r: routing_lib.Routing,
       # Received from device (rank - k) % P: this device's rows there.
       y = add_rows(y, block, r.send_offset[(rank - k) % p])
   return y[:t]
+
+
+def with_xla_gradient(forward: Callable, xla: Callable) -> Callable:
+  """``op(a, w, r, statics)``: ``forward(a, w, r, *statics)`` with the
+  gradient of ``xla(a, w, r, *statics)``, recomputed in the backward pass.
+
+  For the copy-engine forms, whose primitives have no autodiff rules; ``r``
+  (the call's `routing_lib.Routing`, integer counts) is not differentiated.
+  """
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+  def op(a, w, r, statics):
+    return forward(a, w, r, *statics)
+
+  def fwd(a, w, r, statics):
+    return forward(a, w, r, *statics), (a, w, r)
+
+  def bwd(statics, res, ct):
+    a, w, r = res
+    _, vjp = jax.vjp(lambda a, w: xla(a, w, r, *statics), a, w)
+    return (*vjp(ct), None)
+
+  op.defvjp(fwd, bwd)
+  return op
