@@ -64,8 +64,8 @@ _calls: contextvars.ContextVar[list[Call] | None] = contextvars.ContextVar(
 def recording() -> Iterator[list[Call]]:
   """Records the ``schedule=None`` calls traced inside the block, in order.
 
-  Only calls that are traced record: a function JAX already traced and
-  cached runs the trace it cached (``jax.clear_caches()`` first).
+  Only calls that are traced record: JAX does not trace a function again
+  while its trace is cached, so call ``jax.clear_caches()`` first.
   """
   calls: list[Call] = []
   token = _calls.set(calls)
