@@ -592,13 +592,12 @@ model's error is a few percent, and a schedule that only ties costs extra
 compile time and, for comm='dma', host rendezvous that can stall."""
 
 UNCALIBRATED_MIN_GAIN = 0.08
-"""The margin where no fitted calibration applies (another axis size, a
-device kind never calibrated), for the reduce-scatter and for device kinds
-whose parameters were never measured: the component model alone is
-optimistic about overlap there. On 2xH200 (P = 2, where the H200
-calibration for P = 4 does not apply) the reduce-scatter picks it predicts
-9.5-12.7% faster measure 1.19-1.28x, those at 3-6% about 1.0x; 8%
-separates the two."""
+"""The margin where no fitted calibration applies and the model's picks were
+not checked against measurements (an axis size never measured, a device
+kind never measured): there the component model alone can be several
+percent off in either direction, and 8% keeps ``schedule=None`` from leaving
+XLA's program on optimism. Where the picks were checked
+(`DeviceParams.checked_at`), the ordinary `MIN_GAIN` applies."""
 
 
 def min_gain_for(params: device_params.DeviceParams, axis_size: int,
@@ -607,8 +606,7 @@ def min_gain_for(params: device_params.DeviceParams, axis_size: int,
 
   ``MIN_GAIN`` where a fitted calibration applies, or where the model's
   picks for ``op`` at this axis size were checked against measurements
-  and held (``params.checked_at``: on H200 the all-gather at P = 2, whose
-  overlapped forms write every output row once); elsewhere
+  and held (``params.checked_at``: on H200 both ops at P = 2); elsewhere
   ``UNCALIBRATED_MIN_GAIN``.
   """
   if params.calibrated_at(axis_size):
