@@ -19,6 +19,11 @@ def chunk_matmul():
   return importlib.import_module("ficco_jax._src.pallas.chunk_matmul")
 
 
+def grouped_matmul():
+  """The MoE ops' grouped matmul (`grouped_matmul.grouped_matmul`)."""
+  return importlib.import_module("ficco_jax._src.pallas.grouped_matmul")
+
+
 def dma_library():
   return importlib.import_module("ficco_jax._src.dma.library")
 

@@ -15,21 +15,28 @@ reference (every expert on every device, ``lax.ragged_dot`` alone):
   local sort of the received rows by expert, ``lax.ragged_dot`` twice,
   the unsort, and ``lax.ragged_all_to_all`` back (GPU only: XLA:CPU has no
   ragged all-to-all);
+* ``xla_dense``: GShard-style slots, ``[P, E_l, slot, d]`` rows per
+  device with ``slot`` the most rows any (device, expert) pair has, one
+  ``lax.all_to_all`` each way and the experts as dense batched einsums;
 * ``ficco <label>``: the ficco ops under each ``--moe_schedules`` label
   (``none``: one ``lax.all_to_all`` each way; ``direct``: a piece per
-  peer; ``direct/c1/dma``: the pieces of both on the copy engines), with
-  ``check_routing=False`` (the routing is valid by
-  construction, and XLA's program has no such check either).
+  peer; ``direct/c1/dma``: the pieces of both on the copy engines;
+  ``.../pallas``: the experts on ficco's grouped matmul instead of
+  ``lax.ragged_dot``), with ``check_routing=False`` (the routing is valid
+  by construction, and XLA's programs have no such check either).
 
-``xla_best`` is the faster correct of the XLA programs (``xla_ragged``, and
-``ficco none``, which is XLA's all_to_all with capacity plus the grouped
-matmul). The ideal is ``max(compute alone, exchange alone)``: the two
-grouped matmuls with no exchange (on this device's own counts, which
-stand in for the received ones: the same where balanced, fewer than the
-hottest device's under Zipf) and the two all-to-alls of ficco's padded
-pieces (``P * min(T, C)`` rows) with no matmul, so it is the ideal of the
-padded design. The capacity is the most rows any device receives (the
-routing is drawn on the host, seeded), so nothing is dropped.
+``xla_best`` is the fastest correct of XLA's programs: ``xla_ragged``,
+``xla_dense``, and ``ficco none`` (XLA's all_to_all plus
+``lax.ragged_dot``). The ideal is ``max(compute alone, exchange alone)``:
+the two grouped matmuls with no exchange, the faster of ``ragged_dot`` and
+ficco's kernel (on this device's own counts, which stand in for the
+received ones: the same where balanced, fewer than the hottest device's
+under Zipf), and the two all-to-alls of ficco's pieces (``P *
+piece_capacity`` rows) with no matmul. Every static size is as tight as
+the routing allows (drawn on the host, seeded), for every program alike:
+the capacity is the most rows any device receives, the piece capacity the
+most one device sends another, the dense slot the most of one (device,
+expert) pair; nothing is dropped.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import json
 
 from absl import flags
 
+from lib import internal
 from lib import jax_util
 from lib import meta as meta_lib
 from lib import options
@@ -52,11 +60,19 @@ flags.DEFINE_list("moe_models", [], "moe: models of shapes.json's moe_models"
 flags.DEFINE_list("moe_tokens", [], "moe: tokens per device (default:"
                   " shapes.json's moe_tokens_per_device).")
 flags.DEFINE_list("routings", ["balanced", "zipf"], "moe: routings.")
-flags.DEFINE_list("moe_schedules", ["none", "direct", "direct/c1/dma"],
+flags.DEFINE_list("moe_schedules", ["none", "direct", "direct/c1/dma",
+                                    "none/c1/xla/pallas",
+                                    "direct/c1/xla/pallas",
+                                    "direct/c1/dma/pallas"],
                   "moe: ficco schedules to time: a dataflow (none, direct) or"
-                  " a Schedule label (direct/c1/dma: the copy engines).")
+                  " a Schedule label (direct/c1/dma: the copy engines;"
+                  " .../pallas: ficco's grouped matmul).")
 
 ZIPF_S = 1.2
+# XLA's own programs: ragged_all_to_all + ragged_dot, GShard-style slots +
+# dense einsum, and ficco's "none" on XLA's compute (one all_to_all +
+# ragged_dot). xla_best is the fastest correct one.
+XLA_PROGRAMS = ("xla_ragged", "xla_dense", "ficco none")
 
 
 def routing(kind: str, p: int, e: int, rows: int, seed: int):
@@ -73,7 +89,7 @@ def routing(kind: str, p: int, e: int, rows: int, seed: int):
   return rng.multinomial(rows, probs, size=p).astype(np.int32)
 
 
-def _programs(mesh, p, e_local, rows, capacity):
+def _programs(mesh, p, e_local, rows, capacity, piece, slot):
   """name -> jitted ``f(x, w1, w2, gs)`` over global arrays."""
   import jax
   from jax import lax
@@ -84,8 +100,13 @@ def _programs(mesh, p, e_local, rows, capacity):
 
   spec = (P("x"), P("x"), P("x"), P("x"))
 
-  def sm(body):
-    return jax_util.jit_shard_map(body, mesh, spec, P("x"))
+  # Off GPUs compute="pallas" runs Pallas's interpreter, which shard_map's
+  # varying-axes check rejects.
+  on_gpu = jax.default_backend() == "gpu"
+
+  def sm(body, pallas=False):
+    return jax_util.jit_shard_map(body, mesh, spec, P("x"),
+                                  check_vma=on_gpu or not pallas)
 
   def ficco(label):
     sched = (Schedule.from_short(label) if "/" in label
@@ -93,13 +114,15 @@ def _programs(mesh, p, e_local, rows, capacity):
 
     def body(x, w1, w2, gs):
       h = ficco_jax.all_to_all_matmul(x, w1, gs[0], axis_name="x",
-                                      capacity=capacity, schedule=sched,
+                                      capacity=capacity,
+                                      piece_capacity=piece, schedule=sched,
                                       check_routing=False)
       h = jax.nn.gelu(h).astype(x.dtype)
       return ficco_jax.matmul_all_to_all(h, w2, gs[0], axis_name="x",
-                                         num_tokens=rows, schedule=sched,
+                                         num_tokens=rows,
+                                         piece_capacity=piece, schedule=sched,
                                          check_routing=False)
-    return sm(body)
+    return sm(body, pallas=sched.compute == "pallas")
 
   def excl(v):
     return jnp.cumsum(v) - v
@@ -128,31 +151,56 @@ def _programs(mesh, p, e_local, rows, capacity):
                                  recv_off, recv_tot, back_off, send_tot,
                                  axis_name="x")
 
+  def xla_dense(x, w1, w2, gs):
+    # GShard-style: a slot of `slot` rows per (destination, local expert),
+    # one all_to_all each way, the experts as one batched dense einsum.
+    send = gs[0].reshape(p, e_local)
+    start = excl(gs[0]).reshape(p, e_local)
+    i = jnp.arange(slot)
+    idx = start[:, :, None] + i  # [P, E_l, slot] token rows
+    ok = i < send[:, :, None]
+    xs = jnp.where(ok[..., None], x[jnp.where(ok, idx, 0)], 0)
+    got = lax.all_to_all(xs, "x", 0, 0, tiled=True)  # [P src, E_l, slot, d]
+    got = got.transpose(1, 0, 2, 3).reshape(e_local, p * slot, -1)
+    h = jax.nn.gelu(jnp.einsum("erd,edf->erf", got, w1)).astype(x.dtype)
+    y = jnp.einsum("erf,efd->erd", h, w2).astype(x.dtype)
+    y = y.reshape(e_local, p, slot, -1).transpose(1, 0, 2, 3)
+    back = lax.all_to_all(y, "x", 0, 0, tiled=True)  # [P dest, E_l, slot, d]
+    back = jnp.where(ok[..., None], back, 0)
+    return jnp.zeros((rows, back.shape[-1]), back.dtype).at[
+        jnp.where(ok, idx, rows)].add(back, mode="drop")
+
   def reference(x, w1, w2, gs):
     w1 = lax.all_gather(w1, "x", tiled=True).astype(jnp.float32)
     w2 = lax.all_gather(w2, "x", tiled=True).astype(jnp.float32)
     h = jax.nn.gelu(lax.ragged_dot(x.astype(jnp.float32), w1, gs[0]))
     return lax.ragged_dot(h, w2, gs[0])
 
-  def compute_alone(x, w1, w2, gs):
-    # The received rows' work without the exchange: this device's counts
-    # stand in for the received ones (the same sizes where balanced).
-    sizes = gs[0].reshape(p, e_local).sum(0)
-    xs = jnp.pad(x, ((0, capacity - rows), (0, 0)))[:capacity]
-    h = jax.nn.gelu(lax.ragged_dot(xs, w1, sizes)).astype(x.dtype)
-    return lax.ragged_dot(h, w2, sizes).astype(x.dtype)[:rows]
+  def compute_alone(dot):
+    def body(x, w1, w2, gs):
+      # The received rows' work without the exchange: this device's counts
+      # stand in for the received ones (the same sizes where balanced).
+      sizes = gs[0].reshape(p, e_local).sum(0)
+      xs = jnp.pad(x, ((0, capacity - rows), (0, 0)))[:capacity]
+      h = jax.nn.gelu(dot(xs, w1, sizes)).astype(x.dtype)
+      return dot(h, w2, sizes).astype(x.dtype)[:rows]
+    return body
+
+  gmm = internal.grouped_matmul().grouped_matmul
 
   def exchange_alone(x, w1, w2, gs):
     del w1, w2, gs
-    cap = min(rows, capacity)
-    pieces = jnp.broadcast_to(x[:cap], (p, cap, x.shape[1]))
+    pieces = jnp.broadcast_to(x[:piece], (p, piece, x.shape[1]))
     there = lax.all_to_all(pieces, "x", 0, 0, tiled=True)
     back = lax.all_to_all(there, "x", 0, 0, tiled=True)
     return back.reshape(-1, x.shape[1])[:rows]
 
   progs = {f"ficco {d}": ficco(d) for d in FLAGS.moe_schedules}
   progs["xla_ragged"] = sm(xla_ragged)
-  return progs, sm(reference), sm(compute_alone), sm(exchange_alone)
+  progs["xla_dense"] = sm(xla_dense)
+  computes = {"compute": sm(compute_alone(lax.ragged_dot)),
+              "compute_pallas": sm(compute_alone(gmm), pallas=True)}
+  return progs, sm(reference), computes, sm(exchange_alone)
 
 
 def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
@@ -169,10 +217,16 @@ def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
   gs = routing(kind, p, e, rows, seed)
   e_local = e // p
   recv = gs.reshape(p, p, e_local).sum(2)  # [source, dest]
+  # Static sizes as tight as this routing allows, for every program alike:
+  # rows a device receives, rows one peer sends it, rows of one (source,
+  # expert) pair (xla_dense's slot).
   capacity = int(recv.sum(0).max())
+  piece = int(recv.max())
+  slot = int(gs.max())
   c = {"name": f"{name}/T{tokens}/{kind}", "W": p, "H": h_dim, "F": f_dim,
        "E": e, "top_k": k, "tokens_per_device": tokens, "routing": kind,
        "rows_per_device": rows, "capacity": capacity,
+       "piece_capacity": piece, "dense_slot": slot,
        "max_over_mean_received": float(recv.sum(0).max() / recv.sum(0).mean()),
        "baselines": {}, "programs": {}}
   tag = f"moe {c['name']} W={p}"
@@ -187,10 +241,10 @@ def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
         jax.device_put(gs, jax.sharding.NamedSharding(mesh, P("x")))))
   sets = [tuple(a.astype(jnp.bfloat16) if a.dtype != jnp.int32 else a
                 for a in s) for s in sets]
-  progs, ref_fn, compute_fn, exchange_fn = _programs(mesh, p, e_local, rows,
-                                                      capacity)
+  progs, ref_fn, computes, exchange_fn = _programs(
+      mesh, p, e_local, rows, capacity, piece, slot)
   tk = options.timing_kwargs()
-  for bname, fn in (("compute", compute_fn), ("exchange", exchange_fn)):
+  for bname, fn in (*computes.items(), ("exchange", exchange_fn)):
     c["baselines"][bname] = results.guarded(
         rec, f"{tag} {bname} alone",
         lambda fn=fn: timing.time_jax(fn, sets, **tk, interleave=False))
@@ -209,14 +263,15 @@ def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
 def summarize_case(c: dict) -> None:
   ok = lambda r: r.get("median_ms") and r.get("ok", True) and "error" not in r
   xla = {n: r for n, r in c["programs"].items()
-         if n in ("xla_ragged", "ficco none") and ok(r)}
+         if n in XLA_PROGRAMS and ok(r)}
   if xla:
     best = min(xla, key=lambda n: xla[n]["median_ms"])
     c["xla_best"] = {"program": best, "median_ms": xla[best]["median_ms"]}
   b = c["baselines"]
-  if b.get("compute", {}).get("median_ms") and b.get("exchange", {}).get(
-      "median_ms"):
-    c["ideal_ms"] = max(b["compute"]["median_ms"], b["exchange"]["median_ms"])
+  computes = [b[n]["median_ms"] for n in ("compute", "compute_pallas")
+              if b.get(n, {}).get("median_ms")]
+  if computes and b.get("exchange", {}).get("median_ms"):
+    c["ideal_ms"] = max(min(computes), b["exchange"]["median_ms"])
   for n, r in c["programs"].items():
     if ok(r) and "xla_best" in c:
       r["speedup"] = c["xla_best"]["median_ms"] / r["median_ms"]
@@ -264,14 +319,16 @@ def markdown(data: dict) -> str:
            ""]
   lines += report.provenance(data["meta"]) + [
       "", "ms per call, median over rounds (min), interleaved; speedup over"
-      " xla_best (the faster correct of `xla_ragged` and `ficco none`)."
-      " Ideal: max(compute alone, exchange alone).", ""]
+      " xla_best (the fastest correct of `xla_ragged`, `xla_dense` and"
+      " `ficco none`, XLA's compute)."
+      " Ideal: max(the faster compute alone, exchange alone).", ""]
   names = sorted({n for c in data["cases"] for n in c["programs"]})
   rows, speedups = [], {n: [] for n in names}
   for c in data["cases"]:
     row = [c["name"], str(c["capacity"]),
            f"{c['max_over_mean_received']:.2f}",
            report.times(c["baselines"].get("compute")),
+           report.times(c["baselines"].get("compute_pallas")),
            report.times(c["baselines"].get("exchange"))]
     for n in names:
       r = c["programs"].get(n, {})
@@ -286,7 +343,9 @@ def markdown(data: dict) -> str:
           speedups[n].append(s)
     rows.append(row)
   lines += report.table(["case", "capacity", "max/mean received",
-                         "compute alone", "exchange alone", *names], rows)
+                         "compute alone (ragged_dot)",
+                         "compute alone (grouped kernel)", "exchange alone",
+                         *names], rows)
   lines += ["", "| program | cases | geomean speedup | min |", "|---|---|---|---|"]
   for n, v in speedups.items():
     if v:

@@ -18,6 +18,7 @@ from ficco_jax._src.ops.moe import combine_dma
 from ficco_jax._src.ops.moe import dispatch_dma
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing
+from ficco_jax._src.pallas import grouped_matmul
 
 DATAFLOWS = ("none", "direct")
 
@@ -26,15 +27,16 @@ def _schedule(op: str,
               schedule: schedule_lib.Schedule | None) -> schedule_lib.Schedule:
   """The MoE ops' schedules: the exchange in one all-to-all (``none``) or a
   piece per peer (``direct``) over XLA's collectives, and ``direct`` on the
-  copy engines. None: ``none``, until measurements say where the
-  decomposition pays."""
+  copy engines; the experts on XLA's ``ragged_dot`` or ficco's grouped
+  matmul (``compute="pallas"``). None: ``none``, until measurements say
+  where the decomposition pays."""
   if schedule is None:
     return schedule_lib.Schedule(dataflow="none")
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(f"{op}: schedule must be a ficco_jax.Schedule or None,"
                     f" got {schedule!r}.")
-  supported = dict(num_chunks=1, compute="xla", num_sms=None,
-                   compute_granularity=None, reduce_in_epilogue=False)
+  supported = dict(num_chunks=1, num_sms=None, compute_granularity=None,
+                   reduce_in_epilogue=False)
   for field, want in supported.items():
     if getattr(schedule, field) != want:
       raise ValueError(
@@ -48,6 +50,40 @@ def _schedule(op: str,
     raise ValueError(f"{op}: Schedule(comm='dma') needs dataflow='direct'"
                      " (a piece per peer on the copy engines).")
   return schedule
+
+
+def _check_compute(op: str, sched: schedule_lib.Schedule, a, w,
+                   precision) -> None:
+  """``compute="pallas"``: the grouped kernel takes the call (forward and
+  gradient) or the call is an error naming why."""
+  if sched.compute != "pallas":
+    return
+  if precision is not None:
+    raise ValueError(f"{op}: precision={precision!r} applies to XLA's"
+                     " ragged_dot; Schedule(compute='pallas') multiplies in"
+                     " the operands' dtype with f32 accumulation. Pass"
+                     " precision=None or use compute='xla'.")
+  if jax.default_backend() != "gpu":
+    return  # The portable kernel (interpreter) takes any shape and dtype.
+  d, f = w.shape[1], w.shape[2]
+  why = (grouped_matmul.mosaic_unfit(d, f, a.dtype)
+         or grouped_matmul.mosaic_unfit(f, d, a.dtype))  # The gradient's dx.
+  if why is None and a.dtype != w.dtype:
+    why = f"w is {w.dtype}, the rows {a.dtype}"
+  if why is not None:
+    raise ValueError(
+        f"{op}: Schedule(compute='pallas') runs the Hopper grouped-matmul"
+        f" kernel, which cannot take w {tuple(w.shape)} with {a.dtype} rows:"
+        f" {why}. Use Schedule(compute='xla').")
+
+
+def _piece_rows(op: str, tokens: int, capacity: int, piece_capacity) -> int:
+  """Static rows of one peer's piece: ``min(T, capacity)`` unless
+  ``piece_capacity`` lowers it."""
+  rows = min(tokens, capacity)
+  if piece_capacity is None:
+    return rows
+  return min(rows, _positive_int(op, "piece_capacity", piece_capacity))
 
 
 def _copy_static(op: str, axis_name: str, p: int,
@@ -113,6 +149,7 @@ def all_to_all_matmul(
     *,
     axis_name: str,
     capacity: int | None = None,
+    piece_capacity: int | None = None,
     schedule: schedule_lib.Schedule | None = None,
     precision: Any = None,
     preferred_element_type: Any = None,
@@ -135,21 +172,25 @@ def all_to_all_matmul(
     group_sizes: ``[P * E_l]`` int: rows of ``x`` per global expert.
     axis_name: the ``shard_map`` axis the experts are spread over.
     capacity: rows a device can receive (static). None: ``P * T``, which
-      no valid routing exceeds. Every peer's piece is ``min(T, capacity)``
-      rows whatever the counts, so a capacity near the rows a device really
-      receives keeps the exchanged and multiplied rows near the routed ones.
-    schedule: a `ficco_jax.Schedule` with ``dataflow`` "none" or "direct"
-      and compute "xla"; "direct" may move the pieces on the copy engines
-      (``comm="dma"``, transport rendezvous or window, under ``jax.jit``;
-      its gradient is the XLA version's, recomputed in the backward pass).
-      None: "none".
-    precision: passed to ``lax.ragged_dot``.
+      no valid routing exceeds.
+    piece_capacity: rows one peer can send a device (static). None:
+      ``min(T, capacity)``, which no valid routing exceeds. Every peer's
+      piece has this many rows whatever the counts, so values near the rows
+      really sent keep the exchanged rows near the routed ones.
+    schedule: a `ficco_jax.Schedule` with ``dataflow`` "none" or "direct";
+      "direct" may move the pieces on the copy engines (``comm="dma"``,
+      transport rendezvous or window, under ``jax.jit``; its gradient is
+      the XLA version's, recomputed in the backward pass). ``compute``:
+      "xla" (``lax.ragged_dot``) or "pallas" (ficco's grouped matmul, which
+      multiplies only the tiles holding routed rows; on GPUs the Hopper
+      kernel: bf16/f16, d and f multiples of 128). None: "none" on XLA.
+    precision: passed to ``lax.ragged_dot`` (``compute="xla"`` only).
     preferred_element_type: result dtype (floating).
-    check_routing: check the counts on every call (one all_gather of three
+    check_routing: check the counts on every call (one all_gather of four
       numbers per device and a host callback): a negative count, more
-      routed rows than T, or more received rows than ``capacity`` is then
-      an error of the call naming the device, raised when the result is
-      read. False skips the check and its host round trip; such counts
+      routed rows than T, more received rows than ``capacity`` or more
+      rows from one peer than ``piece_capacity`` is then an error of the
+      call naming the device, raised when the result is read. False skips the check and its host round trip; such counts
       then give wrong rows.
     timeout_s: ``comm="dma"`` only: how long to wait for peers.
 
@@ -164,14 +205,16 @@ def all_to_all_matmul(
   capacity = p * t if capacity is None else _positive_int(op, "capacity",
                                                           capacity)
   sched = _schedule(op, schedule)
+  _check_compute(op, sched, x, w, precision)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=capacity,
-      dataflow=sched.dataflow, precision=precision,
+      piece_rows=_piece_rows(op, t, capacity, piece_capacity),
+      dataflow=sched.dataflow, compute=sched.compute, precision=precision,
       out_dtype=_out_dtype(op, x, w, preferred_element_type))
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
   if check_routing:
-    routing.check(group_sizes, r, tokens=t, capacity=capacity, op_name=op,
-                  axis_name=axis_name)
+    routing.check(group_sizes, r, tokens=t, capacity=capacity,
+                  piece_rows=st.piece_rows, op_name=op, axis_name=axis_name)
   if sched.comm == "dma" and p > 1:
     validation.check_traced_for_copy_engines(op, x)
     return dispatch_dma.dispatch(x, w, r, (st, _copy_static(
@@ -186,6 +229,7 @@ def matmul_all_to_all(
     *,
     axis_name: str,
     num_tokens: int,
+    piece_capacity: int | None = None,
     schedule: schedule_lib.Schedule | None = None,
     precision: Any = None,
     preferred_element_type: Any = None,
@@ -205,8 +249,9 @@ def matmul_all_to_all(
       the tokens are on).
     axis_name: the ``shard_map`` axis the experts are spread over.
     num_tokens: ``T``, the dispatch's token rows per device.
+    piece_capacity: as for `all_to_all_matmul` (the same value).
     schedule: as for `all_to_all_matmul`.
-    precision: passed to ``lax.ragged_dot``.
+    precision: passed to ``lax.ragged_dot`` (``compute="xla"`` only).
     preferred_element_type: result dtype (floating).
     check_routing: as for `all_to_all_matmul` (T is ``num_tokens``, the
       capacity ``h``'s rows).
@@ -220,14 +265,16 @@ def matmul_all_to_all(
   p = _check(op, "h", h, w, group_sizes, axis_name)
   t = _positive_int(op, "num_tokens", num_tokens)
   sched = _schedule(op, schedule)
+  _check_compute(op, sched, h, w, precision)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=h.shape[0],
-      dataflow=sched.dataflow, precision=precision,
+      piece_rows=_piece_rows(op, t, h.shape[0], piece_capacity),
+      dataflow=sched.dataflow, compute=sched.compute, precision=precision,
       out_dtype=_out_dtype(op, h, w, preferred_element_type))
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
   if check_routing:
-    routing.check(group_sizes, r, tokens=t, capacity=h.shape[0], op_name=op,
-                  axis_name=axis_name)
+    routing.check(group_sizes, r, tokens=t, capacity=h.shape[0],
+                  piece_rows=st.piece_rows, op_name=op, axis_name=axis_name)
   if sched.comm == "dma" and p > 1:
     validation.check_traced_for_copy_engines(op, h)
     return combine_dma.combine(h, w, r, (t, st, _copy_static(

@@ -29,8 +29,7 @@ def _forward(h, w, r: routing_lib.Routing, num_tokens,
              st: exchange.MoeStatic, mst: matmul.Static):
   from ficco_jax._src.dma import peer_copy  # pylint: disable=g-import-not-at-top
   kw = mst.copy_kwargs()
-  p, t = st.axis_size, num_tokens
-  cap = min(t, st.capacity)
+  p, t, cap = st.axis_size, num_tokens, st.piece_rows
   rank = lax.axis_index(st.axis_name)
   h_pad = jnp.pad(h, ((0, cap), (0, 0)))
 

@@ -46,8 +46,7 @@ def all_to_all_plan(axis_size: int, cap: int) -> plan_lib.GatherPlan:
 
 def _forward(x, w, r: routing_lib.Routing, st: exchange.MoeStatic,
              mst: matmul.Static):
-  p, t = st.axis_size, x.shape[0]
-  cap = min(t, st.capacity)
+  p, cap = st.axis_size, st.piece_rows
   rank = lax.axis_index(st.axis_name)
   x_pad = jnp.pad(x, ((0, cap), (0, 0)))
   pieces = jnp.concatenate([

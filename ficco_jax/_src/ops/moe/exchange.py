@@ -7,12 +7,15 @@ Layouts (per device; P devices, E_l local experts, T tokens, C capacity):
 * tokens ``x [T, d]``, sorted by global expert, ``group_sizes [P * E_l]``;
 * received rows ``[C, .]``: source-major, packed (peer 0's rows for this
   device's experts, grouped by expert, then peer 1's, ...), then zeros;
-* a piece is one peer's rows, at most ``cap = min(T, C)`` of them (a peer
-  sends no more than its T tokens, a device keeps no more than C). Pieces
-  have that static size whatever the counts, so each direction moves (and
-  each grouped matmul spans) ``P * cap`` rows per device: with the default
-  capacity, P times the routed rows. A capacity near the rows a device
-  really receives keeps this close to the routed work.
+* a piece is one peer's rows, at most ``piece_rows`` of them (by default
+  ``min(T, C)``: a peer sends no more than its T tokens, a device keeps no
+  more than C; the ops' ``piece_capacity`` lowers it). Pieces have that
+  static size whatever the counts, so each direction moves ``P *
+  piece_rows`` rows per device: with the default capacity, P times the
+  routed rows. Capacities near the rows really sent keep this close to the
+  routed work. The grouped matmul on XLA's ``ragged_dot`` also spans the
+  whole piece; ``compute="pallas"`` (`grouped_matmul`) multiplies only the
+  tiles that hold routed rows.
 
 ``dataflow="none"`` moves every piece with one ``lax.all_to_all`` and then
 multiplies; ``"direct"`` sends piece k with its own ``ppermute`` (shift k)
@@ -33,6 +36,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from ficco_jax._src.ops.moe import routing as routing_lib
+from ficco_jax._src.pallas import grouped_matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +47,9 @@ class MoeStatic:
   axis_name: str
   axis_size: int
   capacity: int
+  piece_rows: int
   dataflow: str
+  compute: str
   precision: Any
   out_dtype: Any
 
@@ -65,6 +71,9 @@ def grouped(rows: jax.Array, w: jax.Array, sizes: jax.Array,
   next peer's rows, or padding) are 0, which `add_rows` relies on:
   masked here, since ``ragged_dot`` does not promise it on every backend."""
   sizes = sizes.astype(jnp.int32)
+  if st.compute == "pallas":
+    return grouped_matmul.grouped_matmul(rows, w, sizes,
+                                         out_dtype=st.out_dtype)
   out = lax.ragged_dot(rows, w, sizes, precision=st.precision,
                        preferred_element_type=st.out_dtype)
   valid = lax.broadcasted_iota(jnp.int32, (rows.shape[0], 1), 0) < sizes.sum()
@@ -80,8 +89,7 @@ def _shift(a: jax.Array, k: int, st: MoeStatic) -> jax.Array:
 def dispatch(x: jax.Array, w: jax.Array, r: routing_lib.Routing,
              st: MoeStatic) -> jax.Array:
   """``[C, f]``: the rows this device receives, through its experts."""
-  p, t = st.axis_size, x.shape[0]
-  cap = min(t, st.capacity)
+  p, cap = st.axis_size, st.piece_rows
   rank = lax.axis_index(st.axis_name)
   x_pad = _pad_rows(x, cap)  # A piece never reads past the end.
   piece_for = lambda dest: lax.dynamic_slice_in_dim(
@@ -111,8 +119,7 @@ def combine(h: jax.Array, w: jax.Array, r: routing_lib.Routing,
             num_tokens: int, st: MoeStatic) -> jax.Array:
   """``[T, f]``: ``h``'s rows through this device's experts, each back at
   the position its token had on the device that sent it."""
-  p, t = st.axis_size, num_tokens
-  cap = min(t, st.capacity)
+  p, t, cap = st.axis_size, num_tokens, st.piece_rows
   rank = lax.axis_index(st.axis_name)
   h_pad = _pad_rows(h, cap)
 

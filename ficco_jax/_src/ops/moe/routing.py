@@ -61,10 +61,11 @@ def route(group_sizes: jax.Array, *, axis_name: str,
 
 
 def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
-          op_name: str, axis_name: str) -> None:
+          piece_rows: int, op_name: str, axis_name: str) -> None:
   """Raises at run time, as an error of the call, where the routing cannot
   be carried out as given: a negative count, more routed rows than the
-  ``tokens`` a device has, or more received rows than ``capacity``. The
+  ``tokens`` a device has, more received rows than ``capacity``, or more
+  rows from one peer than ``piece_rows`` (the ops' ``piece_capacity``). The
   exchange itself never fails on such counts (its slices clamp), so
   without this check they would silently give wrong rows.
 
@@ -74,11 +75,12 @@ def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
   aborted the CPU runtime in testing).
   """
   mine = jnp.stack([group_sizes.min().astype(jnp.int32),
-                    group_sizes.astype(jnp.int32).sum(), r.recv_total])
-  table = lax.all_gather(mine, axis_name)  # [P, 3]
+                    group_sizes.astype(jnp.int32).sum(), r.recv_total,
+                    r.recv.sum(axis=1).max()])
+  table = lax.all_gather(mine, axis_name)  # [P, 4]
 
   def raise_if_bad(table):
-    for dev, (least, routed, received) in enumerate(table.tolist()):
+    for dev, (least, routed, received, piece) in enumerate(table.tolist()):
       where = f"{op_name}: on device {dev} of axis {axis_name!r}, "
       if least < 0:
         raise ValueError(where + f"group_sizes has a negative count ({least}).")
@@ -91,4 +93,9 @@ def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
             where + f"the routing sends {received} rows, more than"
             f" capacity={capacity}; raise capacity (the axis size times the"
             " tokens per device is always enough).")
+      if piece > piece_rows:
+        raise ValueError(
+            where + f"one peer sends {piece} rows, more than the"
+            f" {piece_rows} rows of a piece (piece_capacity); raise"
+            " piece_capacity (the tokens per device are always enough).")
   jax.debug.callback(raise_if_bad, table)

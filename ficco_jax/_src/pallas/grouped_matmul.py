@@ -1,0 +1,219 @@
+"""Grouped matmul for the MoE ops: ``x [M, K]`` rows in groups, group g
+times ``w[g] [K, N]``; the experts' compute of ``compute="pallas"``.
+
+Why not ``lax.ragged_dot``: XLA:GPU multiplies every row by every group's
+matrix and masks (measured on H200: a grouped matmul of E_l groups costs
+about E_l times its flops), so the MoE layer's experts dominate the step.
+A grouped kernel multiplies each row once.
+
+Two kernels, one contract (rows past ``sum(group_sizes)`` are 0):
+
+* GPUs: jax's Mosaic GPU grouped matmul
+  (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu``, Hopper wgmma + TMA),
+  called as shipped with jax; bf16/f16 operands, K and N multiples of
+  `BLOCK`'s tile. Its rows past the groups are left unwritten, so they are
+  masked here.
+* Off GPUs: the portable kernel below, a ``pl.pallas_call`` under
+  ``interpret=True``: one program per (row tile, column block) of the
+  groups' tiles, read from a tile table computed in XLA
+  (`tile_table`), so the grouping logic is tested on CPU.
+
+The gradient: ``dx`` is the same kernel on ``w`` transposed; ``dw`` is
+XLA's transpose of ``ragged_dot`` (not on a kernel yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from ficco_jax._src import vma
+from ficco_jax._src.pallas import out_types
+from ficco_jax._src.pallas.config import MGPU_DTYPES
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  """Tiles of the Mosaic GPU kernel (``ragged_dot_mgpu.ragged_dot``'s
+  arguments): 128x128 output tiles, 64-deep steps, four in flight."""
+
+  block_m: int = 128
+  block_n: int = 128
+  block_k: int = 64
+  max_concurrent_steps: int = 4
+  grid_block_n: int = 1
+
+
+BLOCK = Block()
+# The portable kernel's row tile: small, so the tests' few rows still span
+# several tiles and group boundaries inside them.
+PORTABLE_BLOCK_M = 8
+
+
+def mosaic_unfit(k: int, n: int, dtype) -> str | None:
+  """Why ``[., k] @ [k, n]`` in ``dtype`` does not suit the GPU kernel, or
+  None (the forward pass needs it for (K, N), the gradient for (N, K))."""
+  if jnp.dtype(dtype) not in MGPU_DTYPES:
+    return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
+  for name, v, tile in (("K", k, BLOCK.block_k), ("N", n, BLOCK.block_n)):
+    if v % tile:
+      return f"{name}={v} is not a multiple of {tile}"
+  return None
+
+
+def tile_table(group_sizes: jax.Array, rows: int, block_m: int) -> jax.Array:
+  """``[4, tiles]`` int32: per row tile of the groups, its group, first row
+  (a multiple of ``block_m``), and the span ``[lo, hi)`` of its rows that
+  are the group's. A tile that a group boundary cuts appears once per
+  group; tiles past the last group have ``lo == hi``.
+
+  ``tiles = ceil(rows / block_m) + G - 1`` bounds the count: each boundary
+  adds at most one tile.
+  """
+  g = group_sizes.shape[0]
+  sizes = group_sizes.astype(jnp.int32)
+  ends = jnp.cumsum(sizes)
+  starts = ends - sizes
+  first = starts // block_m
+  last = (ends - 1) // block_m
+  count = jnp.where(sizes > 0, last - first + 1, 0)
+  before = jnp.cumsum(count) - count  # Tiles of earlier groups.
+  tiles = -(-rows // block_m) + g - 1
+  t = jnp.arange(tiles, dtype=jnp.int32)
+  grp = jnp.clip(jnp.searchsorted(before + count, t, side="right"), 0, g - 1)
+  live = t < (before + count)[-1]
+  block = first[grp] + (t - before[grp])
+  row = block * block_m
+  lo = jnp.clip(starts[grp] - row, 0, block_m)
+  hi = jnp.clip(ends[grp] - row, 0, block_m)
+  lo, hi = jnp.where(live, lo, 0), jnp.where(live, hi, 0)
+  return jnp.stack([grp, jnp.where(live, row, 0), lo, hi]).astype(jnp.int32)
+
+
+def _largest_divisor_at_most(v: int, cap: int) -> int:
+  return next(d for d in range(min(v, cap), 0, -1) if v % d == 0)
+
+
+def _portable_kernel(table_ref, x_ref, w_ref, out_in_ref, out_ref, *,
+                     block_m, block_n):
+  # table_ref: [4, tiles] int32, whole (tile_table). x_ref: [M_pad, K] and
+  # w_ref: [G, K, N], whole. out_ref: [M_pad, N], aliased to out_in_ref
+  # (zeros): each program writes only its group's rows of its tile, so two
+  # programs sharing a cut tile keep each other's rows.
+  del out_in_ref
+  t, j = pl.program_id(0), pl.program_id(1)
+  grp, row = table_ref[0, t], table_ref[1, t]
+  lo, hi = table_ref[2, t], table_ref[3, t]
+
+  @pl.when(hi > lo)
+  def _():
+    rows = pl.ds(row, block_m)
+    cols = pl.ds(j * block_n, block_n)
+    acc = jnp.dot(x_ref[rows, :], w_ref[grp, :, cols],
+                  preferred_element_type=jnp.float32)
+    i = lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
+    mine = (i >= lo) & (i < hi)
+    out_ref[rows, cols] = jnp.where(mine, acc.astype(out_ref.dtype),
+                                    out_ref[rows, cols])
+
+
+def _portable(x, w, group_sizes, out_dtype):
+  m, k = x.shape
+  g, _, n = w.shape
+  bm = PORTABLE_BLOCK_M
+  bn = _largest_divisor_at_most(n, 128)
+  m_pad = -(-m // bm) * bm
+  if any(vma.varying_axes(a) for a in (x, w, group_sizes)):
+    # As for the chunk kernel's interpreter (portable.py): its grid indices
+    # are typed invariant, which shard_map's check_vma rejects.
+    raise ValueError(
+        "compute='pallas' off GPUs runs Pallas's interpreter, which does not"
+        " take shard_map's varying-axes checks: call jax.shard_map(...,"
+        " check_vma=False) around it, or use Schedule(compute='xla').")
+  table = tile_table(group_sizes, m, bm)
+  out = jnp.zeros((m_pad, n), out_dtype)
+  out = pl.pallas_call(
+      functools.partial(_portable_kernel, block_m=bm, block_n=bn),
+      out_shape=out_types.out_type(out.shape, out_dtype, like=(out,)),
+      grid=(table.shape[1], n // bn),
+      in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 4,
+      out_specs=pl.BlockSpec(memory_space=pl.ANY),
+      input_output_aliases={3: 0},
+      name="ficco_grouped_matmul",
+      interpret=True,
+  )(table, jnp.pad(x, ((0, m_pad - m), (0, 0))), w, out)
+  return out[:m]
+
+
+def _mosaic(x, w, group_sizes, out_dtype):
+  why = mosaic_unfit(x.shape[1], w.shape[2], x.dtype)
+  if why is None and jnp.dtype(out_dtype) != jnp.dtype(x.dtype):
+    why = f"the result dtype {jnp.dtype(out_dtype)} is not the operands'"
+  if why is not None:
+    raise ValueError(f"compute='pallas': the grouped matmul's GPU kernel"
+                     f" cannot run x {tuple(x.shape)} @ w {tuple(w.shape)}:"
+                     f" {why}. Use Schedule(compute='xla').")
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+  return ragged_dot_mgpu.ragged_dot(
+      x, w.astype(x.dtype), group_sizes=group_sizes.astype(jnp.int32),
+      **dataclasses.asdict(BLOCK))
+
+
+def _impl(x, w, group_sizes, out_dtype, on_gpu):
+  out = (_mosaic if on_gpu else _portable)(x, w, group_sizes, out_dtype)
+  valid = lax.broadcasted_iota(jnp.int32, (x.shape[0], 1), 0) < jnp.sum(
+      group_sizes.astype(jnp.int32))
+  return jnp.where(valid, out, jnp.zeros((), out.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _grouped(x, w, group_sizes, out_dtype, on_gpu):
+  return _impl(x, w, group_sizes, out_dtype, on_gpu)
+
+
+def _grouped_fwd(x, w, group_sizes, out_dtype, on_gpu):
+  return _impl(x, w, group_sizes, out_dtype, on_gpu), (x, w, group_sizes)
+
+
+def _grouped_bwd(out_dtype, on_gpu, res, ct):
+  del out_dtype
+  x, w, group_sizes = res
+  ct = ct.astype(x.dtype)
+  dx = _impl(ct, jnp.swapaxes(w, 1, 2), group_sizes, x.dtype, on_gpu)
+  _, vjp_w = jax.vjp(
+      lambda w: lax.ragged_dot(x, w, group_sizes,
+                               preferred_element_type=jnp.float32), w)
+  (dw,) = vjp_w(ct.astype(jnp.float32))
+  return dx, dw.astype(w.dtype), None
+
+
+_grouped.defvjp(_grouped_fwd, _grouped_bwd)
+
+
+def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
+                   out_dtype=None, on_gpu: bool | None = None) -> jax.Array:
+  """``x [M, K]`` in groups (``group_sizes [G]`` consecutive rows each) times
+  ``w [G, K, N]``; rows past ``sum(group_sizes)`` are 0. Differentiable in
+  ``x`` and ``w``.
+
+  Args:
+    x: the rows, grouped in order.
+    w: one ``[K, N]`` matrix per group.
+    group_sizes: ``[G]`` int rows per group (their sum at most M).
+    out_dtype: the result's dtype (default ``x``'s).
+    on_gpu: the Mosaic GPU kernel (True) or the portable one under the
+      interpreter (False); None: by ``jax.default_backend()``.
+
+  Returns:
+    ``[M, N]``.
+  """
+  if on_gpu is None:
+    on_gpu = jax.default_backend() == "gpu"
+  out_dtype = jnp.dtype(out_dtype or x.dtype)
+  return _grouped(x, w, group_sizes, out_dtype, bool(on_gpu))

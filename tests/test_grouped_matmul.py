@@ -1,0 +1,103 @@
+"""The MoE ops' grouped matmul (`grouped_matmul`): its tile table, the
+portable kernel on CPU, the Hopper kernel on GPUs, and its gradient."""
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ficco_jax._src.pallas import grouped_matmul as gm
+
+import util
+
+CASES = [  # (rows, group sizes): boundaries inside and on tiles, empties.
+    (37, [5, 0, 13, 9]),
+    (16, [8, 8]),
+    (20, [0, 0, 0]),
+    (11, [11]),
+    (30, [3, 1, 1, 2, 0, 7]),
+]
+
+
+def _reference(x, w, sizes):
+  x = np.asarray(x, np.float64)
+  w = np.asarray(w, np.float64)
+  out = np.zeros((x.shape[0], w.shape[2]))
+  start = 0
+  for g, c in enumerate(sizes):
+    out[start:start + c] = x[start:start + c] @ w[g]
+    start += c
+  return out
+
+
+@pytest.mark.parametrize("rows, sizes", CASES)
+def test_tile_table_covers_each_routed_row_once(rows, sizes):
+  bm = gm.PORTABLE_BLOCK_M
+  table = np.asarray(gm.tile_table(jnp.asarray(sizes, jnp.int32), rows, bm))
+  assert table.shape == (4, -(-rows // bm) + len(sizes) - 1)
+  owner = np.full(rows, -1)
+  for grp, row, lo, hi in table.T:
+    assert row % bm == 0 and 0 <= lo <= hi <= bm
+    for i in range(row + lo, row + hi):
+      assert owner[i] == -1, f"row {i} twice"
+      owner[i] = grp
+  want = np.concatenate([np.full(c, g) for g, c in enumerate(sizes)] +
+                        [np.full(rows - sum(sizes), -1)])
+  np.testing.assert_array_equal(owner, want)
+
+
+@pytest.mark.parametrize("rows, sizes", CASES)
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_portable_kernel_matches_the_reference(rows, sizes, dtype):
+  rng = np.random.default_rng(rows)
+  x = util.rand(rng, (rows, 24), dtype)
+  w = util.rand(rng, (len(sizes), 24, 40), dtype)
+  out = gm.grouped_matmul(x, w, jnp.asarray(sizes, jnp.int32), on_gpu=False)
+  assert out.dtype == dtype and out.shape == (rows, 40)
+  ref = _reference(x, w, sizes)
+  if sum(sizes) == 0:
+    assert not np.asarray(out, np.float64).any()
+  else:
+    assert util.rel_err(out, ref) < util.tol(dtype)
+  # Rows past the groups are zero.
+  assert not np.asarray(out, np.float64)[sum(sizes):].any()
+
+
+@pytest.mark.parametrize("on_gpu", [
+    False, pytest.param(True, marks=pytest.mark.gpu)])
+def test_gradient_matches_ragged_dot(on_gpu):
+  if on_gpu and not util.on_gpu():
+    pytest.skip("needs a GPU")
+  rng = np.random.default_rng(3)
+  sizes = jnp.asarray([70, 0, 130, 37], jnp.int32)  # 237 of 300 rows.
+  dtype = jnp.bfloat16
+  x = util.rand(rng, (300, 256), dtype)
+  w = util.rand(rng, (4, 256, 128), dtype) * 0.1
+  ct = util.rand(rng, (300, 128), np.float32)
+  keep = (np.arange(300) < 237)[:, None]
+
+  def loss(f):
+    return lambda x, w: jnp.sum(f(x, w).astype(jnp.float32) * ct)
+  kernel = lambda x, w: gm.grouped_matmul(x, w, sizes, on_gpu=on_gpu)
+  xla = lambda x, w: jnp.where(keep, lax.ragged_dot(
+      x, w, sizes, preferred_element_type=jnp.float32), 0).astype(dtype)
+  out = jax.jit(kernel)(x, w)
+  assert util.rel_err(out, _reference(x, w, [70, 0, 130, 37])) < util.tol(dtype)
+  got = jax.jit(jax.grad(loss(kernel), argnums=(0, 1)))(x, w)
+  want = jax.jit(jax.grad(loss(xla), argnums=(0, 1)))(x, w)
+  for name, g, r in zip(("x", "w"), got, want):
+    assert util.rel_err(g, r) < util.tol(dtype), name
+
+
+@pytest.mark.parametrize("shape, dtype, match", [
+    ((256, 128), np.float32, "operands are float32"),
+    ((200, 128), jnp.bfloat16, "K=200 is not a multiple of 64"),
+    ((256, 96), jnp.bfloat16, "N=96 is not a multiple of 128"),
+])
+def test_gpu_kernel_rejects_what_it_cannot_run(shape, dtype, match):
+  k, n = shape
+  x = jnp.zeros((64, k), dtype)
+  w = jnp.zeros((2, k, n), dtype)
+  with pytest.raises(ValueError, match=match + r".*compute='xla'"):
+    gm.grouped_matmul(x, w, jnp.asarray([10, 20], jnp.int32), on_gpu=True)
