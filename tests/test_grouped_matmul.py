@@ -73,7 +73,7 @@ def test_gradient_matches_ragged_dot(on_gpu):
   sizes = jnp.asarray([70, 0, 130, 37], jnp.int32)  # 237 of 300 rows.
   dtype = jnp.bfloat16
   x = util.rand(rng, (300, 256), dtype)
-  w = util.rand(rng, (4, 256, 128), dtype) * 0.1
+  w = (util.rand(rng, (4, 256, 128), np.float32) * 0.1).astype(dtype)
   ct = util.rand(rng, (300, 128), np.float32)
   keep = (np.arange(300) < 237)[:, None]
 

@@ -340,8 +340,10 @@ def test_pallas_experts_at_kernel_shapes(schedule):
   p, e_local, t, d, f = mesh.devices.size, 2, 200, 256, 128
   rng = np.random.default_rng(41)
   x = util.rand(rng, (p * t, d), jnp.bfloat16)
-  w1 = util.rand(rng, (p * e_local, d, f), jnp.bfloat16) * 0.1
-  w2 = util.rand(rng, (p * e_local, f, d), jnp.bfloat16) * 0.1
+  w1 = (util.rand(rng, (p * e_local, d, f), np.float32) * 0.1).astype(
+      jnp.bfloat16)
+  w2 = (util.rand(rng, (p * e_local, f, d), np.float32) * 0.1).astype(
+      jnp.bfloat16)
   weights = 1.0 / np.arange(1, p * e_local + 1) ** 1.2
   gs = rng.multinomial(t - 7, weights / weights.sum(), size=p).astype(np.int32)
   piece = int(max(gs[s, r * e_local:(r + 1) * e_local].sum()

@@ -11,8 +11,8 @@ Two kernels, one contract (rows past ``sum(group_sizes)`` are 0):
 * GPUs: jax's Mosaic GPU grouped matmul
   (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu``, Hopper wgmma + TMA),
   called as shipped with jax; bf16/f16 operands, K and N multiples of
-  `BLOCK`'s tile. Its rows past the groups are left unwritten, so they are
-  masked here.
+  `BLOCK`'s tile, rows padded here to a multiple of 8 (its TMA tiling).
+  Its rows past the groups are left unwritten, so they are masked here.
 * Off GPUs: the portable kernel below, a ``pl.pallas_call`` under
   ``interpret=True``: one program per (row tile, column block) of the
   groups' tiles, read from a tile table computed in XLA
@@ -160,9 +160,13 @@ def _mosaic(x, w, group_sizes, out_dtype):
                      f" {why}. Use Schedule(compute='xla').")
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+  # Its TMA transfers tile the rows by 8: pad them to a multiple (the pad
+  # rows are past every group, so nothing multiplies them).
+  m = x.shape[0]
+  x = jnp.pad(x, ((0, -m % 8), (0, 0)))
   return ragged_dot_mgpu.ragged_dot(
       x, w.astype(x.dtype), group_sizes=group_sizes.astype(jnp.int32),
-      **dataclasses.asdict(BLOCK))
+      **dataclasses.asdict(BLOCK))[:m]
 
 
 def _impl(x, w, group_sizes, out_dtype, on_gpu):
