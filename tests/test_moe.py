@@ -412,3 +412,19 @@ def test_pallas_experts_reject_precision():
   with pytest.raises(ValueError, match=r"precision=.*compute='pallas'"):
     jax.shard_map(f, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep"),
                   check_vma=False)(args[0], args[1], args[3])
+
+
+def test_default_schedule_puts_the_experts_on_the_kernel_on_gpus(monkeypatch):
+  from ficco_jax._src.ops.moe import api  # pylint: disable=g-import-not-at-top
+  x = jnp.zeros((64, 256), jnp.bfloat16)
+  w = jnp.zeros((2, 256, 384), jnp.bfloat16)
+  assert api.default_schedule(x, w, None).compute == (
+      "pallas" if util.on_gpu() else "xla")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert api.default_schedule(x, w, None) == Schedule(dataflow="none",
+                                                       compute="pallas")
+  # Where the kernel cannot take the call: XLA's ragged_dot, not an error.
+  for a, b, prec in ((x.astype(np.float32), w.astype(np.float32), None),
+                     (x, w[:, :, :320], None),  # f = 320: not a 128 multiple
+                     (x, w, jax.lax.Precision.HIGHEST)):
+    assert api.default_schedule(a, b, prec) == Schedule(dataflow="none")

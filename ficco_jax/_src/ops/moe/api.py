@@ -23,15 +23,33 @@ from ficco_jax._src.pallas import grouped_matmul
 DATAFLOWS = ("none", "direct")
 
 
-def _schedule(op: str,
-              schedule: schedule_lib.Schedule | None) -> schedule_lib.Schedule:
+def default_schedule(a, w, precision) -> schedule_lib.Schedule:
+  """``schedule=None``: one all-to-all each way (``none``), the experts on
+  the grouped kernel on GPUs where it takes the call, else on XLA's
+  ``ragged_dot``.
+
+  On 2xH200 (mixtral-8x7b and -8x22b widths, 4096 tokens per device,
+  balanced and Zipf routing) the layer on the kernel ran 2.4-2.6x faster
+  than on ``ragged_dot``, which XLA:GPU computes as every row times every
+  expert (benchmarks/results/nvidia_h200_w2/moe.json). The decomposed
+  dataflows measured no faster than ``none`` there, so None keeps it.
+  """
+  if (jax.default_backend() == "gpu" and precision is None
+      and a.dtype == w.dtype
+      and grouped_matmul.mosaic_unfit(w.shape[1], w.shape[2], a.dtype) is None
+      and grouped_matmul.mosaic_unfit(w.shape[2], w.shape[1], a.dtype) is None):
+    return schedule_lib.Schedule(dataflow="none", compute="pallas")
+  return schedule_lib.Schedule(dataflow="none")
+
+
+def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
+              precision) -> schedule_lib.Schedule:
   """The MoE ops' schedules: the exchange in one all-to-all (``none``) or a
   piece per peer (``direct``) over XLA's collectives, and ``direct`` on the
   copy engines; the experts on XLA's ``ragged_dot`` or ficco's grouped
-  matmul (``compute="pallas"``). None: ``none``, until measurements say
-  where the decomposition pays."""
+  matmul (``compute="pallas"``). None: `default_schedule`."""
   if schedule is None:
-    return schedule_lib.Schedule(dataflow="none")
+    return default_schedule(a, w, precision)
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(f"{op}: schedule must be a ficco_jax.Schedule or None,"
                     f" got {schedule!r}.")
@@ -183,7 +201,9 @@ def all_to_all_matmul(
       the XLA version's, recomputed in the backward pass). ``compute``:
       "xla" (``lax.ragged_dot``) or "pallas" (ficco's grouped matmul, which
       multiplies only the tiles holding routed rows; on GPUs the Hopper
-      kernel: bf16/f16, d and f multiples of 128). None: "none" on XLA.
+      kernel: bf16/f16, d and f multiples of 128). None: "none", with
+      the experts on the grouped kernel on GPUs where it takes the call,
+      else on ``ragged_dot``.
     precision: passed to ``lax.ragged_dot`` (``compute="xla"`` only).
     preferred_element_type: result dtype (floating).
     check_routing: check the counts on every call (one all_gather of four
@@ -204,7 +224,7 @@ def all_to_all_matmul(
   t = x.shape[0]
   capacity = p * t if capacity is None else _positive_int(op, "capacity",
                                                           capacity)
-  sched = _schedule(op, schedule)
+  sched = _schedule(op, schedule, x, w, precision)
   _check_compute(op, sched, x, w, precision)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=capacity,
@@ -264,7 +284,7 @@ def matmul_all_to_all(
   op = "matmul_all_to_all"
   p = _check(op, "h", h, w, group_sizes, axis_name)
   t = _positive_int(op, "num_tokens", num_tokens)
-  sched = _schedule(op, schedule)
+  sched = _schedule(op, schedule, h, w, precision)
   _check_compute(op, sched, h, w, precision)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=h.shape[0],
