@@ -118,3 +118,16 @@ def test_moe_suite_times_and_checks_the_layer(tmp_path):
   assert "ragged-all-to-all" in case["programs"]["xla_ragged"]["error"]
   assert case["xla_best"]["program"] in ("ficco none", "xla_dense")
   assert "| ficco direct |" in (tmp_path / "moe.md").read_text()
+
+
+def test_kernel_suite_times_the_grouped_matmul(tmp_path):
+  bench("--suite=kernel", "--kernel_mode=grouped", "--tiny",
+        "--moe_models=mixtral-8x7b", "--grouped_rows=256", "--axis_size=2",
+        "--grouped_blocks=128x128x64x4x1", "--rounds=2", "--iters=2",
+        f"--out_dir={tmp_path}")
+  data = json.loads((tmp_path / "kernel_grouped.json").read_text())
+  assert len(data["rows"]) == 2  # Both of the layer's matmuls.
+  for row in data["rows"]:
+    for name in ("dense", "ragged_dot", "grouped/128x128x64x4x1"):
+      t = row["times"][name]
+      assert t["ok"] and t["median_ms"] > 0 and t["tflops"] > 0, (name, t)

@@ -101,3 +101,45 @@ def test_gpu_kernel_rejects_what_it_cannot_run(shape, dtype, match):
   w = jnp.zeros((2, k, n), dtype)
   with pytest.raises(ValueError, match=match + r".*compute='xla'"):
     gm.grouped_matmul(x, w, jnp.asarray([10, 20], jnp.int32), on_gpu=True)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, sizes, match", [
+    ((16, 4), (2, 4, 3), [4, 4, 4], r"group_sizes must be \[G\] = \[2\]"),
+    ((16, 4), (2, 5, 3), [4, 4], r"w must be \[G, K, N\] with K = x.shape\[1\]"
+     r" = 4, got shape \(2, 5, 3\)"),
+    ((16,), (2, 4, 3), [4, 4], r"x must be \[M, K\], got shape \(16,\)"),
+])
+def test_shapes_that_do_not_fit_are_errors(x_shape, w_shape, sizes, match):
+  with pytest.raises(ValueError, match=match):
+    gm.grouped_matmul(jnp.ones(x_shape), jnp.ones(w_shape),
+                      jnp.asarray(sizes, jnp.int32), on_gpu=False)
+
+
+def test_weight_gradient_keeps_the_f32_cotangent():
+  """bf16 operands, f32 result: dw comes from the unrounded cotangent, and
+  rows past the groups (another peer's, in the MoE ops) add nothing."""
+  rng = np.random.default_rng(5)
+  sizes = jnp.asarray([9, 0, 14], jnp.int32)  # 23 of 30 rows.
+  x = util.rand(rng, (30, 16), jnp.bfloat16)
+  w = util.rand(rng, (3, 16, 24), jnp.bfloat16)
+  ct = rng.standard_normal((30, 24)).astype(np.float32)  # Nonzero past 23.
+  keep = (np.arange(30) < 23)[:, None]
+  kernel = lambda w: jnp.sum(gm.grouped_matmul(
+      x, w, sizes, out_dtype=jnp.float32, on_gpu=False) * ct)
+  xla = lambda w: jnp.sum(jnp.where(keep, lax.ragged_dot(
+      x, w, sizes, preferred_element_type=jnp.float32), 0) * ct)
+  got = np.asarray(jax.grad(kernel)(w.astype(np.float32)), np.float64)
+  want = np.asarray(jax.grad(xla)(w.astype(np.float32)), np.float64)
+  assert util.rel_err(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(block_m=100), "block_m=100 must be a multiple of 64"),
+    (dict(grid_block_n=0), "grid_block_n=0 must be a positive int"),
+])
+def test_block_is_validated(kw, match):
+  with pytest.raises(ValueError, match=match):
+    gm.Block(**kw)
+  with pytest.raises(TypeError, match="block must be a grouped_matmul.Block"):
+    gm.grouped_matmul(jnp.ones((8, 64)), jnp.ones((1, 64, 128)),
+                      jnp.asarray([8], jnp.int32), block=(128, 128))

@@ -2,6 +2,7 @@
 per-token reference, across routings, schedules, dtypes and axis sizes."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -268,12 +269,19 @@ def test_bad_arguments_name_what_was_expected(bad, match):
                   check_vma=False)(x, w, gs)
 
 
-def test_sharded_forms_match_the_per_shard_layer():
+@pytest.mark.parametrize("sched", [
+    Schedule(dataflow="direct"),
+    # Off GPUs: the interpreter, which the sharded form lets run.
+    pytest.param(Schedule(dataflow="direct", compute="pallas"),
+                 marks=pytest.mark.skipif(
+                     util.on_gpu(), reason="f32 rows: the GPU kernel's"
+                     " case is test_pallas_experts_at_kernel_shapes"))],
+    ids=sched_id)
+def test_sharded_forms_match_the_per_shard_layer(sched):
   mesh = util.tp_mesh(4, "ep")
   rng = np.random.default_rng(13)
   args, host = _inputs(mesh, rng, "random", 2, np.float32)
   x, w1, w2, gs = args
-  sched = Schedule(dataflow="direct")
 
   @jax.jit
   def layer(x, w1, w2, gs):
@@ -414,17 +422,88 @@ def test_pallas_experts_reject_precision():
                   check_vma=False)(args[0], args[1], args[3])
 
 
-def test_default_schedule_puts_the_experts_on_the_kernel_on_gpus(monkeypatch):
+class _FakeGpu:
+  platform = "gpu"
+  device_kind = "Fake GPU"
+
+  def __init__(self, cc):
+    self.compute_capability = cc
+
+
+def test_default_schedule_puts_the_experts_on_the_kernel_on_hopper(
+    monkeypatch):
   from ficco_jax._src.ops.moe import api  # pylint: disable=g-import-not-at-top
-  x = jnp.zeros((64, 256), jnp.bfloat16)
-  w = jnp.zeros((2, 256, 384), jnp.bfloat16)
-  assert api.default_schedule(x, w, None).compute == (
-      "pallas" if util.on_gpu() else "xla")
+  bf16 = jnp.dtype(jnp.bfloat16)
+  x = jnp.zeros((64, 256), bf16)
+  w = jnp.zeros((2, 256, 384), bf16)
+  on_hopper = util.on_gpu() and str(
+      jax.devices()[0].compute_capability).startswith("9")
+  assert api.default_schedule(x, w, None, bf16).compute == (
+      "pallas" if on_hopper else "xla")
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert api.default_schedule(x, w, None) == Schedule(dataflow="none",
-                                                       compute="pallas")
+  monkeypatch.setattr(jax, "devices", lambda *a: [_FakeGpu("9.0")])
+  assert api.default_schedule(x, w, None, bf16) == Schedule(
+      dataflow="none", compute="pallas")
   # Where the kernel cannot take the call: XLA's ragged_dot, not an error.
-  for a, b, prec in ((x.astype(np.float32), w.astype(np.float32), None),
-                     (x, w[:, :, :320], None),  # f = 320: not a 128 multiple
-                     (x, w, jax.lax.Precision.HIGHEST)):
-    assert api.default_schedule(a, b, prec) == Schedule(dataflow="none")
+  f32 = jnp.dtype(np.float32)
+  for a, b, prec, out in (
+      (x.astype(f32), w.astype(f32), None, f32),
+      (x, w[:, :, :320], None, bf16),  # f = 320: not a 128 multiple
+      (x, w, jax.lax.Precision.HIGHEST, bf16),
+      (x, w, None, f32)):  # preferred_element_type=float32
+    assert api.default_schedule(a, b, prec, out) == Schedule(dataflow="none")
+  for cc in ("8.0", "10.0"):  # No wgmma there.
+    monkeypatch.setattr(jax, "devices", lambda *a, cc=cc: [_FakeGpu(cc)])
+    assert api.default_schedule(x, w, None, bf16) == Schedule(dataflow="none")
+
+
+def test_explicit_pallas_experts_name_what_the_gpu_kernel_cannot_take(
+    monkeypatch):
+  mesh = util.tp_mesh(4, "ep")
+  p = mesh.devices.size
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(jax, "devices", lambda *a: [_FakeGpu("9.0")])
+  x = jnp.zeros((16, 128), jnp.bfloat16)
+  w = jnp.zeros((1, 128, 192), jnp.bfloat16)
+  gs = jnp.zeros((p,), jnp.int32)
+  sched = Schedule(dataflow="none", compute="pallas")
+  with pytest.raises(ValueError, match=r"all_to_all_matmul: .*cannot take"
+                     r" this call: f=192 \(w \(1, 128, 192\)\) is not a"
+                     r" multiple of 128"):
+    jax.make_jaxpr(jax.shard_map(
+        lambda x, w, g: ficco_jax.all_to_all_matmul(
+            x, w, g, axis_name="ep", schedule=sched),
+        mesh=mesh, in_specs=(P(), P(), P()), out_specs=P(),
+        check_vma=False))(x, w, gs)
+  with pytest.raises(ValueError, match=r"preferred_element_type=float32"):
+    jax.make_jaxpr(jax.shard_map(
+        lambda x, w, g: ficco_jax.all_to_all_matmul(
+            x, w[:, :, :128], g, axis_name="ep", schedule=sched,
+            preferred_element_type=jnp.float32),
+        mesh=mesh, in_specs=(P(), P(), P()), out_specs=P(),
+        check_vma=False))(x, w, gs)
+
+
+@pytest.mark.parametrize("op", ["dispatch", "combine"])
+def test_pieces_have_piece_capacity_rows(op):
+  """The exchange moves [P, piece_capacity, d] pieces, not [P, T, d]."""
+  mesh = util.tp_mesh(4, "ep")
+  p = mesh.devices.size
+  rng = np.random.default_rng(53)
+  args, _ = _inputs(mesh, rng, "random", 1, np.float32)
+
+  def f(x, w, gs):
+    if op == "dispatch":
+      return ficco_jax.all_to_all_matmul(x, w, gs[0], axis_name="ep",
+                                         piece_capacity=7, capacity=p * 7,
+                                         check_routing=False)
+    h = jnp.zeros((p * 7, D), x.dtype)  # The products travel: [., F].
+    return ficco_jax.matmul_all_to_all(h, w, gs[0], axis_name="ep",
+                                       num_tokens=T, piece_capacity=7,
+                                       check_routing=False)
+  hlo = jax.jit(jax.shard_map(
+      f, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep"))).lower(
+          args[0], args[1], args[3]).as_text()
+  width = D if op == "dispatch" else F  # Rows, or their products.
+  assert re.search(rf"all_to_all.*tensor<{p}x7x{width}xf32>", hlo), hlo[:3000]
+  assert not re.search(rf"all_to_all.*tensor<{p}x{T}x{width}xf32>", hlo)

@@ -20,6 +20,14 @@ rows): XLA's dot of all rows, W launches of one piece each, one launch of
 all pieces, and one flagged launch (bumping a completion flag per piece, as
 the flagged granularity does); interleaved.
 
+``--kernel_mode=grouped``: the MoE ops' grouped matmul per
+``shapes.json`` ``moe_models`` model, cut for W devices (E/W local experts),
+``--grouped_rows`` rows split evenly over them, both of the layer's matmuls
+(``d -> f``, ``f -> d``): XLA's dense batched einsum over equal slots (the
+dense-slot baseline with nothing padded), ``lax.ragged_dot``, and the
+grouped kernel under each ``--grouped_blocks`` tile config; interleaved,
+each checked once against an f32 reference.
+
 Each shape is first checked once: output poisoned with NaN, relative error
 against an f32 dot, rows outside the chunk still NaN.
 """
@@ -37,9 +45,16 @@ from lib import results
 from lib import timing
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("kernel_mode", "chunks", ["chunks", "pieces"],
-                  "kernel: chunk kernel vs XLA, or the reduce-scatter's"
-                  " one-launch and flagged kernels.")
+flags.DEFINE_enum("kernel_mode", "chunks", ["chunks", "pieces", "grouped"],
+                  "kernel: chunk kernel vs XLA, the reduce-scatter's"
+                  " one-launch and flagged kernels, or the MoE grouped"
+                  " matmul.")
+flags.DEFINE_integer("grouped_rows", 8192, "kernel: grouped mode's rows.")
+flags.DEFINE_list("grouped_blocks", ["128x128x64x4x1", "128x256x64x3x1",
+                                     "64x256x64x4x1", "128x128x64x4x4",
+                                     "128x192x64x4x1"],
+                  "kernel: grouped mode's tile configs, block_m x block_n x"
+                  " block_k x max_concurrent_steps x grid_block_n.")
 flags.DEFINE_list("mcs", ["512", "1024", "2048", "4096"],
                   "kernel: chunk rows mc.")
 flags.DEFINE_list("num_sms", ["132", "112", "96"], "kernel: num_sms values.")
@@ -219,6 +234,71 @@ def run_pieces(rec, cm, w: int) -> None:
     rec.save()
 
 
+def run_grouped(rec, w: int) -> None:
+  """The MoE grouped matmul against XLA's dense einsum and ragged_dot."""
+  import json
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  gm = internal.grouped_matmul()
+  with open(FLAGS.shapes) as f:
+    models = json.load(f)["moe_models"]
+  tk = options.timing_kwargs()
+  for model in FLAGS.moe_models or list(models):  # suites/moe.py's flag.
+    cfg = models[model]
+    e = cfg["E"] // w
+    h, f_ = cfg["H"], cfg["F"]
+    if FLAGS.tiny:
+      h, f_ = cases_lib.tiny_dim(h), cases_lib.tiny_dim(f_)
+    rows = FLAGS.grouped_rows // e * e
+    slot = rows // e
+    sizes = jnp.full((e,), slot, jnp.int32)
+    for k, n in ((h, f_), (f_, h)):
+      what = f"{model} E_l={e} rows={rows} K={k} N={n}"
+      if rec.over_budget():
+        rec.skip(what, "time budget")
+        continue
+      keys = jax.random.split(jax.random.key(k + n), 4)
+      sets = [(jax.random.normal(keys[i], (rows, k), jnp.bfloat16),
+               jax.random.normal(keys[2 + i], (e, k, n), jnp.bfloat16)
+               / k ** 0.5) for i in range(2)]
+      ref = lax.ragged_dot(sets[0][0].astype(jnp.float32),
+                           sets[0][1].astype(jnp.float32), sizes)
+      programs = {
+          "dense": lambda x, wt: jnp.einsum(
+              "erk,ekn->ern", x.reshape(e, slot, k), wt).reshape(rows, n),
+          "ragged_dot": lambda x, wt: lax.ragged_dot(x, wt, sizes),
+      }
+      for label in FLAGS.grouped_blocks:
+        bm, bn, bk, steps, gbn = map(int, label.split("x"))
+        block = gm.Block(block_m=bm, block_n=bn, block_k=bk,
+                         max_concurrent_steps=steps, grid_block_n=gbn)
+        programs[f"grouped/{label}"] = (
+            lambda x, wt, block=block: gm.grouped_matmul(x, wt, sizes,
+                                                         block=block))
+      row = {"model": model, "E_l": e, "rows": rows, "K": k, "N": n,
+             "times": {}}
+      flops = 2.0 * rows * k * n
+      with timing.interleaved():
+        for name, fn in programs.items():
+          def timed(fn=fn):
+            fn = jax.jit(fn)
+            got = fn(*sets[0]).astype(jnp.float32)
+            rel = float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref))
+            t = timing.time_jax(fn, sets, **tk)  # Filled in after the
+            t.update(rel_err=rel, ok=rel < 2e-2)  # round-robin.
+            return t
+          row["times"][name] = results.guarded(rec, f"{what} {name}", timed)
+      base = row["times"]["dense"].get("median_ms")
+      for t in row["times"].values():
+        if t.get("median_ms"):
+          t["tflops"] = flops / (t["median_ms"] * 1e-3) / 1e12
+          if base:
+            t["vs_dense"] = base / t["median_ms"]
+      rec.data["rows"].append(row)
+      rec.save()
+
+
 def run() -> int:
   import jax
   w = FLAGS.axis_size or 4  # The axis size the per-device shapes are cut for.
@@ -229,8 +309,11 @@ def run() -> int:
   rec = results.Recorder(f"kernel_{FLAGS.kernel_mode}",
                          results.out_dir(meta["device_kind"], 1), data,
                          markdown)
-  cm = internal.chunk_matmul()
-  (run_chunks if FLAGS.kernel_mode == "chunks" else run_pieces)(rec, cm, w)
+  if FLAGS.kernel_mode == "grouped":
+    run_grouped(rec, w)
+  else:
+    cm = internal.chunk_matmul()
+    (run_chunks if FLAGS.kernel_mode == "chunks" else run_pieces)(rec, cm, w)
   rec.finish()
   return 0
 
@@ -259,6 +342,23 @@ def markdown(data: dict) -> str:
     lines += report.table(["model", "op", "mc", "K", "n", "program",
                            "us (min)", "TFLOP/s", "vs dot", "vs dot+DUS",
                            "check"], rows)
+  elif data["mode"] == "grouped":
+    lines += ["Per call: median ms (min), TFLOP/s, speed against the dense"
+              " einsum (> 1: faster), relative error against f32.", ""]
+    rows = []
+    for r in data["rows"]:
+      for name, t in r["times"].items():
+        if "median_ms" not in t:
+          rows.append([r["model"], r["E_l"], r["rows"], r["K"], r["N"], name,
+                       t.get("error", "error")[:100], "", "", ""])
+          continue
+        rows.append([r["model"], r["E_l"], r["rows"], r["K"], r["N"], name,
+                     f"{t['median_ms']:.3f} ({t['min_ms']:.3f})",
+                     f"{t['tflops']:.0f}", report.num(t.get("vs_dense")),
+                     f"{t['rel_err']:.2g}" + ("" if t["ok"] else " WRONG")])
+    lines += report.table(["model", "E_l", "rows", "K", "N", "program",
+                           "ms (min)", "TFLOP/s", "vs dense", "rel err"],
+                          rows)
   else:
     names = ["xla", "pieces", "one", "flagged"]
     rows = []

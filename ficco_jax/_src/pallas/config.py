@@ -27,6 +27,20 @@ SMEM_BUDGET = 227 * 1024 - 1024
 Dim = Literal["m", "n"]
 
 
+def hopper_kernel_runs(device, dtype) -> bool:
+  """Whether ficco's Mosaic GPU kernels (wgmma) run on ``device`` with
+  ``dtype`` operands: a Hopper (sm_90) GPU and 2-byte operands."""
+  if getattr(device, "platform", None) != "gpu":
+    return False
+  cc = str(getattr(device, "compute_capability", "") or "")
+  try:
+    major = int(cc.split(".")[0])
+  except ValueError:
+    return False
+  # wgmma is sm_90a's: Blackwell (sm_100+) has no such instruction.
+  return major == 9 and jnp.dtype(dtype) in MGPU_DTYPES
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ChunkMatmulConfig:
   """Tiles of the Hopper kernel. Frozen, so it can be a jit static argument.

@@ -37,7 +37,7 @@ from ficco_jax._src.pallas import out_types
 from ficco_jax._src.pallas.config import MGPU_DTYPES
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Block:
   """Tiles of the Mosaic GPU kernel (``ragged_dot_mgpu.ragged_dot``'s
   arguments): 128x128 output tiles, 64-deep steps, four in flight."""
@@ -48,6 +48,16 @@ class Block:
   max_concurrent_steps: int = 4
   grid_block_n: int = 1
 
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"Block.{f.name}={v!r} must be a positive int.")
+    for name in ("block_m", "block_n", "block_k"):
+      if getattr(self, name) % 64:  # wgmma tiles: one warpgroup, 64 rows.
+        raise ValueError(f"Block.{name}={getattr(self, name)} must be a"
+                         " multiple of 64.")
+
 
 BLOCK = Block()
 # The portable kernel's row tile: small, so the tests' few rows still span
@@ -55,12 +65,14 @@ BLOCK = Block()
 PORTABLE_BLOCK_M = 8
 
 
-def mosaic_unfit(k: int, n: int, dtype) -> str | None:
-  """Why ``[., k] @ [k, n]`` in ``dtype`` does not suit the GPU kernel, or
-  None (the forward pass needs it for (K, N), the gradient for (N, K))."""
+def mosaic_unfit(k: int, n: int, dtype, block: Block = BLOCK) -> str | None:
+  """Why ``[., k] @ [k, n]`` in ``dtype`` does not suit the GPU kernel with
+  ``block``'s tiles, or None (the forward pass needs it for (K, N), the
+  gradient for (N, K))."""
   if jnp.dtype(dtype) not in MGPU_DTYPES:
     return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
-  for name, v, tile in (("K", k, BLOCK.block_k), ("N", n, BLOCK.block_n)):
+  for name, v, tile in (("K", k, block.block_k),
+                        ("N", n, block.block_n * block.grid_block_n)):
     if v % tile:
       return f"{name}={v} is not a multiple of {tile}"
   return None
@@ -122,11 +134,14 @@ def _portable_kernel(table_ref, x_ref, w_ref, out_in_ref, out_ref, *,
                                     out_ref[rows, cols])
 
 
-def _portable(x, w, group_sizes, out_dtype):
+def _portable(x, w, group_sizes, out_dtype, block):
+  del block  # The interpreter's tiles are its own (PORTABLE_BLOCK_M).
   m, k = x.shape
   g, _, n = w.shape
   bm = PORTABLE_BLOCK_M
   bn = _largest_divisor_at_most(n, 128)
+  if bn < 8:  # A prime-ish N: one column block (the interpreter's grid is
+    bn = n    # a Python loop; any block width works).
   m_pad = -(-m // bm) * bm
   if any(vma.varying_axes(a) for a in (x, w, group_sizes)):
     # As for the chunk kernel's interpreter (portable.py): its grid indices
@@ -150,8 +165,8 @@ def _portable(x, w, group_sizes, out_dtype):
   return out[:m]
 
 
-def _mosaic(x, w, group_sizes, out_dtype):
-  why = mosaic_unfit(x.shape[1], w.shape[2], x.dtype)
+def _mosaic(x, w, group_sizes, out_dtype, block):
+  why = mosaic_unfit(x.shape[1], w.shape[2], x.dtype, block)
   if why is None and jnp.dtype(out_dtype) != jnp.dtype(x.dtype):
     why = f"the result dtype {jnp.dtype(out_dtype)} is not the operands'"
   if why is not None:
@@ -166,30 +181,41 @@ def _mosaic(x, w, group_sizes, out_dtype):
   x = jnp.pad(x, ((0, -m % 8), (0, 0)))
   return ragged_dot_mgpu.ragged_dot(
       x, w.astype(x.dtype), group_sizes=group_sizes.astype(jnp.int32),
-      **dataclasses.asdict(BLOCK))[:m]
+      **dataclasses.asdict(block))[:m]
 
 
-def _impl(x, w, group_sizes, out_dtype, on_gpu):
-  out = (_mosaic if on_gpu else _portable)(x, w, group_sizes, out_dtype)
+def _impl(x, w, group_sizes, out_dtype, on_gpu, block):
+  out = (_mosaic if on_gpu else _portable)(x, w, group_sizes, out_dtype,
+                                           block)
   valid = lax.broadcasted_iota(jnp.int32, (x.shape[0], 1), 0) < jnp.sum(
       group_sizes.astype(jnp.int32))
   return jnp.where(valid, out, jnp.zeros((), out.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _grouped(x, w, group_sizes, out_dtype, on_gpu):
-  return _impl(x, w, group_sizes, out_dtype, on_gpu)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _grouped(x, w, group_sizes, out_dtype, on_gpu, block):
+  return _impl(x, w, group_sizes, out_dtype, on_gpu, block)
 
 
-def _grouped_fwd(x, w, group_sizes, out_dtype, on_gpu):
-  return _impl(x, w, group_sizes, out_dtype, on_gpu), (x, w, group_sizes)
+def _grouped_fwd(x, w, group_sizes, out_dtype, on_gpu, block):
+  return (_impl(x, w, group_sizes, out_dtype, on_gpu, block),
+          (x, w, group_sizes))
 
 
-def _grouped_bwd(out_dtype, on_gpu, res, ct):
+def _grouped_bwd(out_dtype, on_gpu, block, res, ct):
   del out_dtype
   x, w, group_sizes = res
-  ct = ct.astype(x.dtype)
-  dx = _impl(ct, jnp.swapaxes(w, 1, 2), group_sizes, x.dtype, on_gpu)
+  # The forward pass zeroes rows past the groups, so their cotangent is 0:
+  # said here rather than left to ragged_dot's transpose, which promises
+  # nothing about those rows.
+  valid = lax.broadcasted_iota(jnp.int32, (x.shape[0], 1), 0) < jnp.sum(
+      group_sizes.astype(jnp.int32))
+  ct = jnp.where(valid, ct, jnp.zeros((), ct.dtype))
+  # dx on the kernel (its operands in x's dtype; w transposed: a copy of
+  # w, since the kernel's transposed-operand form is not in every jax).
+  dx = _impl(ct.astype(x.dtype), jnp.swapaxes(w, 1, 2).astype(x.dtype),
+             group_sizes, x.dtype, on_gpu, block)
+  # dw from the unrounded cotangent, in f32.
   _, vjp_w = jax.vjp(
       lambda w: lax.ragged_dot(x, w, group_sizes,
                                preferred_element_type=jnp.float32), w)
@@ -201,7 +227,8 @@ _grouped.defvjp(_grouped_fwd, _grouped_bwd)
 
 
 def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
-                   out_dtype=None, on_gpu: bool | None = None) -> jax.Array:
+                   out_dtype=None, on_gpu: bool | None = None,
+                   block: Block | None = None) -> jax.Array:
   """``x [M, K]`` in groups (``group_sizes [G]`` consecutive rows each) times
   ``w [G, K, N]``; rows past ``sum(group_sizes)`` are 0. Differentiable in
   ``x`` and ``w``.
@@ -213,11 +240,28 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
     out_dtype: the result's dtype (default ``x``'s).
     on_gpu: the Mosaic GPU kernel (True) or the portable one under the
       interpreter (False); None: by ``jax.default_backend()``.
+    block: the GPU kernel's tiles (default `BLOCK`; the ``kernel`` suite's
+      ``--kernel_mode=grouped`` times others).
 
   Returns:
     ``[M, N]``.
   """
+  if getattr(x, "ndim", None) != 2:
+    raise ValueError(f"grouped_matmul: x must be [M, K], got shape"
+                     f" {tuple(getattr(x, 'shape', ()))}.")
+  if getattr(w, "ndim", None) != 3 or w.shape[1] != x.shape[1]:
+    raise ValueError(f"grouped_matmul: w must be [G, K, N] with K ="
+                     f" x.shape[1] = {x.shape[1]}, got shape"
+                     f" {tuple(getattr(w, 'shape', ()))}.")
+  if (getattr(group_sizes, "shape", None) != (w.shape[0],)
+      or not jnp.issubdtype(group_sizes.dtype, jnp.integer)):
+    raise ValueError(f"grouped_matmul: group_sizes must be [G] = "
+                     f"[{w.shape[0]}] integers (one per matrix of w), got"
+                     f" {getattr(group_sizes, 'dtype', type(group_sizes))}"
+                     f"{tuple(getattr(group_sizes, 'shape', ()))}.")
   if on_gpu is None:
     on_gpu = jax.default_backend() == "gpu"
   out_dtype = jnp.dtype(out_dtype or x.dtype)
-  return _grouped(x, w, group_sizes, out_dtype, bool(on_gpu))
+  if block is not None and not isinstance(block, Block):
+    raise TypeError(f"block must be a grouped_matmul.Block, got {block!r}.")
+  return _grouped(x, w, group_sizes, out_dtype, bool(on_gpu), block or BLOCK)

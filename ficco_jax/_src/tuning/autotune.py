@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import sharded
+from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import autotune_cache
 from ficco_jax._src.tuning import cost_model
 from ficco_jax._src.tuning import heuristics
@@ -123,20 +124,6 @@ def _local_shapes(op, x, w, p, axis):
   return tuple(x_local), (w.shape[0] // p, w.shape[1])
 
 
-def _hopper_kernel_runs(device, dtype) -> bool:
-  """ficco's Pallas kernel (Mosaic GPU, wgmma) runs here: a Hopper (sm_90)
-  GPU and 2-byte operands."""
-  if device.platform != "gpu":
-    return False
-  cc = str(getattr(device, "compute_capability", "") or "")
-  try:
-    major = int(cc.split(".")[0])
-  except ValueError:
-    return False
-  # wgmma is sm_90a's: Blackwell (sm_100+) has no such instruction.
-  return major == 9 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-
-
 # Beyond the cost model's candidates, the push all-gather (which it models
 # as direct/c1 on XLA's dots). Pallas variants timed by default: the one-
 # and two-chunk copy-engine schedules at every granularity (what the
@@ -154,8 +141,8 @@ def _default_candidates(op, x_local, w_local, dtype, p, axis, platform,
   out = list(cost_model.candidates(prob, comms))
   push = ((heuristics.PUSH_GATHER,)
           if op == "all_gather_matmul" and "dma" in comms and p > 1 else ())
-  if device is None or "dma" not in comms or not _hopper_kernel_runs(device,
-                                                                     dtype):
+  if (device is None or "dma" not in comms
+      or not pallas_config.hopper_kernel_runs(device, dtype)):
     return tuple(out) + push
   for s in tuple(out):
     if s.comm == "dma" and s.num_chunks in _PALLAS_CHUNKS:

@@ -3,6 +3,7 @@ expert-parallel exchange and its grouped matmul, decomposed per peer."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -18,15 +19,39 @@ from ficco_jax._src.ops.moe import combine_dma
 from ficco_jax._src.ops.moe import dispatch_dma
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing
+from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.pallas import grouped_matmul
 
 DATAFLOWS = ("none", "direct")
 
 
-def default_schedule(a, w, precision) -> schedule_lib.Schedule:
+def _kernel_unfit(a, w, precision, out_dtype) -> str | None:
+  """Why the GPU grouped kernel cannot take this call (forward and
+  gradient), or None. Its tiles must divide K and N, and the gradient's dx
+  swaps d and f, so both must be multiples of both tiles."""
+  device = jax.devices()[0]
+  if not pallas_config.hopper_kernel_runs(device, a.dtype):
+    return (f"it needs a Hopper (sm_90) GPU and bf16/f16 rows; here"
+            f" {device.device_kind} with {a.dtype} rows")
+  if w.dtype != a.dtype:
+    return f"w is {w.dtype}, the rows {a.dtype}"
+  if jnp.dtype(out_dtype) != a.dtype:
+    return (f"preferred_element_type={jnp.dtype(out_dtype)}: its result is"
+            f" in the operands' dtype, {a.dtype}")
+  if precision is not None:
+    return f"precision={precision!r} applies to XLA's ragged_dot"
+  b = grouped_matmul.BLOCK
+  step = math.lcm(b.block_k, b.block_n * b.grid_block_n)
+  for name, v in (("d", w.shape[1]), ("f", w.shape[2])):
+    if v % step:
+      return f"{name}={v} (w {tuple(w.shape)}) is not a multiple of {step}"
+  return None
+
+
+def default_schedule(a, w, precision, out_dtype) -> schedule_lib.Schedule:
   """``schedule=None``: one all-to-all each way (``none``), the experts on
-  the grouped kernel on GPUs where it takes the call, else on XLA's
-  ``ragged_dot``.
+  the grouped kernel on GPUs where it takes the call (`_kernel_unfit`),
+  else on XLA's ``ragged_dot``.
 
   On 2xH200 (mixtral-8x7b and -8x22b widths, 4096 tokens per device,
   balanced and Zipf routing) the layer on the kernel ran 2.4-2.6x faster
@@ -34,22 +59,20 @@ def default_schedule(a, w, precision) -> schedule_lib.Schedule:
   expert (benchmarks/results/nvidia_h200_w2/moe.json). The decomposed
   dataflows measured no faster than ``none`` there, so None keeps it.
   """
-  if (jax.default_backend() == "gpu" and precision is None
-      and a.dtype == w.dtype
-      and grouped_matmul.mosaic_unfit(w.shape[1], w.shape[2], a.dtype) is None
-      and grouped_matmul.mosaic_unfit(w.shape[2], w.shape[1], a.dtype) is None):
+  if (jax.default_backend() == "gpu"
+      and _kernel_unfit(a, w, precision, out_dtype) is None):
     return schedule_lib.Schedule(dataflow="none", compute="pallas")
   return schedule_lib.Schedule(dataflow="none")
 
 
 def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
-              precision) -> schedule_lib.Schedule:
+              precision, out_dtype) -> schedule_lib.Schedule:
   """The MoE ops' schedules: the exchange in one all-to-all (``none``) or a
   piece per peer (``direct``) over XLA's collectives, and ``direct`` on the
   copy engines; the experts on XLA's ``ragged_dot`` or ficco's grouped
   matmul (``compute="pallas"``). None: `default_schedule`."""
   if schedule is None:
-    return default_schedule(a, w, precision)
+    return default_schedule(a, w, precision, out_dtype)
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(f"{op}: schedule must be a ficco_jax.Schedule or None,"
                     f" got {schedule!r}.")
@@ -71,7 +94,7 @@ def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
 
 
 def _check_compute(op: str, sched: schedule_lib.Schedule, a, w,
-                   precision) -> None:
+                   precision, out_dtype) -> None:
   """``compute="pallas"``: the grouped kernel takes the call (forward and
   gradient) or the call is an error naming why."""
   if sched.compute != "pallas":
@@ -83,16 +106,12 @@ def _check_compute(op: str, sched: schedule_lib.Schedule, a, w,
                      " precision=None or use compute='xla'.")
   if jax.default_backend() != "gpu":
     return  # The portable kernel (interpreter) takes any shape and dtype.
-  d, f = w.shape[1], w.shape[2]
-  why = (grouped_matmul.mosaic_unfit(d, f, a.dtype)
-         or grouped_matmul.mosaic_unfit(f, d, a.dtype))  # The gradient's dx.
-  if why is None and a.dtype != w.dtype:
-    why = f"w is {w.dtype}, the rows {a.dtype}"
+  why = _kernel_unfit(a, w, precision, out_dtype)
   if why is not None:
     raise ValueError(
         f"{op}: Schedule(compute='pallas') runs the Hopper grouped-matmul"
-        f" kernel, which cannot take w {tuple(w.shape)} with {a.dtype} rows:"
-        f" {why}. Use Schedule(compute='xla').")
+        f" kernel, which cannot take this call: {why}. Use"
+        " Schedule(compute='xla').")
 
 
 def _piece_rows(op: str, tokens: int, capacity: int, piece_capacity) -> int:
@@ -201,17 +220,19 @@ def all_to_all_matmul(
       the XLA version's, recomputed in the backward pass). ``compute``:
       "xla" (``lax.ragged_dot``) or "pallas" (ficco's grouped matmul, which
       multiplies only the tiles holding routed rows; on GPUs the Hopper
-      kernel: bf16/f16, d and f multiples of 128). None: "none", with
-      the experts on the grouped kernel on GPUs where it takes the call,
-      else on ``ragged_dot``.
+      kernel: an sm_90 GPU, bf16/f16 operands and result, d and f
+      multiples of 128, no ``precision``). None: "none", with the experts
+      on the grouped kernel where it takes the call, else on
+      ``ragged_dot``.
     precision: passed to ``lax.ragged_dot`` (``compute="xla"`` only).
     preferred_element_type: result dtype (floating).
     check_routing: check the counts on every call (one all_gather of four
       numbers per device and a host callback): a negative count, more
       routed rows than T, more received rows than ``capacity`` or more
       rows from one peer than ``piece_capacity`` is then an error of the
-      call naming the device, raised when the result is read. False skips the check and its host round trip; such counts
-      then give wrong rows.
+      call naming the device, raised when the result is read. False
+      skips the check and its host round trip; such counts then give
+      wrong rows.
     timeout_s: ``comm="dma"`` only: how long to wait for peers.
 
   Returns:
@@ -224,13 +245,14 @@ def all_to_all_matmul(
   t = x.shape[0]
   capacity = p * t if capacity is None else _positive_int(op, "capacity",
                                                           capacity)
-  sched = _schedule(op, schedule, x, w, precision)
-  _check_compute(op, sched, x, w, precision)
+  out_dtype = _out_dtype(op, x, w, preferred_element_type)
+  sched = _schedule(op, schedule, x, w, precision, out_dtype)
+  _check_compute(op, sched, x, w, precision, out_dtype)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=capacity,
       piece_rows=_piece_rows(op, t, capacity, piece_capacity),
       dataflow=sched.dataflow, compute=sched.compute, precision=precision,
-      out_dtype=_out_dtype(op, x, w, preferred_element_type))
+      out_dtype=out_dtype)
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
   if check_routing:
     routing.check(group_sizes, r, tokens=t, capacity=capacity,
@@ -284,13 +306,14 @@ def matmul_all_to_all(
   op = "matmul_all_to_all"
   p = _check(op, "h", h, w, group_sizes, axis_name)
   t = _positive_int(op, "num_tokens", num_tokens)
-  sched = _schedule(op, schedule, h, w, precision)
-  _check_compute(op, sched, h, w, precision)
+  out_dtype = _out_dtype(op, h, w, preferred_element_type)
+  sched = _schedule(op, schedule, h, w, precision, out_dtype)
+  _check_compute(op, sched, h, w, precision, out_dtype)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=p, capacity=h.shape[0],
       piece_rows=_piece_rows(op, t, h.shape[0], piece_capacity),
       dataflow=sched.dataflow, compute=sched.compute, precision=precision,
-      out_dtype=_out_dtype(op, h, w, preferred_element_type))
+      out_dtype=out_dtype)
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
   if check_routing:
     routing.check(group_sizes, r, tokens=t, capacity=h.shape[0],
