@@ -1,4 +1,4 @@
-"""A tensor-parallel transformer block trained with ficco_jax's collective matmuls.
+"""A tensor-parallel transformer trained with ficco_jax's collective matmuls.
 
 Megatron-style tensor parallelism with sequence parallelism, written pjit
 style: global arrays with ``NamedSharding`` on a ``dp x tp`` mesh under
@@ -12,6 +12,10 @@ with a reduce-scatter onto the sequence:
       matmul_reduce_scatter(out proj) ─ + ─ RMSNorm ─
       all_gather_matmul(up) ─ gelu ─ matmul_reduce_scatter(down) ─ +
 
+``Config.layers`` such blocks run under ``lax.scan`` over their stacked
+parameters (one compiled block, as large models are written), each
+optionally rematerialized in the backward pass (``Config.remat``).
+
 With ``use_ficco=True`` those four matmuls are
 `ficco_jax.sharded.all_gather_matmul` / `matmul_reduce_scatter`, which overlap
 the collective with the matmul. With ``use_ficco=False`` they are plain
@@ -23,6 +27,7 @@ Run with ficco_jax installed (8 virtual CPU devices as a 2x4 mesh when
 there is no GPU):
 
   python examples/tp_transformer.py
+  python examples/tp_transformer.py --layers=4 --remat
   python examples/tp_transformer.py --schedule=ring:2:xla
   python examples/tp_transformer.py --schedule=direct:2:dma --dtype=bfloat16
 """
@@ -67,8 +72,13 @@ class Config:
   # "xla": the einsum softmax below; "cudnn": jax.nn.dot_product_attention's
   # fused GPU kernel (bf16/f16 only), for long sequences on GPUs.
   attention: str = "xla"
+  layers: int = 1  # Blocks, scanned over their stacked parameters.
+  remat: bool = False  # Recompute each block's activations for its grads.
 
   def __post_init__(self):
+    if isinstance(self.layers, bool) or not isinstance(self.layers, int) or (
+        self.layers < 1):
+      raise ValueError(f"{self.layers=} must be a positive int.")
     if self.d_model % self.heads:
       raise ValueError(f"{self.heads=} must divide {self.d_model=}.")
     if self.attention not in ("xla", "cudnn"):
@@ -113,35 +123,38 @@ def parse_schedule(text: str | None) -> ficco_jax.Schedule | None:
 
 
 def param_specs(cfg: Config) -> dict[str, P]:
+  """Every parameter is stacked over the layers (a leading axis, unsharded)."""
   del cfg
   return {
-      "ln1": P(),  # RMSNorm scales: tiny, replicated.
+      "ln1": P(None),  # RMSNorm scales: tiny, replicated.
       # QKV columns are laid out [heads, 3, head_dim], so sharding the
       # columns over tp hands every device whole heads with their q, k, v.
-      "wqkv": P(None, TP),
-      "wo": P(TP, None),  # Rows [heads, head_dim]: the heads this device has.
-      "ln2": P(),
-      "w_up": P(None, TP),
-      "w_down": P(TP, None),
+      "wqkv": P(None, None, TP),
+      # Rows [heads, head_dim]: the heads this device has.
+      "wo": P(None, TP, None),
+      "ln2": P(None),
+      "w_up": P(None, None, TP),
+      "w_down": P(None, TP, None),
   }
 
 
 def init_params(key: jax.Array, cfg: Config, mesh: jax.sharding.Mesh) -> dict:
-  """float32 parameters, created directly in their shardings (no host copy)."""
-  d, f = cfg.d_model, cfg.d_ff
-  shapes = {"ln1": (d,), "wqkv": (d, 3 * d), "wo": (d, d), "ln2": (d,),
-            "w_up": (d, f), "w_down": (f, d)}
+  """float32 parameters ``[layers, ...]``, created directly in their
+  shardings (no host copy)."""
+  d, f, n = cfg.d_model, cfg.d_ff, cfg.layers
+  shapes = {"ln1": (n, d), "wqkv": (n, d, 3 * d), "wo": (n, d, d),
+            "ln2": (n, d), "w_up": (n, d, f), "w_down": (n, f, d)}
   specs = param_specs(cfg)
 
   def init(key):
     keys = dict(zip(shapes, jax.random.split(key, len(shapes))))
     out = {}
     for name, shape in shapes.items():
-      if len(shape) == 1:
+      if len(shape) == 2:
         out[name] = jnp.ones(shape, jnp.float32)
       else:
         out[name] = (jax.random.normal(keys[name], shape, jnp.float32)
-                     / np.sqrt(shape[0]))
+                     / np.sqrt(shape[1]))
     return out
 
   shardings = {k: NamedSharding(mesh, s) for k, s in specs.items()}
@@ -225,7 +238,7 @@ def block_forward(params, x, *, cfg: Config, mesh, use_ficco: bool,
   """One pre-norm transformer block.
 
   Args:
-    params: from `init_params`.
+    params: one layer's parameters (`init_params`'s, indexed by layer).
     x: ``[B, S, D]`` in ``cfg.dtype``, sharded ``P("dp", "tp")``.
     cfg: sizes and compute dtype.
     mesh: the ``dp x tp`` mesh.
@@ -260,9 +273,47 @@ def block_forward(params, x, *, cfg: Config, mesh, use_ficco: bool,
   return x + _row_parallel(h, w["w_down"], **mm)
 
 
+def model_forward(params, x, *, cfg: Config, mesh, use_ficco: bool,
+                  schedule: ficco_jax.Schedule | None = None):
+  """``cfg.layers`` blocks: `block_forward` under ``lax.scan`` over the
+  stacked parameters (rematerialized in the backward pass with
+  ``cfg.remat``); arguments as for `block_forward`."""
+  def layer(x, p):
+    return block_forward(p, x, cfg=cfg, mesh=mesh, use_ficco=use_ficco,
+                         schedule=schedule), None
+  if cfg.remat:
+    layer = jax.checkpoint(layer)
+  x, _ = jax.lax.scan(layer, x, params)
+  return x
+
+
 def loss_fn(params, x, y, **kw):
-  out = block_forward(params, x, **kw)
+  out = model_forward(params, x, **kw)
   return jnp.mean(jnp.square(out.astype(jnp.float32) - y.astype(jnp.float32)))
+
+
+def make_forward(cfg: Config, mesh, *, use_ficco: bool,
+                 schedule: ficco_jax.Schedule | None = None):
+  """The forward pass alone (prefill), jitted: ``(params, x, y) -> loss``
+  (the loss so that both variants' results compare as one number)."""
+  ps = {k: NamedSharding(mesh, s) for k, s in param_specs(cfg).items()}
+  data_s = NamedSharding(mesh, SEQ_PARALLEL)
+  fwd = lambda p, x, y: loss_fn(p, x, y, cfg=cfg, mesh=mesh,
+                                use_ficco=use_ficco, schedule=schedule)
+  return jax.jit(fwd, in_shardings=(ps, data_s, data_s),
+                 out_shardings=NamedSharding(mesh, P()))
+
+
+def flops_per_step(cfg: Config, batch: int, seq: int, *, train: bool) -> float:
+  """Model flops of one step (the matmuls and causal attention; training is
+  three times the forward pass, with ``remat`` not counted: MFU's
+  convention)."""
+  d, f = cfg.d_model, cfg.d_ff
+  tokens = batch * seq
+  proj = 2 * tokens * (3 * d * d + d * d + 2 * d * f)
+  attn = 2 * batch * seq * seq * d  # QK^T and PV, causal: half of 2 x 2.
+  fwd = cfg.layers * (proj + attn)
+  return 3.0 * fwd if train else float(fwd)
 
 
 # ---------------------------------------------------------------- training
@@ -375,7 +426,8 @@ def main(argv):
   dp, tp = default_mesh_shape(f.dp, f.tp)
   mesh = make_mesh(dp, tp, explicit=f.explicit_axes)
   dtype = jnp.dtype(f.dtype)
-  cfg = Config(d_model=f.d_model, heads=f.heads, d_ff=f.d_ff, dtype=dtype)
+  cfg = Config(d_model=f.d_model, heads=f.heads, d_ff=f.d_ff, dtype=dtype,
+               layers=f.layers, remat=f.remat)
   schedule = parse_schedule(f.schedule)
   print(f"mesh dp={dp} x tp={tp} ({'Explicit' if f.explicit_axes else 'Auto'} axes) on {jax.devices()[0].device_kind};"
         f" {cfg}; batch={f.batch} seq={f.seq};"
@@ -403,6 +455,9 @@ def main(argv):
 def define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_integer("steps", 5, "Training steps.")
+  flags.DEFINE_integer("layers", 1, "Transformer blocks (lax.scan over them).")
+  flags.DEFINE_bool("remat", False, "Rematerialize each block's activations"
+                    " in the backward pass.")
   flags.DEFINE_integer("batch", 4, "Global batch (divisible by dp).")
   flags.DEFINE_integer("seq", 64, "Sequence length (divisible by tp x chunks).")
   flags.DEFINE_integer("d_model", 64, "Model width.")

@@ -131,3 +131,18 @@ def test_kernel_suite_times_the_grouped_matmul(tmp_path):
     for name in ("dense", "ragged_dot", "grouped/128x128x64x4x1"):
       t = row["times"][name]
       assert t["ok"] and t["median_ms"] > 0 and t["tflops"] > 0, (name, t)
+
+
+def test_step_suite_runs_scanned_layers_forward_and_reports_throughput(
+    tmp_path):
+  bench("--suite=step", "--tiny", "--layers=2", "--remat",
+        "--step_mode=forward", "--variants=ficco,xla", f"--out_dir={tmp_path}",
+        timeout=240)
+  data = json.loads((tmp_path / "step.json").read_text())
+  assert data["sizes"]["layers"] == 2 and data["sizes"]["mode"] == "forward"
+  assert data["losses_match"], data
+  for name in ("ficco", "xla"):
+    r = data["variants"][name]
+    assert r["tokens_per_s"] > 0 and r["model_tflops_per_device"] > 0, r
+    assert r["mfu"] is None  # No peak for CPUs (nor for f32).
+  assert "prefill (forward)" in (tmp_path / "step.md").read_text()

@@ -72,3 +72,43 @@ def test_parse_schedule():
       dataflow="ring", num_chunks=2, comm="dma")
   assert tpt.parse_schedule("direct/c4/xla/pallas") == Schedule(
       dataflow="direct", num_chunks=4, comm="xla", compute="pallas")
+
+
+@pytest.mark.parametrize("schedule", [
+    None, Schedule(dataflow="direct", num_chunks=1, comm="dma")],
+    ids=["default", "direct/c1/dma"])
+def test_scanned_layers_train_and_prefill_like_the_reference(schedule):
+  """Three blocks under lax.scan, rematerialized: the copy engines' calls
+  repeat per layer inside one compiled body."""
+  cfg = tpt.Config(d_model=32, heads=4, d_ff=64, dtype=np.float32, layers=3,
+                   remat=True)
+  mesh = _mesh()
+  params = tpt.init_params(jax.random.key(0), cfg, mesh)
+  assert params["wqkv"].shape == (3, 32, 96)
+  x, y = tpt.make_batch(jax.random.key(7), cfg, mesh, BATCH, SEQ)
+  fwd = [float(tpt.make_forward(cfg, mesh, use_ficco=u, schedule=schedule)(
+      params, x, y)) for u in (True, False)]
+  tpt.check_losses(fwd[:1], fwd[1:], rtol=1e-3 if util.on_gpu() else 1e-4)
+  losses = []
+  for use_ficco in (True, False):
+    p, opt = params, tpt.adam_init(params)
+    step = tpt.make_train_step(cfg, mesh, use_ficco=use_ficco,
+                               schedule=schedule, lr=1e-2)
+    run = []
+    for i in range(STEPS):
+      p, opt, loss = step(p, opt, *tpt.make_batch(jax.random.key(100 + i),
+                                                  cfg, mesh, BATCH, SEQ))
+      run.append(float(loss))
+    losses.append(run)
+  tpt.check_losses(losses[0], losses[1], rtol=1e-3 if util.on_gpu() else 1e-4)
+  assert losses[0][1] < losses[0][0], losses
+
+
+def test_flops_per_step_counts_layers_and_training():
+  cfg = tpt.Config(d_model=64, heads=8, d_ff=256, layers=2)
+  fwd = tpt.flops_per_step(cfg, 2, 16, train=False)
+  one = 2 * 32 * (4 * 64 * 64 + 2 * 64 * 256) + 2 * 2 * 16 * 16 * 64
+  assert fwd == 2 * one
+  assert tpt.flops_per_step(cfg, 2, 16, train=True) == 3 * fwd
+  with pytest.raises(ValueError, match="layers=0"):
+    tpt.Config(d_model=64, heads=8, d_ff=256, layers=0)

@@ -1,8 +1,13 @@
-"""Suite ``step``: a tensor-parallel transformer block's training step.
+"""Suite ``step``: a tensor-parallel transformer's training step or prefill.
 
-The block is examples/tp_transformer.py (Megatron sequence parallelism on a
-``dp x tp`` mesh, pjit style). One step is forward + backward + Adam update,
-jitted with the parameters and optimizer state donated. Variants:
+The model is examples/tp_transformer.py (Megatron sequence parallelism on a
+``dp x tp`` mesh, pjit style; ``--layers`` blocks under ``lax.scan``,
+``--remat`` to rematerialize them). One step is forward + backward + Adam
+update, jitted with the parameters and optimizer state donated
+(``--step_mode=train``), or the forward pass and loss alone
+(``--step_mode=forward``: prefill). Each variant reports tokens/s, its model
+TFLOP/s per device and, where the device's dense bf16 peak is known (`PEAK`),
+MFU (model flops: `tp_transformer.flops_per_step`). Variants:
 
   ficco  the four tensor-parallel matmuls through ficco_jax.sharded (the
          first ``--schedules`` label; default: the library's choice);
@@ -58,6 +63,12 @@ flags.DEFINE_integer("d_model", 8192, "step: model width.")
 flags.DEFINE_integer("heads", 64, "step: attention heads (divisible by tp).")
 flags.DEFINE_integer("d_ff", 28672, "step: MLP width (divisible by tp).")
 flags.DEFINE_integer("seq", 8192, "step: sequence length.")
+flags.DEFINE_integer("layers", 1, "step: transformer blocks (lax.scan).")
+flags.DEFINE_bool("remat", False, "step: rematerialize each block in the"
+                  " backward pass.")
+flags.DEFINE_enum("step_mode", "train", ["train", "forward"],
+                  "step: the training step, or the forward pass alone"
+                  " (prefill).")
 flags.DEFINE_integer("batch", 1, "step: global batch (divisible by dp).")
 flags.DEFINE_string("dtype", "bfloat16", "step: compute dtype (parameters"
                     " float32).")
@@ -88,6 +99,8 @@ flags.DEFINE_string("step_variant", None, "Internal: run only this variant.")
 flags.DEFINE_string("step_result_file", None, "Internal: where it writes.")
 
 CPU_DEVICES = "--xla_force_host_platform_device_count=8"
+# Dense bf16 peak per device (datasheet, no sparsity) for MFU.
+PEAK = {"NVIDIA H200": 989e12, "NVIDIA H100 80GB HBM3": 989e12}
 VARIANTS = ("ficco", "xla", "xla_overlap", "ficco_tuned")
 
 
@@ -95,6 +108,7 @@ def sizes() -> dict:
   """Model and run sizes after --tiny (CPU: d_model 64, f32, 1 round)."""
   s = dict(d_model=FLAGS.d_model, heads=FLAGS.heads, d_ff=FLAGS.d_ff,
            seq=FLAGS.seq, batch=FLAGS.batch, dtype=FLAGS.dtype,
+           layers=FLAGS.layers, remat=FLAGS.remat, mode=FLAGS.step_mode,
            warmup=FLAGS.warmup, rounds=FLAGS.rounds, iters=FLAGS.iters)
   if FLAGS.tiny:
     s.update(d_model=64, heads=8, d_ff=256, seq=64, batch=None,
@@ -169,7 +183,12 @@ def run_variant(name: str) -> dict:
   mesh = tpt.make_mesh(dp, tp)
   batch = sz["batch"] or 2 * dp
   cfg = tpt.Config(d_model=sz["d_model"], heads=sz["heads"], d_ff=sz["d_ff"],
-                   dtype=jnp.dtype(sz["dtype"]), attention=FLAGS.attention)
+                   dtype=jnp.dtype(sz["dtype"]), attention=FLAGS.attention,
+                   layers=sz["layers"], remat=sz["remat"])
+  train = sz["mode"] == "train"
+  if name == "ficco_tuned" and not train:
+    raise ValueError("ficco_tuned tunes the training step; run it with"
+                     " --step_mode=train.")
   label, schedule = schedules_lib.parse(FLAGS.schedules)[0]
   devices = list(mesh.devices.flat)
   res = {"variant": name, "dp": dp, "tp": tp, "batch": batch,
@@ -186,11 +205,15 @@ def run_variant(name: str) -> dict:
     res["autotune_model"] = _autotune(tpt, cfg, mesh, params, opt, batches[0])
     res["resolved"] = _resolved(cfg, dp, tp, batch, sz["seq"])
     schedule = None
-  step = tpt.make_train_step(cfg, mesh,
-                             use_ficco=name not in ("xla", "xla_overlap"),
-                             schedule=schedule, lr=FLAGS.lr, donate=True)
+  use_ficco = name not in ("xla", "xla_overlap")
+  if train:
+    step = tpt.make_train_step(cfg, mesh, use_ficco=use_ficco,
+                               schedule=schedule, lr=FLAGS.lr, donate=True)
+    lowered = step.lower(params, opt, *batches[0])
+  else:
+    step = tpt.make_forward(cfg, mesh, use_ficco=use_ficco, schedule=schedule)
+    lowered = step.lower(params, *batches[0])
   t0 = time.perf_counter()
-  lowered = step.lower(params, opt, *batches[0])
   if name == "xla_overlap":
     res["schedule"] = "XLA collectives, overlap options"
     compiled, res["overlap"] = programs.compile_overlapped(lowered)
@@ -208,28 +231,50 @@ def run_variant(name: str) -> dict:
   # seed and data in both variants.
   losses = []
   for k in range(max(1, sz["warmup"])):
-    params, opt, loss = compiled(params, opt, *batches[k % 2])
+    if train:
+      params, opt, loss = compiled(params, opt, *batches[k % 2])
+    else:
+      loss = compiled(params, *batches[k % 2])
     losses.append(float(loss))
   res["warmup_losses"] = losses
-  state, t = timing.time_chain(lambda s, x, y: compiled(s[0], s[1], x, y),
-                               (params, opt, loss), batches, warmup=1,
-                               rounds=sz["rounds"], iters=sz["iters"])
-  res.update(t, final_loss=float(state[2]))
+  if train:
+    state, t = timing.time_chain(lambda s, x, y: compiled(s[0], s[1], x, y),
+                                 (params, opt, loss), batches, warmup=1,
+                                 rounds=sz["rounds"], iters=sz["iters"])
+    res.update(t, final_loss=float(state[2]))
+  else:
+    state = (params, opt, loss)
+    t = timing.time_jax(compiled, [(params, x, y) for x, y in batches],
+                        warmup=1, rounds=sz["rounds"], iters=sz["iters"],
+                        interleave=False)
+    res.update(t)
+  step_s = res["median_ms"] * 1e-3
+  flops = tpt.flops_per_step(cfg, batch, sz["seq"], train=train)
+  res["tokens_per_s"] = batch * sz["seq"] / step_s
+  res["model_tflops_per_device"] = flops / step_s / len(devices) / 1e12
+  peak = PEAK.get(devices[0].device_kind)
+  res["mfu"] = (res["model_tflops_per_device"] * 1e12 / peak if peak
+                and sz["dtype"] == "bfloat16" else None)
   res["memory_after"] = _memory(devices)
   peaks = [m["peak_bytes_in_use"] for m in res["memory_after"]]
   res["peak_bytes_max_over_devices"] = (
       max(peaks) if all(p is not None for p in peaks) else None)
   if FLAGS.profile_steps:
-    res["profile"] = _profile(compiled, state, batches, name)
+    if train:
+      one = lambda i, s: compiled(s[0], s[1], *batches[i % 2])  # noqa: E731
+    else:
+      one = lambda i, s: (s[0], s[1],  # noqa: E731
+                          compiled(s[0], *batches[i % 2]))
+    res["profile"] = _profile(one, state, name)
   return res
 
 
-def _profile(compiled, state, batches, name: str) -> str:
-  """Traces a few steps; returns the summary's path (or why it failed)."""
+def _profile(one, state, name: str) -> str:
+  """Traces a few steps (``one(i, state) -> state``); returns the summary's
+  path (or why it failed)."""
   from suites import profile  # pylint: disable=g-import-not-at-top
   try:
-    text = profile.trace(lambda i, s: compiled(s[0], s[1], *batches[i % 2]),
-                         state, FLAGS.profile_steps)
+    text = profile.trace(one, state, FLAGS.profile_steps)
     path = os.path.join(FLAGS.out_dir or tempfile.gettempdir(),
                         f"step_profile_{name}.txt")
     results.write_text(path, f"# {name}: {FLAGS.profile_steps} steps\n{text}\n")
@@ -331,7 +376,9 @@ def _gib(b) -> str:
 
 
 def markdown(data: dict) -> str:
-  lines = ["# Tensor-parallel block training step: ficco vs XLA collectives",
+  what = {"train": "training step", "forward": "prefill (forward)"}[
+      data["sizes"].get("mode", "train")]
+  lines = [f"# Tensor-parallel transformer {what}: ficco vs XLA collectives",
            ""]
   lines += report.provenance(data["meta"])
   lines += [f"- sizes: {data['sizes']}, attention={data['attention']},"
@@ -340,17 +387,23 @@ def markdown(data: dict) -> str:
   for name, r in data["variants"].items():
     if "error" in r:
       rows.append([name, f"error: {r['error'][:200]}", "", "", "", "", "",
-                   "", ""])
+                   "", "", "", "", ""])
       continue
     ma = r.get("memory_analysis")
     temp = ma.get("temp_size_in_bytes") if isinstance(ma, dict) else None
+    mfu = r.get("mfu")
     rows.append([name, f"`{r['schedule']}`", f"{r.get('dp')}x{r.get('tp')}",
                  f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}",
+                 f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "",
+                 (f"{r['model_tflops_per_device']:.3g}"
+                  if "model_tflops_per_device" in r else ""),
+                 f"{100 * mfu:.1f}%" if mfu else "n/a",
                  f"{r['compile_s']:.1f}",
                  _gib(r.get("peak_bytes_max_over_devices")), _gib(temp),
                  f"{r['warmup_losses'][0]:.6f}"])
   lines += report.table(["variant", "schedule", "dp x tp", "median ms",
-                         "min ms", "compile s", "peak GiB/device (max)",
+                         "min ms", "tokens/s", "model TFLOP/s/device", "MFU",
+                         "compile s", "peak GiB/device (max)",
                          "temp GiB (compiled)", "first loss"], rows)
   if "speedup" in data:
     best = data.get("xla_best", "xla")
