@@ -283,6 +283,11 @@ def model_forward(params, x, *, cfg: Config, mesh, use_ficco: bool,
                          schedule=schedule), None
   if cfg.remat:
     layer = jax.checkpoint(layer)
+  if cfg.layers == 1:
+    # No loop: XLA drops a one-trip loop only when nothing in it has side
+    # effects, and the copy engines' custom calls do, so a scan of one
+    # would change ficco's program (not XLA's) from the single block's.
+    return layer(x, jax.tree.map(lambda a: a[0], params))[0]
   x, _ = jax.lax.scan(layer, x, params)
   return x
 
@@ -305,9 +310,10 @@ def make_forward(cfg: Config, mesh, *, use_ficco: bool,
 
 
 def flops_per_step(cfg: Config, batch: int, seq: int, *, train: bool) -> float:
-  """Model flops of one step (the matmuls and causal attention; training is
-  three times the forward pass, with ``remat`` not counted: MFU's
-  convention)."""
+  """Model flops of one step: the matmuls and causal attention, counted at
+  half of the full ``S x S`` scores (FlashAttention's convention; the einsum
+  attention computes them all); training is three times the forward pass,
+  rematerialization not counted (MFU's convention)."""
   d, f = cfg.d_model, cfg.d_ff
   tokens = batch * seq
   proj = 2 * tokens * (3 * d * d + d * d + 2 * d * f)

@@ -135,9 +135,8 @@ def test_kernel_suite_times_the_grouped_matmul(tmp_path):
 
 def test_step_suite_runs_scanned_layers_forward_and_reports_throughput(
     tmp_path):
-  bench("--suite=step", "--tiny", "--layers=2", "--remat",
-        "--step_mode=forward", "--variants=ficco,xla", f"--out_dir={tmp_path}",
-        timeout=240)
+  bench("--suite=step", "--tiny", "--layers=2", "--step_mode=forward",
+        "--variants=ficco,xla", f"--out_dir={tmp_path}", timeout=240)
   data = json.loads((tmp_path / "step.json").read_text())
   assert data["sizes"]["layers"] == 2 and data["sizes"]["mode"] == "forward"
   assert data["losses_match"], data
@@ -146,3 +145,16 @@ def test_step_suite_runs_scanned_layers_forward_and_reports_throughput(
     assert r["tokens_per_s"] > 0 and r["model_tflops_per_device"] > 0, r
     assert r["mfu"] is None  # No peak for CPUs (nor for f32).
   assert "prefill (forward)" in (tmp_path / "step.md").read_text()
+
+
+def test_step_throughput_counts_tokens_devices_and_peak():
+  sys.path.insert(0, str(BENCH.parent))
+  from suites import step  # pylint: disable=g-import-not-at-top
+  t = step.throughput(flops=8 * 494.5e12, tokens=16384, step_s=0.5,
+                      num_devices=4, device_kind="NVIDIA H200",
+                      dtype="bfloat16")
+  assert t["tokens_per_s"] == 32768
+  assert abs(t["model_tflops_per_device"] - 1978) < 1e-9
+  assert abs(t["mfu"] - 1978e12 / 989e12) < 1e-12
+  assert step.throughput(1e12, 1, 1.0, 1, "NVIDIA H200", "float32")["mfu"] is None
+  assert step.throughput(1e12, 1, 1.0, 1, "cpu", "bfloat16")["mfu"] is None

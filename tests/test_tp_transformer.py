@@ -112,3 +112,20 @@ def test_flops_per_step_counts_layers_and_training():
   assert tpt.flops_per_step(cfg, 2, 16, train=True) == 3 * fwd
   with pytest.raises(ValueError, match="layers=0"):
     tpt.Config(d_model=64, heads=8, d_ff=256, layers=0)
+
+
+def test_one_layer_runs_no_loop():
+  """layers=1 is the single block's program: a one-trip scan would keep a
+  loop around the copy engines' side-effecting calls (XLA drops it only in
+  XLA's program), which would change what the step benchmark compares."""
+  mesh = _mesh()
+  params = tpt.init_params(jax.random.key(0), CFG, mesh)
+  assert params["wqkv"].sharding.spec == tpt.param_specs(CFG)["wqkv"]
+  assert tpt.param_specs(CFG)["wqkv"] == jax.sharding.PartitionSpec(
+      None, None, "tp")  # The layer axis is never sharded.
+  x, y = tpt.make_batch(jax.random.key(1), CFG, mesh, BATCH, SEQ)
+  step = tpt.make_train_step(
+      CFG, mesh, use_ficco=True,
+      schedule=Schedule(dataflow="direct", num_chunks=1, comm="dma"))
+  hlo = step.lower(params, tpt.adam_init(params), x, y).compile().as_text()
+  assert " while(" not in hlo

@@ -25,8 +25,10 @@ MFU (model flops: `tp_transformer.flops_per_step`). Variants:
          the step gain it measured) is recorded with it. Its peak memory
          includes the tuning's (two compiled steps, each site's operands).
 
-Timing: lib/timing.py's method with the training state threaded through the
-calls (`timing.time_chain`). Each variant records its warm-up losses (same
+Timing: lib/timing.py's method; in training the state is threaded through
+the calls (`timing.time_chain`, ``--iters`` calls per round), in forward
+mode the calls are independent (`timing.time_jax`, which lengthens a round
+to ``--min_round_ms``). Each variant records its warm-up losses (same
 seed, same data): the report says whether the first ones agree.
 
 Peak memory: each variant runs in a fresh subprocess of this command, so
@@ -168,6 +170,18 @@ def _autotune(tpt, cfg, mesh, params, opt, batch) -> dict:
                      "errors": dict(s.tuned.errors)} for s in r.sites]}
 
 
+def throughput(flops: float, tokens: int, step_s: float, num_devices: int,
+               device_kind: str, dtype: str) -> dict:
+  """tokens/s (the global batch's), model TFLOP/s per device, and MFU
+  against the kind's dense bf16 peak (`PEAK`; None for other kinds or
+  dtypes)."""
+  per_device = flops / step_s / num_devices
+  peak = PEAK.get(device_kind) if dtype == "bfloat16" else None
+  return {"tokens_per_s": tokens / step_s,
+          "model_tflops_per_device": per_device / 1e12,
+          "mfu": per_device / peak if peak else None}
+
+
 def run_variant(name: str) -> dict:
   """Builds, compiles and times one variant in this process."""
   import jax
@@ -186,9 +200,6 @@ def run_variant(name: str) -> dict:
                    dtype=jnp.dtype(sz["dtype"]), attention=FLAGS.attention,
                    layers=sz["layers"], remat=sz["remat"])
   train = sz["mode"] == "train"
-  if name == "ficco_tuned" and not train:
-    raise ValueError("ficco_tuned tunes the training step; run it with"
-                     " --step_mode=train.")
   label, schedule = schedules_lib.parse(FLAGS.schedules)[0]
   devices = list(mesh.devices.flat)
   res = {"variant": name, "dp": dp, "tp": tp, "batch": batch,
@@ -197,7 +208,9 @@ def run_variant(name: str) -> dict:
   if name == "ficco" and schedule is None:
     res["resolved"] = _resolved(cfg, dp, tp, batch, sz["seq"])
   params = tpt.init_params(jax.random.key(0), cfg, mesh)
-  opt = tpt.adam_init(params)
+  # The optimizer state only where a step updates it: in forward mode it
+  # would be dead memory in the peak.
+  opt = tpt.adam_init(params) if train or name == "ficco_tuned" else None
   batches = [tpt.make_batch(jax.random.key(100 + i), cfg, mesh, batch,
                             sz["seq"]) for i in range(2)]
   if name == "ficco_tuned":
@@ -206,6 +219,7 @@ def run_variant(name: str) -> dict:
     res["resolved"] = _resolved(cfg, dp, tp, batch, sz["seq"])
     schedule = None
   use_ficco = name not in ("xla", "xla_overlap")
+  t0 = time.perf_counter()  # Tracing, lowering and compiling.
   if train:
     step = tpt.make_train_step(cfg, mesh, use_ficco=use_ficco,
                                schedule=schedule, lr=FLAGS.lr, donate=True)
@@ -213,7 +227,6 @@ def run_variant(name: str) -> dict:
   else:
     step = tpt.make_forward(cfg, mesh, use_ficco=use_ficco, schedule=schedule)
     lowered = step.lower(params, *batches[0])
-  t0 = time.perf_counter()
   if name == "xla_overlap":
     res["schedule"] = "XLA collectives, overlap options"
     compiled, res["overlap"] = programs.compile_overlapped(lowered)
@@ -248,13 +261,10 @@ def run_variant(name: str) -> dict:
                         warmup=1, rounds=sz["rounds"], iters=sz["iters"],
                         interleave=False)
     res.update(t)
-  step_s = res["median_ms"] * 1e-3
-  flops = tpt.flops_per_step(cfg, batch, sz["seq"], train=train)
-  res["tokens_per_s"] = batch * sz["seq"] / step_s
-  res["model_tflops_per_device"] = flops / step_s / len(devices) / 1e12
-  peak = PEAK.get(devices[0].device_kind)
-  res["mfu"] = (res["model_tflops_per_device"] * 1e12 / peak if peak
-                and sz["dtype"] == "bfloat16" else None)
+  res.update(throughput(tpt.flops_per_step(cfg, batch, sz["seq"],
+                                           train=train),
+                        batch * sz["seq"], res["median_ms"] * 1e-3,
+                        len(devices), devices[0].device_kind, sz["dtype"]))
   res["memory_after"] = _memory(devices)
   peaks = [m["peak_bytes_in_use"] for m in res["memory_after"]]
   res["peak_bytes_max_over_devices"] = (
@@ -310,6 +320,10 @@ def _in_subprocess(name: str) -> dict:
 
 
 def run() -> int:
+  if FLAGS.step_mode == "forward" and (FLAGS.remat
+                                       or "ficco_tuned" in FLAGS.variants):
+    raise ValueError("--remat and the ficco_tuned variant are about the"
+                     " training step; run them with --step_mode=train.")
   if FLAGS.step_variant:  # A subprocess: one variant, its JSON, nothing else.
     try:
       res = run_variant(FLAGS.step_variant)
