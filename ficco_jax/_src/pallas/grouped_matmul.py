@@ -34,6 +34,7 @@ from jax.experimental import pallas as pl
 
 from ficco_jax._src import vma
 from ficco_jax._src.pallas import out_types
+from ficco_jax._src.pallas import portable
 from ficco_jax._src.pallas.config import MGPU_DTYPES
 
 
@@ -107,10 +108,6 @@ def tile_table(group_sizes: jax.Array, rows: int, block_m: int) -> jax.Array:
   return jnp.stack([grp, jnp.where(live, row, 0), lo, hi]).astype(jnp.int32)
 
 
-def _largest_divisor_at_most(v: int, cap: int) -> int:
-  return next(d for d in range(min(v, cap), 0, -1) if v % d == 0)
-
-
 def _portable_kernel(table_ref, x_ref, w_ref, out_in_ref, out_ref, *,
                      block_m, block_n):
   # table_ref: [4, tiles] int32, whole (tile_table). x_ref: [M_pad, K] and
@@ -139,7 +136,7 @@ def _portable(x, w, group_sizes, out_dtype, block):
   m, k = x.shape
   g, _, n = w.shape
   bm = PORTABLE_BLOCK_M
-  bn = _largest_divisor_at_most(n, 128)
+  bn = portable.largest_divisor_at_most(n, 128)
   if bn < 8:  # A prime-ish N: one column block (the interpreter's grid is
     bn = n    # a Python loop; any block width works).
   m_pad = -(-m // bm) * bm
@@ -184,12 +181,17 @@ def _mosaic(x, w, group_sizes, out_dtype, block):
       **dataclasses.asdict(block))[:m]
 
 
+def zero_past_groups(a: jax.Array, group_sizes: jax.Array) -> jax.Array:
+  """``a [M, .]`` with its rows past ``sum(group_sizes)`` set to 0."""
+  valid = lax.broadcasted_iota(jnp.int32, (a.shape[0], 1), 0) < jnp.sum(
+      group_sizes.astype(jnp.int32))
+  return jnp.where(valid, a, jnp.zeros((), a.dtype))
+
+
 def _impl(x, w, group_sizes, out_dtype, on_gpu, block):
   out = (_mosaic if on_gpu else _portable)(x, w, group_sizes, out_dtype,
                                            block)
-  valid = lax.broadcasted_iota(jnp.int32, (x.shape[0], 1), 0) < jnp.sum(
-      group_sizes.astype(jnp.int32))
-  return jnp.where(valid, out, jnp.zeros((), out.dtype))
+  return zero_past_groups(out, group_sizes)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -208,9 +210,7 @@ def _grouped_bwd(out_dtype, on_gpu, block, res, ct):
   # The forward pass zeroes rows past the groups, so their cotangent is 0:
   # said here rather than left to ragged_dot's transpose, which promises
   # nothing about those rows.
-  valid = lax.broadcasted_iota(jnp.int32, (x.shape[0], 1), 0) < jnp.sum(
-      group_sizes.astype(jnp.int32))
-  ct = jnp.where(valid, ct, jnp.zeros((), ct.dtype))
+  ct = zero_past_groups(ct, group_sizes)
   # dx on the kernel (its operands in x's dtype; w transposed: a copy of
   # w, since the kernel's transposed-operand form is not in every jax).
   dx = _impl(ct.astype(x.dtype), jnp.swapaxes(w, 1, 2).astype(x.dtype),

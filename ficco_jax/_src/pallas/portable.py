@@ -19,7 +19,7 @@ from ficco_jax._src import vma
 from ficco_jax._src.pallas import out_types
 
 
-def _largest_divisor_at_most(v: int, cap: int) -> int:
+def largest_divisor_at_most(v: int, cap: int) -> int:
   for d in range(min(v, cap), 0, -1):
     if v % d == 0:
       return d
@@ -49,8 +49,8 @@ def portable_into(out, x, w, off, *, interpret):
   n = w.shape[1]
   # Blocks need not be aligned in interpret mode; take the largest divisors so
   # any mc and n work without masking.
-  block_m = _largest_divisor_at_most(mc, 128)
-  block_n = _largest_divisor_at_most(n, 256)
+  block_m = largest_divisor_at_most(mc, 128)
+  block_n = largest_divisor_at_most(n, 256)
   if any(vma.varying_axes(a) for a in (off, x, w, out)):
     # The interpreter runs the kernel's body as jax ops whose grid indices
     # are typed invariant, which shard_map's check_vma rejects beside a

@@ -229,7 +229,7 @@ _H200 = DeviceParams(
     # best program (1.01-1.40x, benchmarks/results/nvidia_h200_w2). The
     # reduce-scatter's best overlap is predicted 2.8-9.5% faster there, and
     # direct/c1/dma on the kernel measured 1.01-1.32x over XLA's best on all
-    # ten, 1.05-1.11x on the five the 8% margin had left to XLA
+    # ten, 1.01-1.11x on the six predicted under 8%
     # (benchmarks/results/nvidia_h200_w2/rs_schedules): the model is
     # pessimistic at P = 2, not optimistic, so the ordinary margin holds.
     checked_at=(("all_gather_matmul", (2,)), ("matmul_reduce_scatter", (2,))),

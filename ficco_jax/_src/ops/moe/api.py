@@ -123,6 +123,26 @@ def _piece_rows(op: str, tokens: int, capacity: int, piece_capacity) -> int:
   return min(rows, _positive_int(op, "piece_capacity", piece_capacity))
 
 
+def _prepare(op: str, a, w, group_sizes, *, axis_name: str, axis_size: int,
+             tokens: int, capacity: int, piece_capacity, schedule, precision,
+             preferred_element_type, check_routing: bool):
+  """What both ops resolve before they move rows: the schedule, the call's
+  `exchange.MoeStatic` and the routing (checked on the device if asked)."""
+  out_dtype = _out_dtype(op, a, w, preferred_element_type)
+  sched = _schedule(op, schedule, a, w, precision, out_dtype)
+  _check_compute(op, sched, a, w, precision, out_dtype)
+  st = exchange.MoeStatic(
+      op_name=op, axis_name=axis_name, axis_size=axis_size, capacity=capacity,
+      piece_rows=_piece_rows(op, tokens, capacity, piece_capacity),
+      dataflow=sched.dataflow, compute=sched.compute, precision=precision,
+      out_dtype=out_dtype)
+  r = routing.route(group_sizes, axis_name=axis_name, axis_size=axis_size)
+  if check_routing:
+    routing.check(group_sizes, r, tokens=tokens, capacity=capacity,
+                  piece_rows=st.piece_rows, op_name=op, axis_name=axis_name)
+  return sched, st, r
+
+
 def _copy_static(op: str, axis_name: str, p: int,
                  sched: schedule_lib.Schedule, timeout_s) -> matmul.Static:
   """The copy-engine config of a ``comm="dma"`` call (the gather engine
@@ -245,18 +265,11 @@ def all_to_all_matmul(
   t = x.shape[0]
   capacity = p * t if capacity is None else _positive_int(op, "capacity",
                                                           capacity)
-  out_dtype = _out_dtype(op, x, w, preferred_element_type)
-  sched = _schedule(op, schedule, x, w, precision, out_dtype)
-  _check_compute(op, sched, x, w, precision, out_dtype)
-  st = exchange.MoeStatic(
-      op_name=op, axis_name=axis_name, axis_size=p, capacity=capacity,
-      piece_rows=_piece_rows(op, t, capacity, piece_capacity),
-      dataflow=sched.dataflow, compute=sched.compute, precision=precision,
-      out_dtype=out_dtype)
-  r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
-  if check_routing:
-    routing.check(group_sizes, r, tokens=t, capacity=capacity,
-                  piece_rows=st.piece_rows, op_name=op, axis_name=axis_name)
+  sched, st, r = _prepare(
+      op, x, w, group_sizes, axis_name=axis_name, axis_size=p, tokens=t,
+      capacity=capacity, piece_capacity=piece_capacity, schedule=schedule,
+      precision=precision, preferred_element_type=preferred_element_type,
+      check_routing=check_routing)
   if sched.comm == "dma" and p > 1:
     validation.check_traced_for_copy_engines(op, x)
     return dispatch_dma.dispatch(x, w, r, (st, _copy_static(
@@ -306,18 +319,11 @@ def matmul_all_to_all(
   op = "matmul_all_to_all"
   p = _check(op, "h", h, w, group_sizes, axis_name)
   t = _positive_int(op, "num_tokens", num_tokens)
-  out_dtype = _out_dtype(op, h, w, preferred_element_type)
-  sched = _schedule(op, schedule, h, w, precision, out_dtype)
-  _check_compute(op, sched, h, w, precision, out_dtype)
-  st = exchange.MoeStatic(
-      op_name=op, axis_name=axis_name, axis_size=p, capacity=h.shape[0],
-      piece_rows=_piece_rows(op, t, h.shape[0], piece_capacity),
-      dataflow=sched.dataflow, compute=sched.compute, precision=precision,
-      out_dtype=out_dtype)
-  r = routing.route(group_sizes, axis_name=axis_name, axis_size=p)
-  if check_routing:
-    routing.check(group_sizes, r, tokens=t, capacity=h.shape[0],
-                  piece_rows=st.piece_rows, op_name=op, axis_name=axis_name)
+  sched, st, r = _prepare(
+      op, h, w, group_sizes, axis_name=axis_name, axis_size=p, tokens=t,
+      capacity=h.shape[0], piece_capacity=piece_capacity, schedule=schedule,
+      precision=precision, preferred_element_type=preferred_element_type,
+      check_routing=check_routing)
   if sched.comm == "dma" and p > 1:
     validation.check_traced_for_copy_engines(op, h)
     return combine_dma.combine(h, w, r, (t, st, _copy_static(

@@ -76,8 +76,7 @@ def grouped(rows: jax.Array, w: jax.Array, sizes: jax.Array,
                                          out_dtype=st.out_dtype)
   out = lax.ragged_dot(rows, w, sizes, precision=st.precision,
                        preferred_element_type=st.out_dtype)
-  valid = lax.broadcasted_iota(jnp.int32, (rows.shape[0], 1), 0) < sizes.sum()
-  return jnp.where(valid, out, jnp.zeros((), out.dtype))
+  return grouped_matmul.zero_past_groups(out, sizes)
 
 
 def _shift(a: jax.Array, k: int, st: MoeStatic) -> jax.Array:
