@@ -108,7 +108,8 @@ def test_moe_suite_times_and_checks_the_layer(tmp_path):
   [case] = data["cases"]
   assert case["capacity"] >= case["rows_per_device"]
   assert case["piece_capacity"] <= case["capacity"]
-  for name in ("ficco none", "ficco direct", "ficco none/c1/xla/pallas",
+  for name in ("ficco default", "ficco none", "ficco direct",
+               "ficco none/c1/xla/pallas",
                "ficco direct/c1/xla/pallas", "xla_dense"):
     r = case["programs"][name]
     assert r["ok"] and r["median_ms"] > 0, (name, r)

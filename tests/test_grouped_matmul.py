@@ -143,3 +143,18 @@ def test_block_is_validated(kw, match):
   with pytest.raises(TypeError, match="block must be a grouped_matmul.Block"):
     gm.grouped_matmul(jnp.ones((8, 64)), jnp.ones((1, 64, 128)),
                       jnp.asarray([8], jnp.int32), block=(128, 128))
+
+
+@pytest.mark.parametrize("k, n, want", [
+    (4096, 14336, 4),  # mixtral-8x7b's up: N a multiple of 4 x 128.
+    (14336, 4096, 4),
+    (2048, 1408, 1),   # deepseek-v2-lite: N = 11 x 128 takes one block.
+    (1408, 2048, 4),
+    (2048, 768, 1),
+])
+def test_choose_block_takes_the_widest_grid_that_fits(k, n, want):
+  b = gm.choose_block(k, n, jnp.bfloat16)
+  assert b.grid_block_n == want
+  assert gm.mosaic_unfit(k, n, jnp.bfloat16, b) is None
+  # A width no tile divides gets the smallest tile, whose error names it.
+  assert gm.choose_block(k, 100, jnp.bfloat16) == gm.BLOCK

@@ -438,12 +438,28 @@ def test_default_schedule_puts_the_experts_on_the_kernel_on_hopper(
   w = jnp.zeros((2, 256, 384), bf16)
   on_hopper = util.on_gpu() and str(
       jax.devices()[0].compute_capability).startswith("9")
-  assert api.default_schedule(x, w, None, bf16).compute == (
+  ops = ("all_to_all_matmul", "matmul_all_to_all")
+  assert api.default_schedule(ops[0], x, w, None, bf16).compute == (
       "pallas" if on_hopper else "xla")
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   monkeypatch.setattr(jax, "devices", lambda *a: [_FakeGpu("9.0")])
-  assert api.default_schedule(x, w, None, bf16) == Schedule(
-      dataflow="none", compute="pallas")
+  narrow = Schedule(dataflow="direct", comm="dma", compute="pallas")
+  wide = Schedule(dataflow="none", compute="pallas")
+  # The experts' width f: w's last axis for the dispatch, its middle one
+  # for the combine. At most DIRECT_MAX_F: the copy engines.
+  f = api.DIRECT_MAX_F
+  for op, shape in ((ops[0], (2, 256, f)), (ops[1], (2, f, 256))):
+    assert api.default_schedule(op, x, jnp.zeros(shape, bf16), None,
+                                bf16) == narrow, op
+  for op, shape in ((ops[0], (2, 256, f + 128)), (ops[1], (2, f + 128, 256)),
+                    (ops[0], (2, f + 128, 256)), (ops[1], (2, 256, f + 128))):
+    want = wide if shape[1 if op == ops[1] else 2] > f else narrow
+    assert api.default_schedule(op, x, jnp.zeros(shape, bf16), None,
+                                bf16) == want, (op, shape)
+  # One process per GPU keeps one all-to-all each way.
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  assert api.default_schedule(ops[0], x, w, None, bf16) == wide
+  monkeypatch.setattr(jax, "process_count", lambda: 1)
   # Where the kernel cannot take the call: XLA's ragged_dot, not an error.
   f32 = jnp.dtype(np.float32)
   for a, b, prec, out in (
@@ -451,10 +467,13 @@ def test_default_schedule_puts_the_experts_on_the_kernel_on_hopper(
       (x, w[:, :, :320], None, bf16),  # f = 320: not a 128 multiple
       (x, w, jax.lax.Precision.HIGHEST, bf16),
       (x, w, None, f32)):  # preferred_element_type=float32
-    assert api.default_schedule(a, b, prec, out) == Schedule(dataflow="none")
+    for op in ops:
+      assert api.default_schedule(op, a, b, prec, out) == Schedule(
+          dataflow="none")
   for cc in ("8.0", "10.0"):  # No wgmma there.
     monkeypatch.setattr(jax, "devices", lambda *a, cc=cc: [_FakeGpu(cc)])
-    assert api.default_schedule(x, w, None, bf16) == Schedule(dataflow="none")
+    assert api.default_schedule(ops[0], x, w, None, bf16) == Schedule(
+        dataflow="none")
 
 
 def test_explicit_pallas_experts_name_what_the_gpu_kernel_cannot_take(

@@ -50,8 +50,10 @@ flags.DEFINE_enum("kernel_mode", "chunks", ["chunks", "pieces", "grouped"],
                   " one-launch and flagged kernels, or the MoE grouped"
                   " matmul.")
 flags.DEFINE_integer("grouped_rows", 8192, "kernel: grouped mode's rows.")
-flags.DEFINE_list("grouped_blocks", ["128x128x64x4x1", "128x256x64x3x1",
-                                     "64x256x64x4x1", "128x128x64x4x4",
+flags.DEFINE_list("grouped_blocks", ["128x128x64x4x1", "128x128x64x4x2",
+                                     "128x128x64x4x4", "128x128x64x4x8",
+                                     "128x128x64x3x4", "128x128x64x5x4",
+                                     "64x256x64x4x1", "64x256x64x4x2",
                                      "128x192x64x4x1"],
                   "kernel: grouped mode's tile configs, block_m x block_n x"
                   " block_k x max_concurrent_steps x grid_block_n.")
@@ -236,6 +238,7 @@ def run_pieces(rec, cm, w: int) -> None:
 
 def run_grouped(rec, w: int) -> None:
   """The MoE grouped matmul against XLA's dense einsum and ragged_dot."""
+  import dataclasses
   import json
   import jax
   import jax.numpy as jnp
@@ -269,10 +272,21 @@ def run_grouped(rec, w: int) -> None:
               "erk,ekn->ern", x.reshape(e, slot, k), wt).reshape(rows, n),
           "ragged_dot": lambda x, wt: lax.ragged_dot(x, wt, sizes),
       }
+      # What the MoE ops run: the library's choice (grouped_matmul.
+      # choose_block), then each swept tile that suits the shape.
+      chosen = gm.choose_block(k, n, jnp.bfloat16)
+      programs["grouped (chosen: " + "x".join(
+          str(v) for v in dataclasses.astuple(chosen)) + ")"] = (
+              lambda x, wt: gm.grouped_matmul(x, wt, sizes))
       for label in FLAGS.grouped_blocks:
         bm, bn, bk, steps, gbn = map(int, label.split("x"))
         block = gm.Block(block_m=bm, block_n=bn, block_k=bk,
                          max_concurrent_steps=steps, grid_block_n=gbn)
+        why = gm.mosaic_unfit(k, n, jnp.bfloat16, block)
+        if why is not None and jax.default_backend() == "gpu":  # Off GPUs
+          # the portable kernel runs whatever the tiles.
+          rec.skip(f"{what} grouped/{label}", why)
+          continue
         programs[f"grouped/{label}"] = (
             lambda x, wt, block=block: gm.grouped_matmul(x, wt, sizes,
                                                          block=block))

@@ -19,7 +19,7 @@ reference (every expert on every device, ``lax.ragged_dot`` alone):
   device with ``slot`` the most rows any (device, expert) pair has, one
   ``lax.all_to_all`` each way and the experts as dense batched einsums;
 * ``ficco <label>``: the ficco ops under each ``--moe_schedules`` label
-  (``none``: one ``lax.all_to_all`` each way; ``direct``: a piece per
+  (``default``: ``schedule=None``; ``none``: one ``lax.all_to_all`` each way; ``direct``: a piece per
   peer; ``direct/c1/dma``: the pieces of both on the copy engines;
   ``.../pallas``: the experts on ficco's grouped matmul instead of
   ``lax.ragged_dot``), with ``check_routing=False`` (the routing is valid
@@ -60,11 +60,13 @@ flags.DEFINE_list("moe_models", [], "moe: models of shapes.json's moe_models"
 flags.DEFINE_list("moe_tokens", [], "moe: tokens per device (default:"
                   " shapes.json's moe_tokens_per_device).")
 flags.DEFINE_list("routings", ["balanced", "zipf"], "moe: routings.")
-flags.DEFINE_list("moe_schedules", ["none", "direct", "direct/c1/dma",
+flags.DEFINE_list("moe_schedules", ["default", "none", "direct",
+                                    "direct/c1/dma",
                                     "none/c1/xla/pallas",
                                     "direct/c1/xla/pallas",
                                     "direct/c1/dma/pallas"],
-                  "moe: ficco schedules to time: a dataflow (none, direct) or"
+                  "moe: ficco schedules to time: default (schedule=None), a"
+                  " dataflow (none, direct) or"
                   " a Schedule label (direct/c1/dma: the copy engines;"
                   " .../pallas: ficco's grouped matmul).")
 
@@ -109,8 +111,11 @@ def _programs(mesh, p, e_local, rows, capacity, piece, slot):
                                   check_vma=on_gpu or not pallas)
 
   def ficco(label):
-    sched = (Schedule.from_short(label) if "/" in label
-             else Schedule(dataflow=label))
+    if label == "default":
+      sched = None  # schedule=None: what the ops pick (moe/api.py).
+    else:
+      sched = (Schedule.from_short(label) if "/" in label
+               else Schedule(dataflow=label))
 
     def body(x, w1, w2, gs):
       h = ficco_jax.all_to_all_matmul(x, w1, gs[0], axis_name="x",
@@ -122,7 +127,7 @@ def _programs(mesh, p, e_local, rows, capacity, piece, slot):
                                          num_tokens=rows,
                                          piece_capacity=piece, schedule=sched,
                                          check_routing=False)
-    return sm(body, pallas=sched.compute == "pallas")
+    return sm(body, pallas=sched is not None and sched.compute == "pallas")
 
   def excl(v):
     return jnp.cumsum(v) - v

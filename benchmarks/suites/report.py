@@ -63,6 +63,7 @@ def _renderers(folder: str):
       ("host_floor", host_floor.markdown),
       ("kernel_chunks", kernel.markdown),
       ("kernel_pieces", kernel.markdown),
+      ("kernel_grouped", kernel.markdown),
       ("characterize", _characterize_md),
       ("heuristic", heuristic_report.markdown),
       ("autotune", autotune.markdown),

@@ -48,21 +48,38 @@ def _kernel_unfit(a, w, precision, out_dtype) -> str | None:
   return None
 
 
-def default_schedule(a, w, precision, out_dtype) -> schedule_lib.Schedule:
-  """``schedule=None``: one all-to-all each way (``none``), the experts on
-  the grouped kernel on GPUs where it takes the call (`_kernel_unfit`),
-  else on XLA's ``ragged_dot``.
+# schedule=None moves the rows on the copy engines, a piece per peer
+# (``direct/c1/dma``), when the experts' width f is at most this: per routed
+# row the exchange moves d elements and the experts multiply them by f, so
+# the exchange's share of the layer grows as f shrinks. On 2xH200 (4096
+# tokens per device, balanced and Zipf routing, grouped kernel) direct/dma
+# ran 17-21% faster than ``none`` at f = 768 (qwen3-30b-a3b, exchange 0.8x
+# the experts' time) and 2-4% slower at f = 14336 and 16384 (mixtral,
+# exchange a tenth): benchmarks/results/nvidia_h200_w2/moe.json.
+DIRECT_MAX_F = 4096
 
-  On 2xH200 (mixtral-8x7b and -8x22b widths, 4096 tokens per device,
-  balanced and Zipf routing) the layer on the kernel ran 2.4-2.6x faster
-  than on ``ragged_dot``, which XLA:GPU computes as every row times every
-  expert (benchmarks/results/nvidia_h200_w2/moe.json). The decomposed
-  dataflows measured no faster than ``none`` there, so None keeps it.
+
+def default_schedule(op: str, a, w, precision,
+                     out_dtype) -> schedule_lib.Schedule:
+  """``schedule=None``: the experts on the grouped kernel on GPUs where it
+  takes the call (`_kernel_unfit`), else on XLA's ``ragged_dot``; the rows
+  in one all-to-all each way (``none``), or on the copy engines a piece per
+  peer (``direct/c1/dma``) where the experts' width is at most
+  `DIRECT_MAX_F` and the devices are one process's.
+
+  On 2xH200 the layer on the kernel ran 2.5-10x faster than on
+  ``ragged_dot``, which XLA:GPU computes as every row times every expert
+  (benchmarks/results/nvidia_h200_w2/moe.json). One process per GPU keeps
+  ``none``: the MoE copy-engine dataflow is not tested across processes.
   """
-  if (jax.default_backend() == "gpu"
-      and _kernel_unfit(a, w, precision, out_dtype) is None):
-    return schedule_lib.Schedule(dataflow="none", compute="pallas")
-  return schedule_lib.Schedule(dataflow="none")
+  if (jax.default_backend() != "gpu"
+      or _kernel_unfit(a, w, precision, out_dtype) is not None):
+    return schedule_lib.Schedule(dataflow="none")
+  f = w.shape[2] if op == "all_to_all_matmul" else w.shape[1]
+  if f <= DIRECT_MAX_F and jax.process_count() == 1:
+    return schedule_lib.Schedule(dataflow="direct", comm="dma",
+                                 compute="pallas")
+  return schedule_lib.Schedule(dataflow="none", compute="pallas")
 
 
 def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
@@ -72,7 +89,7 @@ def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
   copy engines; the experts on XLA's ``ragged_dot`` or ficco's grouped
   matmul (``compute="pallas"``). None: `default_schedule`."""
   if schedule is None:
-    return default_schedule(a, w, precision, out_dtype)
+    return default_schedule(op, a, w, precision, out_dtype)
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(f"{op}: schedule must be a ficco_jax.Schedule or None,"
                     f" got {schedule!r}.")
