@@ -159,3 +159,30 @@ def test_step_throughput_counts_tokens_devices_and_peak():
   assert abs(t["mfu"] - 1978e12 / 989e12) < 1e-12
   assert step.throughput(1e12, 1, 1.0, 1, "NVIDIA H200", "float32")["mfu"] is None
   assert step.throughput(1e12, 1, 1.0, 1, "cpu", "bfloat16")["mfu"] is None
+
+
+def test_step_report_shows_each_profiled_variants_streams_not_its_timeline():
+  sys.path.insert(0, str(BENCH.parent))
+  from suites import step  # pylint: disable=g-import-not-at-top
+  text = "\n".join([
+      "## /device:GPU:0: window 2.0 ms, 1.0 ms per call (2 calls)",
+      "  stream Stream #1(Compute) (compute): busy 0.9 ms/call",
+      "  compute stream idle (gaps > 3 us): 0.1 ms/call",
+      "  last call's timeline (us from its start; stream; dur):",
+      "       0.0 Compute)   10.0  some_kernel",
+      "## /device:GPU:1: window 2.0 ms, 1.0 ms per call (2 calls)",
+      "  compute stream idle (gaps > 3 us): 0.2 ms/call",
+      "## host threads (busiest): self time per event name",
+      "  bench.py: total 5.0"])
+  summary = step.profile_summary(text)
+  assert "idle (gaps > 3 us): 0.1" in summary and "0.2 ms/call" in summary
+  assert "some_kernel" not in summary and "bench.py" not in summary
+  data = {"meta": {}, "sizes": {"mode": "train"}, "attention": "xla",
+          "memory_mode": "", "variants": {
+              "xla": {"schedule": "XLA", "median_ms": 1.0, "min_ms": 1.0,
+                      "compile_s": 1.0, "warmup_losses": [1.0],
+                      "profile": "step_profile_xla.txt",
+                      "profile_summary": summary}}}
+  md = step.markdown(data)
+  assert "xla (whole summary: step_profile_xla.txt)" in md
+  assert "0.2 ms/call" in md and "some_kernel" not in md

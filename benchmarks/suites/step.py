@@ -275,22 +275,39 @@ def run_variant(name: str) -> dict:
     else:
       one = lambda i, s: (s[0], s[1],  # noqa: E731
                           compiled(s[0], *batches[i % 2]))
-    res["profile"] = _profile(one, state, name)
+    res["profile"], res["profile_summary"] = _profile(one, state, name)
   return res
 
 
-def _profile(one, state, name: str) -> str:
-  """Traces a few steps (``one(i, state) -> state``); returns the summary's
-  path (or why it failed)."""
+def profile_summary(text: str) -> str:
+  """The per-GPU lines of a trace summary (streams' busy time, copies'
+  overlap, the compute stream's idle gaps), without its event timeline and
+  host threads."""
+  keep, timeline = [], False
+  for line in text.splitlines():
+    if line.startswith("## host"):
+      break
+    if line.startswith("## "):
+      timeline = False
+    elif "timeline" in line:
+      timeline = True
+    if not timeline:
+      keep.append(line)
+  return "\n".join(keep)
+
+
+def _profile(one, state, name: str) -> tuple[str, str]:
+  """Traces a few steps (``one(i, state) -> state``); returns the file the
+  whole summary went to and its `profile_summary` (or why it failed)."""
   from suites import profile  # pylint: disable=g-import-not-at-top
   try:
     text = profile.trace(one, state, FLAGS.profile_steps)
     path = os.path.join(FLAGS.out_dir or tempfile.gettempdir(),
                         f"step_profile_{name}.txt")
     results.write_text(path, f"# {name}: {FLAGS.profile_steps} steps\n{text}\n")
-    return path
+    return os.path.basename(path), profile_summary(text)
   except Exception as e:  # pylint: disable=broad-except
-    return f"failed: {results.short_error(e, 500)}"
+    return f"failed: {results.short_error(e, 500)}", ""
 
 
 def _in_subprocess(name: str) -> dict:
@@ -439,4 +456,13 @@ def markdown(data: dict) -> str:
               f" {data.get('speedup_tuned', float('nan')):.3f}x;"
               f" then schedule=None resolves to: {tuned.get('resolved')}", "",
               "```", a["report"], "```"]
+  profiled = {n: r for n, r in data["variants"].items()
+              if r.get("profile_summary")}
+  if profiled:
+    lines += ["", "Profile (`--profile_steps`): per GPU, each stream's busy"
+              " time per step, and the compute stream's idle time, the"
+              " bound on what overlapping the collectives can still gain."]
+    for n, r in profiled.items():
+      lines += ["", f"{n} (whole summary: {r['profile']}):", "", "```",
+                r["profile_summary"], "```"]
   return "\n".join(lines) + "\n"
