@@ -186,3 +186,30 @@ def test_step_report_shows_each_profiled_variants_streams_not_its_timeline():
   md = step.markdown(data)
   assert "xla (whole summary: step_profile_xla.txt)" in md
   assert "0.2 ms/call" in md and "some_kernel" not in md
+
+
+def test_trace_summary_separates_exposed_collectives_from_compute():
+  sys.path.insert(0, str(BENCH.parent))
+  from lib import trace_summary  # pylint: disable=g-import-not-at-top
+  meta = [{"ph": "M", "name": "process_name", "pid": 1,
+           "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7,
+           "args": {"name": "Stream #7(Compute)"}},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 9,
+           "args": {"name": "Stream #9(Compute)"}}]
+  def ev(tid, ts, dur, name):
+    return {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "name": name}
+  # Stream 7 computes 0-100 and 150-250 and runs an all-gather 100-150 on
+  # itself; stream 9 runs a reduce-scatter 200-500 (50 us beside compute).
+  # Stream 9's 300 us would outweigh stream 7's 250 if collectives counted
+  # toward picking the compute stream; they do not.
+  events = meta + [ev(7, 0, 100, "gemm_a"),
+                   ev(7, 100, 50, "ncclDevKernel_AllGather_RING_LL"),
+                   ev(7, 150, 100, "gemm_b"),
+                   ev(9, 200, 300, "ncclDevKernel_ReduceScatter_Sum")]
+  text = trace_summary.summarize(events, calls=1, timeline_events=0)
+  assert "Stream #7(Compute) (compute)" in text
+  assert ("collectives on the compute stream (exposed): 0.050 ms/call;"
+          " off it: 0.300 ms/call, 17% of it while the compute stream ran"
+          " other kernels") in text, text

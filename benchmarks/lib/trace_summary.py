@@ -12,6 +12,10 @@ the standard library is needed, so a trace can be read on any machine:
   grouped by the event before and after each gap, which is where a step
   waits on a collective, a copy, or the host;
 * how much of the copies ran while the compute stream was busy (overlap);
+* the collectives' kernels (NCCL): how long they ran on the compute stream
+  itself (exposed: nothing else runs on that stream meanwhile) and off it,
+  and how much of the latter ran while the compute stream was busy; with
+  the idle gaps this bounds what hiding the communication can still gain;
 * one call's timeline on the first GPU;
 * the busiest host threads' self time per event name.
 """
@@ -63,6 +67,10 @@ def _is_copy(name: str) -> bool:
   return "memcpy" in n or "memset" in n
 
 
+def _is_collective(name: str) -> bool:
+  return "nccl" in name.lower()
+
+
 def _short(name: str, n: int = 48) -> str:
   return name if len(name) <= n else name[: n - 3] + "..."
 
@@ -93,8 +101,11 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
     streams = collections.defaultdict(list)
     for e in evs:
       streams[e.get("tid")].append(e)
+    # The compute stream: the most kernel time, collectives not counted
+    # (XLA may run NCCL on a stream of its own).
     kernel_busy = {
-        tid: sum(e["dur"] for e in es if not _is_copy(e["name"]))
+        tid: sum(e["dur"] for e in es if not _is_copy(e["name"])
+                 and not _is_collective(e["name"]))
         for tid, es in streams.items()}
     compute = max(kernel_busy, key=kernel_busy.get)
     comp = sorted(streams[compute], key=lambda e: e["ts"])
@@ -122,6 +133,19 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
       lines.append(f"  copies off the compute stream: {copy_busy / 1e3 / calls:.3f}"
                    f" ms/call, {100 * both / max(copy_busy, 1e-9):.0f}% of it"
                    " while the compute stream was busy")
+    on = [(e["ts"], e["ts"] + e["dur"]) for e in comp
+          if _is_collective(e["name"])]
+    off = [(e["ts"], e["ts"] + e["dur"]) for tid, es in streams.items()
+           for e in es if _is_collective(e["name"]) and tid != compute]
+    if on or off:
+      work = [iv for e, iv in zip(comp, comp_iv)
+              if not _is_collective(e["name"])]
+      hidden = _union(work) + _union(off) - _union(work + off)
+      lines.append(f"  collectives on the compute stream (exposed):"
+                   f" {_union(on) / 1e3 / calls:.3f} ms/call; off it:"
+                   f" {_union(off) / 1e3 / calls:.3f} ms/call,"
+                   f" {100 * hidden / max(_union(off), 1e-9):.0f}% of it"
+                   " while the compute stream ran other kernels")
     gaps = collections.Counter()
     gap_n = collections.Counter()
     total_gap = 0.0
