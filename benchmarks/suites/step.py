@@ -459,9 +459,11 @@ def markdown(data: dict) -> str:
   profiled = {n: r for n, r in data["variants"].items()
               if r.get("profile_summary")}
   if profiled:
-    lines += ["", "Profile (`--profile_steps`): per GPU, each stream's busy"
-              " time per step, and the compute stream's idle time, the"
-              " bound on what overlapping the collectives can still gain."]
+    lines += ["", "Profile (`--profile_steps`): per GPU and step, each"
+              " stream's busy time, the collectives run on the compute"
+              " stream (exposed) and beside it, and the compute stream's"
+              " idle time: with the step time outside the traced window"
+              " (host launch), where a step's time goes."]
     for n, r in profiled.items():
       lines += ["", f"{n} (whole summary: {r['profile']}):", "", "```",
                 r["profile_summary"], "```"]
