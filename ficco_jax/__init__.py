@@ -8,7 +8,7 @@ The public API (everything else lives in the private ``ficco_jax._src``):
 * `Schedule`: how an op is decomposed and overlapped; ``schedule=None``
   resolves through the autotune cache, then the cost-model heuristic.
 * `choose_schedule`, `explain`: which schedule ``schedule=None`` runs, and
-  why.
+  why (for every op, the MoE ops included).
 * `autotune`, `set_autotune_cache`: measure the candidates on your devices
   and cache the fastest; `autotune_model` does it for every call of a whole
   function (a training step, say) and times the step's gain.

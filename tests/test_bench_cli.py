@@ -212,4 +212,4 @@ def test_trace_summary_separates_exposed_collectives_from_compute():
   assert "Stream #7(Compute) (compute)" in text
   assert ("collectives on the compute stream (exposed): 0.050 ms/call;"
           " off it: 0.300 ms/call, 17% of it while the compute stream ran"
-          " other kernels") in text, text
+          " other work") in text, text

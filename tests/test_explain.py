@@ -115,10 +115,15 @@ def test_reduce_scatter_is_explained(monkeypatch):
 
 
 def test_unknown_op_is_rejected():
-  with pytest.raises(ValueError, match="op='all_to_all_matmul' must be one"):
-    ficco_jax.explain("all_to_all_matmul", **BIG)
-  with pytest.raises(ValueError, match="op='all_to_all_matmul' must be one"):
-    ficco_jax.choose_schedule("all_to_all_matmul", **BIG)
+  with pytest.raises(ValueError, match="op='all_reduce_matmul' must be one"):
+    ficco_jax.explain("all_reduce_matmul", **BIG)
+  with pytest.raises(ValueError, match="op='all_reduce_matmul' must be one"):
+    ficco_jax.choose_schedule("all_reduce_matmul", **BIG)
+  # A MoE op's weights are one matrix per local expert.
+  for fn in (ficco_jax.explain, ficco_jax.choose_schedule):
+    with pytest.raises(ValueError, match=r"w_shape=\(.*\) must be"
+                       r" \[E_l, d, f\]"):
+      fn("all_to_all_matmul", **BIG)
 
 
 def _shipped_entries():

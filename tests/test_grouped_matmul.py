@@ -150,11 +150,41 @@ def test_block_is_validated(kw, match):
     (14336, 4096, 4),
     (2048, 1408, 1),   # deepseek-v2-lite: N = 11 x 128 takes one block.
     (1408, 2048, 4),
-    (2048, 768, 1),
+    (2048, 768, 2),    # qwen3-30b-a3b: N = 3 x 256.
 ])
 def test_choose_block_takes_the_widest_grid_that_fits(k, n, want):
   b = gm.choose_block(k, n, jnp.bfloat16)
   assert b.grid_block_n == want
   assert gm.mosaic_unfit(k, n, jnp.bfloat16, b) is None
-  # A width no tile divides gets the smallest tile, whose error names it.
-  assert gm.choose_block(k, 100, jnp.bfloat16) == gm.BLOCK
+
+
+def test_choose_block_gives_a_width_no_tile_divides_the_smallest_tile():
+  # Whose error then names the misfit.
+  assert gm.choose_block(4096, 100, jnp.bfloat16) == gm.BLOCK
+  assert "N=100 is not a multiple of 128" in gm.mosaic_unfit(
+      4096, 100, jnp.bfloat16)
+
+
+def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
+    monkeypatch):
+  # The GPU kernel stands in as a recorder (no GPU here): block=None picks
+  # tiles per call, and the gradient's dx swaps K and N (1408 = 11 x 128
+  # takes one column block, 512 takes four).
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  def fake(x, w, *, group_sizes, block_m, block_n, block_k,
+           max_concurrent_steps, grid_block_n):
+    del group_sizes, block_m, block_k, max_concurrent_steps
+    k, n = w.shape[1:]
+    assert n % (block_n * grid_block_n) == 0, (n, block_n, grid_block_n)
+    seen.append((k, n, grid_block_n))
+    return jnp.einsum("mk,kn->mn", x, w[0])
+
+  monkeypatch.setattr(ragged_dot_mgpu, "ragged_dot", fake)
+  x = jnp.ones((8, 512), jnp.bfloat16)
+  w = jnp.ones((1, 512, 1408), jnp.bfloat16)
+  sizes = jnp.asarray([8], jnp.int32)
+  jax.grad(lambda x: gm.grouped_matmul(x, w, sizes, on_gpu=True).astype(
+      jnp.float32).sum())(x)
+  assert seen == [(512, 1408, 1), (1408, 512, 4)]

@@ -433,6 +433,7 @@ class _FakeGpu:
 def test_default_schedule_puts_the_experts_on_the_kernel_on_hopper(
     monkeypatch):
   from ficco_jax._src.ops.moe import api  # pylint: disable=g-import-not-at-top
+  from ficco_jax._src.tuning import moe_heuristic  # pylint: disable=g-import-not-at-top
   bf16 = jnp.dtype(jnp.bfloat16)
   x = jnp.zeros((64, 256), bf16)
   w = jnp.zeros((2, 256, 384), bf16)
@@ -447,7 +448,7 @@ def test_default_schedule_puts_the_experts_on_the_kernel_on_hopper(
   wide = Schedule(dataflow="none", compute="pallas")
   # The experts' width f: w's last axis for the dispatch, its middle one
   # for the combine. At most DIRECT_MAX_F: the copy engines.
-  f = api.DIRECT_MAX_F
+  f = moe_heuristic.DIRECT_MAX_F
   for op, shape in ((ops[0], (2, 256, f)), (ops[1], (2, f, 256))):
     assert api.default_schedule(op, x, jnp.zeros(shape, bf16), None,
                                 bf16) == narrow, op
@@ -456,6 +457,11 @@ def test_default_schedule_puts_the_experts_on_the_kernel_on_hopper(
     want = wide if shape[1 if op == ops[1] else 2] > f else narrow
     assert api.default_schedule(op, x, jnp.zeros(shape, bf16), None,
                                 bf16) == want, (op, shape)
+  # Eager shard_map and vmap cannot run the copy engines (they need one
+  # compiled program): schedule=None keeps one all-to-all each way there.
+  for tracer in ("ShardMapTracer", "BatchTracer"):
+    rows = type(tracer, (), {"dtype": bf16, "shape": x.shape})()
+    assert api.default_schedule(ops[0], rows, w, None, bf16) == wide, tracer
   # One process per GPU keeps one all-to-all each way.
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   assert api.default_schedule(ops[0], x, w, None, bf16) == wide
@@ -474,6 +480,45 @@ def test_default_schedule_puts_the_experts_on_the_kernel_on_hopper(
     monkeypatch.setattr(jax, "devices", lambda *a, cc=cc: [_FakeGpu(cc)])
     assert api.default_schedule(ops[0], x, w, None, bf16) == Schedule(
         dataflow="none")
+
+
+@pytest.mark.parametrize("op, w_shape", [
+    ("all_to_all_matmul", (4, 256, 768)),     # narrow experts
+    ("all_to_all_matmul", (4, 256, 8192)),    # wide experts
+    ("matmul_all_to_all", (4, 768, 256)),
+    ("matmul_all_to_all", (4, 8192, 256)),
+    ("all_to_all_matmul", (4, 256, 320)),     # f: no kernel tile
+])
+def test_choose_schedule_and_explain_agree_with_the_moe_ops(
+    monkeypatch, op, w_shape):
+  from ficco_jax._src.ops.moe import api  # pylint: disable=g-import-not-at-top
+  bf16 = jnp.dtype(jnp.bfloat16)
+  x = jnp.zeros((64, w_shape[1]), bf16)
+  w = jnp.zeros(w_shape, bf16)
+  # Here, then on a (fake) Hopper GPU at hand.
+  for fake in (False, True):
+    if fake:
+      monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+      monkeypatch.setattr(jax, "devices", lambda *a: [_FakeGpu("9.0")])
+    want = api.default_schedule(op, x, w, None, bf16)
+    kw = dict(x_shape=x.shape, w_shape=w.shape, dtype=bf16, axis_size=2)
+    assert ficco_jax.choose_schedule(op, **kw) == want
+    e = ficco_jax.explain(op, **kw)
+    assert e.chosen == want and e.source == "heuristic"
+    assert want.short() in str(e) and e.reason in str(e)
+  # Planned from here for another kind: as a GPU of that kind.
+  h200 = ficco_jax.choose_schedule(op, **kw, device_kind="NVIDIA H200")
+  a100 = ficco_jax.choose_schedule(op, **kw, device_kind="NVIDIA A100")
+  assert a100 == Schedule(dataflow="none")  # No wgmma: ragged_dot.
+  if w_shape[2] % 128:
+    assert h200 == Schedule(dataflow="none")
+    assert "not a multiple of 128" in ficco_jax.explain(
+        op, **kw, device_kind="NVIDIA H200").kernel
+  else:
+    f = w_shape[2] if op == "all_to_all_matmul" else w_shape[1]
+    assert h200.compute == "pallas"
+    assert (h200.dataflow, h200.comm) == (
+        ("direct", "dma") if f <= 4096 else ("none", "xla")), h200
 
 
 def test_explicit_pallas_experts_name_what_the_gpu_kernel_cannot_take(

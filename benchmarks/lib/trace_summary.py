@@ -145,7 +145,7 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
                    f" {_union(on) / 1e3 / calls:.3f} ms/call; off it:"
                    f" {_union(off) / 1e3 / calls:.3f} ms/call,"
                    f" {100 * hidden / max(_union(off), 1e-9):.0f}% of it"
-                   " while the compute stream ran other kernels")
+                   " while the compute stream ran other work")
     gaps = collections.Counter()
     gap_n = collections.Counter()
     total_gap = 0.0

@@ -289,7 +289,7 @@ def profile_summary(text: str) -> str:
       break
     if line.startswith("## "):
       timeline = False
-    elif "timeline" in line:
+    elif line.lstrip().startswith("last call's timeline"):
       timeline = True
     if not timeline:
       keep.append(line)
@@ -305,7 +305,9 @@ def _profile(one, state, name: str) -> tuple[str, str]:
     path = os.path.join(FLAGS.out_dir or tempfile.gettempdir(),
                         f"step_profile_{name}.txt")
     results.write_text(path, f"# {name}: {FLAGS.profile_steps} steps\n{text}\n")
-    return os.path.basename(path), profile_summary(text)
+    # Named relative to the results it sits beside, when there are any.
+    shown = os.path.basename(path) if FLAGS.out_dir else path
+    return shown, profile_summary(text)
   except Exception as e:  # pylint: disable=broad-except
     return f"failed: {results.short_error(e, 500)}", ""
 

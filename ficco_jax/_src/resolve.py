@@ -25,11 +25,14 @@ import jax
 import numpy as np
 
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import autotune_cache
 from ficco_jax._src.tuning import device_params
 from ficco_jax._src.tuning import heuristics
+from ficco_jax._src.tuning import moe_heuristic
 
 OPS = ("all_gather_matmul", "matmul_reduce_scatter")
+MOE_OPS = moe_heuristic.OPS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,9 +80,29 @@ class Resolution:
   target: Target
 
 
-def check_op(op: str) -> None:
-  if op not in OPS:
-    raise ValueError(f"op={op!r} must be one of {OPS}.")
+def check_op(op: str, moe: bool = False) -> None:
+  ops = OPS + MOE_OPS if moe else OPS
+  if op not in ops:
+    raise ValueError(f"op={op!r} must be one of {ops}.")
+
+
+def moe_hopper(tgt: Target) -> bool:
+  """Whether ``tgt`` runs the MoE grouped kernel's wgmma (sm_90): the
+  device at hand's compute capability, or another kind's name."""
+  if tgt.assume_dma:  # Another kind: planned for as a GPU of that kind.
+    return moe_heuristic.kind_is_hopper(tgt.device_kind)
+  return pallas_config.hopper_kernel_runs(jax.devices()[0], np.float16)
+
+
+def _moe_default(op: str, w_shape, dtype, tgt: Target) -> Resolution:
+  """`moe_heuristic.decide` for ``tgt``, with the call's defaults (no
+  ``precision``, the result in the operands' dtype)."""
+  schedule, reason = moe_heuristic.decide(
+      op, w_shape=w_shape, dtype=dtype, platform=tgt.platform,
+      hopper=moe_hopper(tgt), device_desc=tgt.device_kind,
+      processes=jax.process_count())
+  return Resolution(schedule=schedule, source="heuristic", reason=reason,
+                    target=tgt)
 
 
 def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
@@ -88,7 +111,10 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   """Steps 2 and 3 of the order: what ``schedule=None`` runs, and why.
 
   Args:
-    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    op: ``"all_gather_matmul"``, ``"matmul_reduce_scatter"``, or a MoE op
+      (``"all_to_all_matmul"``, ``"matmul_all_to_all"``: decided by
+      `moe_heuristic` for calls with no ``precision`` and the result in the
+      operands' dtype; no autotune cache yet).
     x_shape, w_shape: local shapes, as the op sees them inside shard_map.
     dtype: the first operand's dtype.
     axis_size: devices along the axis.
@@ -100,10 +126,16 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   Returns:
     The `Resolution`.
   """
-  check_op(op)
+  check_op(op, moe=True)
   x_shape = tuple(int(d) for d in x_shape)
   w_shape = tuple(int(d) for d in w_shape)
   tgt = target(device_kind)
+  if op in MOE_OPS:
+    if len(w_shape) != 3:
+      raise ValueError(
+          f"{op}: w_shape={w_shape} must be [E_l, d, f] (dispatch) or"
+          " [E_l, f, d] (combine): one matrix per local expert.")
+    return _moe_default(op, w_shape, dtype, tgt)
   cached = cached_schedule(op, device_kind=tgt.device_kind,
                            axis_size=axis_size, x_shape=x_shape,
                            w_shape=w_shape, axis=axis, dtype=dtype)
@@ -135,10 +167,13 @@ def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   as the op traced on the devices at hand.
 
   Args:
-    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    op: ``"all_gather_matmul"``, ``"matmul_reduce_scatter"``,
+      ``"all_to_all_matmul"`` or ``"matmul_all_to_all"`` (the MoE ops: for
+      calls with no ``precision`` and the result in the operands' dtype).
     x_shape: the local (per-device) shape of the op's first operand (``x``
       or ``h``), as the op sees it inside ``shard_map``.
-    w_shape: the local shape of ``w``.
+    w_shape: the local shape of ``w`` (the MoE ops: ``[E_l, d, f]`` for
+      the dispatch, ``[E_l, f, d]`` for the combine).
     dtype: element type of the first operand.
     axis_size: devices along the axis.
     axis: ``gather_axis`` or ``scatter_axis``.

@@ -12,6 +12,7 @@ from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src.tuning import cost_model
 from ficco_jax._src.tuning import device_params
 from ficco_jax._src.tuning import heuristics
+from ficco_jax._src.tuning import moe_heuristic
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,6 +95,46 @@ class Explanation:
     return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoeExplanation:
+  """`explain`'s report for a MoE op; ``str()`` (or ``print``) renders it.
+
+  Attributes:
+    op, x_shape, w_shape, dtype, axis_size: the problem (local shapes).
+    device_kind: the device planned for.
+    chosen: the schedule ``schedule=None`` resolves to.
+    source: ``"heuristic"`` (the MoE ops have no autotune cache yet).
+    reason: why, in words (`moe_heuristic.decide`).
+    expert_width: the experts' hidden width f the exchange rule reads.
+    direct_max_f: the widest f that takes the copy engines.
+    kernel: why the grouped kernel cannot take the call, or None.
+  """
+
+  op: str
+  x_shape: tuple[int, ...]
+  w_shape: tuple[int, ...]
+  dtype: str
+  axis_size: int
+  device_kind: str
+  chosen: schedule_lib.Schedule
+  source: str
+  reason: str
+  expert_width: int
+  direct_max_f: int
+  kernel: str | None
+
+  def __str__(self) -> str:
+    return "\n".join([
+        f"ficco_jax.explain: {self.op} x{list(self.x_shape)}"
+        f" w{list(self.w_shape)} {self.dtype}, P={self.axis_size}, on"
+        f" {self.device_kind!r}",
+        f"chosen: {self.chosen.short()}  [{self.source}: {self.reason}]",
+        f"grouped kernel: {self.kernel or 'takes the call'}; experts' width"
+        f" f={self.expert_width} (copy engines at f <="
+        f" {self.direct_max_f})",
+    ])
+
+
 def _on_xla_dots(s: schedule_lib.Schedule) -> schedule_lib.Schedule | None:
   """``s`` with XLA's dots instead of the Pallas kernel, or None where no
   such schedule exists (the flagged granularity is the kernel's own)."""
@@ -154,14 +195,18 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
 
 
 def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
-            axis: int = 0, device_kind: str | None = None) -> Explanation:
+            axis: int = 0, device_kind: str | None = None
+            ) -> Explanation | MoeExplanation:
   """Explains the schedule ``schedule=None`` resolves to for one problem.
 
   Resolves as the ops do (`ficco_jax._src.resolve`: autotune cache, then
   heuristic) and reports the cost model's prediction for every candidate.
 
   Args:
-    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``; or a MoE
+      op, ``"all_to_all_matmul"`` or ``"matmul_all_to_all"`` (for calls
+      with no ``precision`` and the result in the operands' dtype), whose
+      report is a `MoeExplanation`: the rule that decided, not a cost model.
     x_shape: local shape of the first operand (as inside ``shard_map``).
     w_shape: local shape of ``w``.
     dtype: the first operand's dtype.
@@ -172,12 +217,25 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       as a GPU of that kind with the copy-engine library available.
 
   Returns:
-    An `Explanation`; ``print`` it for the report.
+    An `Explanation` (a `MoeExplanation` for the MoE ops); ``print`` it for
+    the report.
   """
   resolution = resolve.default_schedule(
       op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
       axis=axis, device_kind=device_kind)
   tgt = resolution.target
+  if op in resolve.MOE_OPS:
+    w_shape = tuple(int(d) for d in w_shape)
+    return MoeExplanation(
+        op=op, x_shape=tuple(int(d) for d in x_shape), w_shape=w_shape,
+        dtype=np.dtype(dtype).name, axis_size=axis_size,
+        device_kind=tgt.device_kind, chosen=resolution.schedule,
+        source=resolution.source, reason=resolution.reason,
+        expert_width=moe_heuristic.expert_width(op, w_shape),
+        direct_max_f=moe_heuristic.DIRECT_MAX_F,
+        kernel=moe_heuristic.kernel_unfit(
+            w_shape=w_shape, dtype=dtype, hopper=resolve.moe_hopper(tgt),
+            device_desc=tgt.device_kind))
   x_shape = tuple(int(d) for d in x_shape)
   w_shape = tuple(int(d) for d in w_shape)
   params = device_params.params_for(tgt.device_kind)

@@ -3,7 +3,6 @@ expert-parallel exchange and its grouped matmul, decomposed per peer."""
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
@@ -20,66 +19,42 @@ from ficco_jax._src.ops.moe import dispatch_dma
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing
 from ficco_jax._src.pallas import config as pallas_config
-from ficco_jax._src.pallas import grouped_matmul
+from ficco_jax._src.tuning import moe_heuristic
 
 DATAFLOWS = ("none", "direct")
 
 
-def _kernel_unfit(a, w, precision, out_dtype) -> str | None:
-  """Why the GPU grouped kernel cannot take this call (forward and
-  gradient), or None. Its tiles must divide K and N, and the gradient's dx
-  swaps d and f, so both must be multiples of both tiles."""
+def _device_facts() -> dict:
+  """The device at hand, as `moe_heuristic` takes it."""
   device = jax.devices()[0]
-  if not pallas_config.hopper_kernel_runs(device, a.dtype):
-    return (f"it needs a Hopper (sm_90) GPU and bf16/f16 rows; here"
-            f" {device.device_kind} with {a.dtype} rows")
-  if w.dtype != a.dtype:
-    return f"w is {w.dtype}, the rows {a.dtype}"
-  if jnp.dtype(out_dtype) != a.dtype:
-    return (f"preferred_element_type={jnp.dtype(out_dtype)}: its result is"
-            f" in the operands' dtype, {a.dtype}")
-  if precision is not None:
-    return f"precision={precision!r} applies to XLA's ragged_dot"
-  b = grouped_matmul.BLOCK
-  step = math.lcm(b.block_k, b.block_n * b.grid_block_n)
-  for name, v in (("d", w.shape[1]), ("f", w.shape[2])):
-    if v % step:
-      return f"{name}={v} (w {tuple(w.shape)}) is not a multiple of {step}"
-  return None
+  return dict(platform=jax.default_backend(),
+              hopper=pallas_config.hopper_kernel_runs(device, jnp.bfloat16),
+              device_desc=device.device_kind)
 
 
-# schedule=None moves the rows on the copy engines, a piece per peer
-# (``direct/c1/dma``), when the experts' width f is at most this: per routed
-# row the exchange moves d elements and the experts multiply them by f, so
-# the exchange's share of the layer grows as f shrinks. On 2xH200 (4096
-# tokens per device, balanced and Zipf routing, grouped kernel) direct/dma
-# ran 17-21% faster than ``none`` at f = 768 (qwen3-30b-a3b, exchange 0.8x
-# the experts' time) and 2-4% slower at f = 14336 and 16384 (mixtral,
-# exchange a tenth): benchmarks/results/nvidia_h200_w2/moe.json.
-DIRECT_MAX_F = 4096
+def _kernel_unfit(a, w, precision, out_dtype) -> str | None:
+  """Why the GPU grouped kernel cannot take this call, or None
+  (`moe_heuristic.kernel_unfit` on the device at hand)."""
+  facts = _device_facts()
+  return moe_heuristic.kernel_unfit(
+      w_shape=w.shape, dtype=a.dtype, w_dtype=w.dtype, out_dtype=out_dtype,
+      precision=precision, hopper=facts["hopper"],
+      device_desc=facts["device_desc"])
 
 
 def default_schedule(op: str, a, w, precision,
                      out_dtype) -> schedule_lib.Schedule:
-  """``schedule=None``: the experts on the grouped kernel on GPUs where it
-  takes the call (`_kernel_unfit`), else on XLA's ``ragged_dot``; the rows
-  in one all-to-all each way (``none``), or on the copy engines a piece per
-  peer (``direct/c1/dma``) where the experts' width is at most
-  `DIRECT_MAX_F` and the devices are one process's.
-
-  On 2xH200 the layer on the kernel ran 2.5-10x faster than on
-  ``ragged_dot``, which XLA:GPU computes as every row times every expert
-  (benchmarks/results/nvidia_h200_w2/moe.json). One process per GPU keeps
-  ``none``: the MoE copy-engine dataflow is not tested across processes.
-  """
-  if (jax.default_backend() != "gpu"
-      or _kernel_unfit(a, w, precision, out_dtype) is not None):
-    return schedule_lib.Schedule(dataflow="none")
-  f = w.shape[2] if op == "all_to_all_matmul" else w.shape[1]
-  if f <= DIRECT_MAX_F and jax.process_count() == 1:
-    return schedule_lib.Schedule(dataflow="direct", comm="dma",
-                                 compute="pallas")
-  return schedule_lib.Schedule(dataflow="none", compute="pallas")
+  """``schedule=None``: `moe_heuristic.decide` on the device at hand (the
+  experts on the grouped kernel where it takes the call, the rows on the
+  copy engines where the experts are narrow; `ficco_jax.explain` says
+  which and why)."""
+  schedule, _ = moe_heuristic.decide(
+      op, w_shape=w.shape, dtype=a.dtype, w_dtype=w.dtype,
+      out_dtype=out_dtype, precision=precision,
+      processes=jax.process_count(),
+      one_program=type(a).__name__ not in ("ShardMapTracer", "BatchTracer"),
+      **_device_facts())
+  return schedule
 
 
 def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
@@ -237,7 +212,7 @@ def all_to_all_matmul(
   inside ``jax.shard_map`` over the expert-parallel axis; device r owns
   experts ``[r * E_l, (r + 1) * E_l)``. Each peer's rows travel and are
   multiplied as one piece (``Schedule(dataflow="direct")``), or all at once
-  (``"none"``, the default).
+  (``"none"``); ``schedule=None`` picks (`ficco_jax.explain` says why).
 
   Args:
     x: ``[T, d]`` this device's token rows, sorted by global expert; rows
@@ -258,9 +233,12 @@ def all_to_all_matmul(
       "xla" (``lax.ragged_dot``) or "pallas" (ficco's grouped matmul, which
       multiplies only the tiles holding routed rows; on GPUs the Hopper
       kernel: an sm_90 GPU, bf16/f16 operands and result, d and f
-      multiples of 128, no ``precision``). None: "none", with the experts
-      on the grouped kernel where it takes the call, else on
-      ``ragged_dot``.
+      multiples of 128, no ``precision``). None: the experts on the
+      grouped kernel where it takes the call, else on ``ragged_dot``; the
+      rows on the copy engines (``direct/c1/dma``) where the kernel runs,
+      the experts' width is at most 4096, the op is traced under
+      ``jax.jit`` and the job is one process, else ``"none"``
+      (docs/moe.md; `ficco_jax.explain` says which and why).
     precision: passed to ``lax.ragged_dot`` (``compute="xla"`` only).
     preferred_element_type: result dtype (floating).
     check_routing: check the counts on every call (one all_gather of four
