@@ -10,7 +10,7 @@ The public API (everything else lives in the private ``ficco_jax._src``):
 * `choose_schedule`, `explain`: which schedule ``schedule=None`` runs, and
   why (for every op, the MoE ops included).
 * `autotune`, `set_autotune_cache`: measure the candidates on your devices
-  and cache the fastest; `autotune_model` does it for every call of a whole
+  and cache the fastest (the MoE ops too); `autotune_model` does it for every call of a whole
   function (a training step, say) and times the step's gain.
 * `all_to_all_matmul`, `matmul_all_to_all`: the expert-parallel (MoE)
   dispatch and combine with their grouped matmuls, a piece per peer.

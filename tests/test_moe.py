@@ -2,6 +2,7 @@
 per-token reference, across routings, schedules, dtypes and axis sizes."""
 
 import functools
+import json
 import re
 
 import jax
@@ -571,3 +572,50 @@ def test_pieces_have_piece_capacity_rows(op):
   width = D if op == "dispatch" else F  # Rows, or their products.
   assert re.search(rf"all_to_all.*tensor<{p}x7x{width}xf32>", hlo), hlo[:3000]
   assert not re.search(rf"all_to_all.*tensor<{p}x{T}x{width}xf32>", hlo)
+
+
+def test_autotune_times_a_moe_op_and_schedule_none_follows_it(user_cache):
+  from ficco_jax._src.tuning import autotune_cache  # pylint: disable=g-import-not-at-top
+  mesh = util.tp_mesh(4, "ep")
+  rng = np.random.default_rng(5)
+  (x, w1, _, gs), _ = _inputs(mesh, rng, "skewed", 2, np.float32)
+  res = ficco_jax.autotune("all_to_all_matmul", x, w1, mesh=mesh,
+                           axis_name="ep", group_sizes=gs,
+                           op_kwargs={"capacity": 4 * T}, warmup=1,
+                           rounds=2, iters=2)
+  assert res.key.op == "all_to_all_matmul"
+  assert (res.key.x_shape, res.key.w_shape) == ((T, D), (2, D, F))
+  labels = {label for label, _ in res.timings_ms}
+  assert {"none/c1/xla/xla", "direct/c1/xla/xla"} <= labels, res
+  assert not res.errors, res.errors
+  stored = json.loads(user_cache.read_text())["entries"]
+  assert [e["key"]["op"] for e in stored] == ["all_to_all_matmul"]
+
+  def permutes():
+    # direct sends a piece per peer with its own ppermute; none sends all
+    # of them in one all_to_all.
+    f = jax.jit(functools.partial(ficco_jax.sharded.all_to_all_matmul,
+                                  mesh=mesh, axis_name="ep"))
+    return len(re.findall(r"stablehlo\.collective_permute\b",
+                          f.lower(x, w1, gs).as_text()))
+
+  kw = dict(x_shape=(T, D), w_shape=(2, D, F), dtype=np.float32,
+            axis_size=4)
+  for forced in (Schedule(dataflow="direct"), Schedule(dataflow="none")):
+    autotune_cache.store(res.key, forced)
+    assert ficco_jax.choose_schedule("all_to_all_matmul", **kw) == forced
+    e = ficco_jax.explain("all_to_all_matmul", **kw)
+    assert (e.chosen, e.source) == (forced, "autotune cache")
+    assert (permutes() > 0) == (forced.dataflow == "direct"), forced
+
+
+def test_autotune_takes_group_sizes_for_the_moe_ops_only():
+  mesh = util.tp_mesh(4, "ep")
+  rng = np.random.default_rng(6)
+  (x, w1, _, gs), _ = _inputs(mesh, rng, "random", 2, np.float32)
+  with pytest.raises(ValueError, match="needs group_sizes"):
+    ficco_jax.autotune("all_to_all_matmul", x, w1, mesh=mesh,
+                       axis_name="ep", store=False)
+  with pytest.raises(ValueError, match="all_gather_matmul takes neither"):
+    ficco_jax.autotune("all_gather_matmul", x, x.T, mesh=mesh,
+                       axis_name="ep", group_sizes=gs, store=False)

@@ -95,8 +95,8 @@ def moe_hopper(tgt: Target) -> bool:
 
 
 def _moe_default(op: str, w_shape, dtype, tgt: Target) -> Resolution:
-  """`moe_heuristic.decide` for ``tgt``, with the call's defaults (no
-  ``precision``, the result in the operands' dtype)."""
+  """Step 3 for a MoE op: `moe_heuristic.decide` for ``tgt``, with the
+  call's defaults (no ``precision``, the result in the operands' dtype)."""
   schedule, reason = moe_heuristic.decide(
       op, w_shape=w_shape, dtype=dtype, platform=tgt.platform,
       hopper=moe_hopper(tgt), device_desc=tgt.device_kind,
@@ -114,7 +114,7 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     op: ``"all_gather_matmul"``, ``"matmul_reduce_scatter"``, or a MoE op
       (``"all_to_all_matmul"``, ``"matmul_all_to_all"``: decided by
       `moe_heuristic` for calls with no ``precision`` and the result in the
-      operands' dtype; no autotune cache yet).
+      operands' dtype: the autotune cache, then `moe_heuristic`).
     x_shape, w_shape: local shapes, as the op sees them inside shard_map.
     dtype: the first operand's dtype.
     axis_size: devices along the axis.
@@ -135,6 +135,13 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       raise ValueError(
           f"{op}: w_shape={w_shape} must be [E_l, d, f] (dispatch) or"
           " [E_l, f, d] (combine): one matrix per local expert.")
+    cached = cached_schedule(op, device_kind=tgt.device_kind,
+                             axis_size=axis_size, x_shape=x_shape,
+                             w_shape=w_shape, axis=0, dtype=dtype)
+    if cached is not None:
+      return Resolution(schedule=cached, source="autotune cache",
+                        reason="measured fastest for these shapes (with the"
+                        " tuning call's routing)", target=tgt)
     return _moe_default(op, w_shape, dtype, tgt)
   cached = cached_schedule(op, device_kind=tgt.device_kind,
                            axis_size=axis_size, x_shape=x_shape,

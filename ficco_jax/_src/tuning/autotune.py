@@ -18,6 +18,7 @@ from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import autotune_cache
 from ficco_jax._src.tuning import cost_model
 from ficco_jax._src.tuning import heuristics
+from ficco_jax._src.tuning import moe_heuristic
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,6 +155,34 @@ def _default_candidates(op, x_local, w_local, dtype, p, axis, platform,
   return tuple(out) + push
 
 
+def _moe_setup(op, x, w, group_sizes, *, mesh, axis_name, op_kwargs, device):
+  """A MoE op's local shapes, default candidates and candidate -> program
+  (`ficco_jax.sharded`'s form on ``(x, w, group_sizes)``)."""
+  # pylint: disable-next=g-import-not-at-top
+  from ficco_jax._src.ops.moe import sharded as moe_sharded
+  p = mesh.shape[axis_name]
+  for name, a in (("x", x), ("w", w)):
+    if a.shape[0] % p:
+      raise ValueError(f"autotune: {name}.shape[0] = {a.shape[0]} ({name} is"
+                       f" {tuple(a.shape)}) must be a multiple of the size"
+                       f" {p} of {axis_name!r}.")
+  x_local = (x.shape[0] // p, *x.shape[1:])
+  w_local = (w.shape[0] // p, *w.shape[1:])
+  kernel_runs = device.platform == "gpu" and moe_heuristic.kernel_unfit(
+      w_shape=w_local, dtype=x.dtype, w_dtype=w.dtype,
+      out_dtype=op_kwargs.get("preferred_element_type"),
+      precision=op_kwargs.get("precision"),
+      hopper=pallas_config.hopper_kernel_runs(device, x.dtype),
+      device_desc=device.device_kind) is None
+  cands = moe_heuristic.candidates(
+      kernel_runs=kernel_runs,
+      dma=heuristics.dma_available(device.platform) and p > 1)
+  fn_of = getattr(moe_sharded, op)
+  make = lambda s: jax.jit(functools.partial(  # noqa: E731
+      fn_of, mesh=mesh, axis_name=axis_name, schedule=s, **op_kwargs))
+  return x_local, w_local, cands, make
+
+
 def autotune(
     op: str,
     x: jax.Array,
@@ -168,6 +197,8 @@ def autotune(
     rounds: int = 5,
     iters: int = 10,
     margin: float = 0.0,
+    group_sizes: jax.Array | None = None,
+    op_kwargs: dict[str, Any] | None = None,
 ) -> AutotuneResult:
   """Times candidate schedules of one op on ``mesh`` and caches the fastest.
 
@@ -176,10 +207,14 @@ def autotune(
   functions already traced keep theirs.
 
   Args:
-    op: ``"all_gather_matmul"`` or ``"matmul_reduce_scatter"``.
+    op: ``"all_gather_matmul"``, ``"matmul_reduce_scatter"``, or a MoE op
+      (``"all_to_all_matmul"``, ``"matmul_all_to_all"``: timed with the
+      routing ``group_sizes`` and ``op_kwargs`` given, which the cache key
+      does not hold: tune with a routing like the one the model sees).
     x: the global first operand, as for `ficco_jax.sharded.all_gather_matmul`
-      (``x``) or `ficco_jax.sharded.matmul_reduce_scatter` (``h``).
-    w: the global weight.
+      (``x``), `ficco_jax.sharded.matmul_reduce_scatter` (``h``) or the
+      MoE ops' sharded forms.
+    w: the global weight (the MoE ops: ``[P * E_l, ., .]``).
     mesh: the mesh to run on.
     axis_name: the tensor-parallel axis.
     axis: ``gather_axis`` / ``scatter_axis``.
@@ -200,6 +235,15 @@ def autotune(
     margin: keep ``"none"`` (XLA's own program) unless the fastest candidate
       beats it by this fraction of its time (e.g. 0.03: 3% faster); only
       when ``"none"`` is among the candidates. 0 picks the fastest.
+    group_sizes: the MoE ops only (required there): the global ``[P, P *
+      E_l]`` routing counts, as for their sharded forms.
+    op_kwargs: the MoE ops only: their other arguments (``capacity``,
+      ``piece_capacity``, ``num_tokens``, ``precision``, ...), passed to
+      every candidate; ``check_routing`` defaults to False while timing.
+      The MoE candidates by default: each dataflow (``none``, ``direct``,
+      and ``direct`` on the copy engines where they run) with the experts
+      on ``ragged_dot`` and, where the GPU grouped kernel takes the call, on
+      the kernel.
 
   Returns:
     An `AutotuneResult`. Candidates that fail (e.g. a ``num_chunks`` that
@@ -213,8 +257,16 @@ def autotune(
       ``store_error`` instead).
     RuntimeError: when no candidate ran.
   """
-  if op not in cost_model.OPS:
-    raise ValueError(f"Unknown {op=}; expected one of {cost_model.OPS}.")
+  moe = op in moe_heuristic.OPS
+  if op not in cost_model.OPS and not moe:
+    raise ValueError(f"Unknown {op=}; expected one of"
+                     f" {cost_model.OPS + moe_heuristic.OPS}.")
+  if moe and group_sizes is None:
+    raise ValueError(f"autotune: {op} needs group_sizes, the global [P,"
+                     " P * E_l] routing counts it is timed with.")
+  if not moe and (group_sizes is not None or op_kwargs):
+    raise ValueError(f"autotune: group_sizes and op_kwargs are the MoE ops'"
+                     f" arguments; {op} takes neither.")
   check_knobs(margin=margin, warmup=warmup, rounds=rounds, iters=iters)
   if axis_name not in mesh.axis_names:
     raise ValueError(f"{axis_name=} is not an axis of {mesh.axis_names}.")
@@ -223,31 +275,41 @@ def autotune(
     # so in seconds, not after minutes.
     autotune_cache.check_writable()
   p = mesh.shape[axis_name]
-  axis = axis % x.ndim
-  x_local, w_local = _local_shapes(op, x, w, p, axis)
   device = mesh.devices.flat[0]
+  if moe:
+    axis, args = 0, (x, w, group_sizes)
+    x_local, w_local, default, make = _moe_setup(
+        op, x, w, group_sizes, mesh=mesh, axis_name=axis_name,
+        op_kwargs={"check_routing": False, **(op_kwargs or {})},
+        device=device)
+  else:
+    axis, args = axis % x.ndim, (x, w)
+    x_local, w_local = _local_shapes(op, x, w, p, axis)
+    default = None
+    axis_kw = {("gather_axis" if op == "all_gather_matmul"
+                else "scatter_axis"): axis}
+    make = lambda s: jax.jit(functools.partial(  # noqa: E731
+        getattr(sharded, op), mesh=mesh, axis_name=axis_name, schedule=s,
+        **axis_kw))
   key = autotune_cache.Key.of(op, device_kind=device.device_kind,
                               axis_size=p, x_shape=x_local, w_shape=w_local,
                               axis=axis, dtype=x.dtype,
                               processes=jax.process_count())
   if candidates is None:
-    candidates = _default_candidates(op, x_local, w_local, x.dtype, p, axis,
-                                     device.platform, device)
-  fn_of = getattr(sharded, op)
-  axis_kw = "gather_axis" if op == "all_gather_matmul" else "scatter_axis"
+    candidates = default or _default_candidates(
+        op, x_local, w_local, x.dtype, p, axis, device.platform, device)
   fns, errors = {}, {}
   for s in dict.fromkeys(candidates):  # Unique, in order.
-    fn = jax.jit(functools.partial(fn_of, mesh=mesh, axis_name=axis_name,
-                                   schedule=s, **{axis_kw: axis}))
+    fn = make(s)
     try:
-      warm(fn, (x, w), warmup)
+      warm(fn, args, warmup)
       fns[s] = fn
     except Exception as e:  # pylint: disable=broad-except
       # One bad candidate must not end the search.
       errors[s.short()] = f"{type(e).__name__}: {e}"[:500]
   timings = {}
   if fns:
-    medians, failed = time_interleaved(list(fns.values()), (x, w),
+    medians, failed = time_interleaved(list(fns.values()), args,
                                        rounds=rounds, iters=iters)
     for i, (s, t) in enumerate(zip(fns, medians)):
       if i in failed:

@@ -134,3 +134,21 @@ def decide(op: str, *, w_shape, dtype, w_dtype=None, out_dtype=None,
           " large share of the layer, so each peer's piece moves on the"
           " copy engines while the own piece is multiplied; the experts on"
           " the grouped kernel")
+
+
+def candidates(*, kernel_runs: bool, dma: bool) -> tuple[
+    schedule_lib.Schedule, ...]:
+  """`ficco_jax.autotune`'s default candidates for a MoE op: each dataflow
+  (one all-to-all, a piece per peer over XLA's collectives, and where the
+  copy-engine library runs a piece per peer on the copy engines) with the
+  experts on ``ragged_dot`` and, where the GPU kernel takes the call, on
+  the grouped kernel (off GPUs its interpreter is a test path, not timed)."""
+  computes = ("xla", "pallas") if kernel_runs else ("xla",)
+  out = []
+  for compute in computes:
+    out.append(schedule_lib.Schedule(dataflow="none", compute=compute))
+    out.append(schedule_lib.Schedule(dataflow="direct", compute=compute))
+    if dma:
+      out.append(schedule_lib.Schedule(dataflow="direct", comm="dma",
+                                       compute=compute))
+  return tuple(out)

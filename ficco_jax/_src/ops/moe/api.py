@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ficco_jax._src import matmul
+from ficco_jax._src import resolve
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
 from ficco_jax._src.ops.all_gather_matmul.api import DEFAULT_TIMEOUT_S
@@ -19,6 +20,7 @@ from ficco_jax._src.ops.moe import dispatch_dma
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing
 from ficco_jax._src.pallas import config as pallas_config
+from ficco_jax._src.tuning import heuristics
 from ficco_jax._src.tuning import moe_heuristic
 
 DATAFLOWS = ("none", "direct")
@@ -57,12 +59,40 @@ def default_schedule(op: str, a, w, precision,
   return schedule
 
 
+def _cached(op: str, a, w, axis_size: int, precision,
+            out_dtype) -> schedule_lib.Schedule | None:
+  """The autotune cache's schedule for this call (`resolve`'s step 2), or
+  None; an entry this call cannot run is said in a warning, not run."""
+  cached = resolve.cached_schedule(
+      op, device_kind=resolve.target().device_kind, axis_size=axis_size,
+      x_shape=a.shape, w_shape=w.shape, axis=0, dtype=a.dtype)
+  if cached is None:
+    return None
+  why = None
+  if cached.compute == "pallas" and jax.default_backend() == "gpu":
+    why = _kernel_unfit(a, w, precision, out_dtype)
+  if cached.comm == "dma" and type(a).__name__ in ("ShardMapTracer",
+                                                   "BatchTracer"):
+    why = "the copy engines need the op traced under jax.jit"
+  if why is None:
+    return cached
+  heuristics.warn_once(
+      f"ficco_jax: {op}: the autotune cache's {cached.short()} for these"
+      f" shapes cannot run this call ({why}); schedule=None takes the"
+      " heuristic's pick instead.")
+  return None
+
+
 def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
-              precision, out_dtype) -> schedule_lib.Schedule:
+              axis_size: int, precision,
+              out_dtype) -> schedule_lib.Schedule:
   """The MoE ops' schedules: the exchange in one all-to-all (``none``) or a
   piece per peer (``direct``) over XLA's collectives, and ``direct`` on the
   copy engines; the experts on XLA's ``ragged_dot`` or ficco's grouped
-  matmul (``compute="pallas"``). None: `default_schedule`."""
+  matmul (``compute="pallas"``). None: the autotune cache's entry for these
+  shapes, else `default_schedule` (`resolve`'s order)."""
+  if schedule is None:
+    schedule = _cached(op, a, w, axis_size, precision, out_dtype)
   if schedule is None:
     return default_schedule(op, a, w, precision, out_dtype)
   if not isinstance(schedule, schedule_lib.Schedule):
@@ -121,7 +151,7 @@ def _prepare(op: str, a, w, group_sizes, *, axis_name: str, axis_size: int,
   """What both ops resolve before they move rows: the schedule, the call's
   `exchange.MoeStatic` and the routing (checked on the device if asked)."""
   out_dtype = _out_dtype(op, a, w, preferred_element_type)
-  sched = _schedule(op, schedule, a, w, precision, out_dtype)
+  sched = _schedule(op, schedule, a, w, axis_size, precision, out_dtype)
   _check_compute(op, sched, a, w, precision, out_dtype)
   st = exchange.MoeStatic(
       op_name=op, axis_name=axis_name, axis_size=axis_size, capacity=capacity,
@@ -233,8 +263,10 @@ def all_to_all_matmul(
       "xla" (``lax.ragged_dot``) or "pallas" (ficco's grouped matmul, which
       multiplies only the tiles holding routed rows; on GPUs the Hopper
       kernel: an sm_90 GPU, bf16/f16 operands and result, d and f
-      multiples of 128, no ``precision``). None: the experts on the
-      grouped kernel where it takes the call, else on ``ragged_dot``; the
+      multiples of 128, no ``precision``). None: the autotune cache's
+      entry for these local shapes (`ficco_jax.autotune` with
+      ``group_sizes``), else the experts on the grouped kernel where it
+      takes the call, else on ``ragged_dot``; the
       rows on the copy engines (``direct/c1/dma``) where the kernel runs,
       the experts' width is at most 4096, the op is traced under
       ``jax.jit`` and the job is one process, else ``"none"``
