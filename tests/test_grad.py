@@ -86,3 +86,41 @@ def test_grad_bf16_keeps_dtypes():
   rf = np.asarray(r, np.float64)
   assert util.rel_err(dx, rf @ np.asarray(w, np.float64).T) < util.tol(jnp.bfloat16)
   assert util.rel_err(dw, np.asarray(x, np.float64).T @ rf) < util.tol(jnp.bfloat16)
+
+
+def _permutes(fn, *args) -> int:
+  import re  # pylint: disable=g-import-not-at-top
+  return len(re.findall(r"stablehlo\.collective_permute\b",
+                        jax.jit(fn).lower(*args).as_text()))
+
+
+@pytest.mark.parametrize("schedule", [
+    Schedule(dataflow="direct", num_chunks=1),
+    Schedule(dataflow="ring", num_chunks=2)], ids=lambda s: s.short())
+def test_reduce_scatter_gradient_gathers_the_cotangent_once(schedule):
+  # dh = all_gather(ct) @ w^T and dw = h^T @ all_gather(ct) share one
+  # gather: the gradient moves what the forward reduce-scatter does plus one
+  # all-gather of ct, not two.
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(14)
+  h = jax.device_put(util.rand(rng, (24, 20), np.float32),
+                     NamedSharding(mesh, P(None, "x")))
+  w = jax.device_put(util.rand(rng, (20, 9), np.float32),
+                     NamedSharding(mesh, P("x", None)))
+  ct = jax.device_put(util.rand(rng, (24, 9), np.float32),
+                      NamedSharding(mesh, P("x", None)))
+  sm = lambda f, i, o: jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o)  # noqa: E731
+  rs = sm(functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                            schedule=schedule),
+          (P(None, "x"), P("x", None)), P("x", None))
+  ag = sm(functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                            schedule=schedule),
+          (P("x", None), P(None, "x")), P(None, "x"))
+  # value_and_grad: the forward stays in the program next to the gradient.
+  grad = jax.value_and_grad(lambda h, w: jnp.sum(rs(h, w) * ct),
+                            argnums=(0, 1))
+  forward = _permutes(rs, h, w)
+  one_gather = _permutes(ag, ct, jax.device_put(
+      util.rand(rng, (9, 20), np.float32), NamedSharding(mesh, P(None, "x"))))
+  assert forward > 0 and one_gather > 0
+  assert _permutes(grad, h, w) == forward + one_gather

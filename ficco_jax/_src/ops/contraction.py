@@ -20,6 +20,17 @@ from ficco_jax._src import plan as plan_lib
 from ficco_jax._src.matmul import Static
 
 
+def contract_rows(a: jax.Array, g: jax.Array, st: Static,
+                  out_dtype) -> jax.Array:
+  """``a^T @ g`` over every axis but the last, both operands whole (one dot
+  in ``out_dtype``; the accumulation inside it is the dot's own, f32 for
+  16-bit operands on GPUs)."""
+  lead = tuple(range(a.ndim - 1))
+  return lax.dot_general(a, g, ((lead, lead), ((), ())),
+                         precision=st.precision,
+                         preferred_element_type=out_dtype)
+
+
 def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
                          gather_operand: str) -> jax.Array:
   """``all_gather(a0)^T @ g0`` or ``a0^T @ all_gather(g0)``, overlapped.

@@ -81,7 +81,6 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
   rank = lax.axis_index(st.axis_name)
   gplan = plan_lib.gather_plan(st.schedule, axis_size=p, shard_rows=m)
   step = st.schedule.granularity(st.op_name) == "step"
-  shift_row = lambda b: (b.owner_offset % p) * m + b.owner_row
 
   if st.schedule.compute == "pallas":
     def consume(out, data, blocks):
@@ -102,32 +101,73 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
 
     out, pending = gather.run(x0, gplan, st, consume=consume, carry=None)
   else:
-    shift_rows: list[int] = []  # Static, in the order of the products.
-
-    def consume(products, data, blocks):
-      if step and len(blocks) > 1:
-        # One matmul for the whole landing buffer (all peers' piece c in
-        # the direct dataflow); the assembly slices its blocks.
-        y = matmul.dot(data, w, st).astype(out_dtype)
-      new = []
-      for b in blocks:
-        if step and len(blocks) > 1:
-          piece = lax.slice_in_dim(y, b.landing_row, b.landing_row + b.rows)
-        else:
-          piece = data
-          if b.rows != data.shape[0]:
-            piece = lax.slice_in_dim(data, b.landing_row,
-                                     b.landing_row + b.rows)
-          piece = matmul.dot(piece, w, st).astype(out_dtype)
-        shift_rows.append(shift_row(b))
-        new.append(piece)
-      return products + tuple(new)
-
-    products, pending = gather.run(x0, gplan, st, consume=consume, carry=())
-    out = _assemble(products, shift_rows, rank, m, p)
+    out, _, pending = _on_xla_dots(x0, w, st, out_dtype, gplan, rank,
+                                   keep_gathered=False)
   out = gather.finish(out, pending, st)
   # The Pallas kernel's in-place writes leave `out` typed invariant.
   return vma.vary_like(out, x0, w)
+
+
+def _on_xla_dots(x0, w, st: Static, out_dtype, gplan, rank, *,
+                 keep_gathered: bool):
+  """The overlapped product on XLA's dots: ``(out, gathered, pending)``,
+  ``gathered`` the gathered ``x0`` in rank order when ``keep_gathered``
+  (else None), assembled from the pieces as they landed."""
+  p, m = st.axis_size, x0.shape[0]
+  step = st.schedule.granularity(st.op_name) == "step"
+  shift_rows: list[int] = []  # Static, in the order of the products.
+
+  def consume(carry, data, blocks):
+    products, pieces = carry
+    if step and len(blocks) > 1:
+      # One matmul for the whole landing buffer (all peers' piece c in
+      # the direct dataflow); the assembly slices its blocks.
+      y = matmul.dot(data, w, st).astype(out_dtype)
+    new, kept = [], []
+    for b in blocks:
+      piece = data
+      if b.rows != data.shape[0]:
+        piece = lax.slice_in_dim(data, b.landing_row, b.landing_row + b.rows)
+      if keep_gathered:
+        kept.append(piece)
+      if step and len(blocks) > 1:
+        product = lax.slice_in_dim(y, b.landing_row, b.landing_row + b.rows)
+      else:
+        product = matmul.dot(piece, w, st).astype(out_dtype)
+      shift_rows.append((b.owner_offset % p) * m + b.owner_row)
+      new.append(product)
+    return products + tuple(new), pieces + tuple(kept)
+
+  (products, pieces), pending = gather.run(x0, gplan, st, consume=consume,
+                                           carry=((), ()))
+  out = _assemble(products, shift_rows, rank, m, p)
+  gathered = (_assemble(pieces, shift_rows, rank, m, p) if keep_gathered
+              else None)
+  return out, gathered, pending
+
+
+def forward_and_gathered(x0: jax.Array, w: jax.Array,
+                         st: Static) -> tuple[jax.Array, jax.Array]:
+  """``(all_gather(x0) @ w, all_gather(x0))`` from one gather, the product
+  overlapped as in `forward` on XLA's dots (``st.schedule.compute`` must be
+  "xla", as in a gradient: `matmul.backward_static`). The reduce-scatter's
+  gradient takes both: ``dh`` is the product, ``dw`` contracts ``h`` with
+  the gathered cotangent, so the cotangent travels once."""
+  p = st.axis_size
+  out_dtype = matmul.dot_dtype(x0, w, st)
+  if not st.schedule.overlapped or p == 1:
+    gathered = lax.all_gather(x0, st.axis_name, axis=0, tiled=True)
+    return matmul.dot(gathered, w, st).astype(out_dtype), gathered
+  if (st.schedule.compute != "xla"
+      or st.schedule.compute_granularity == "flagged"):
+    raise ValueError(f"forward_and_gathered runs XLA's dots piece by piece,"
+                     f" not {st.schedule.short()}.")
+  rank = lax.axis_index(st.axis_name)
+  gplan = plan_lib.gather_plan(st.schedule, axis_size=p, shard_rows=x0.shape[0])
+  out, gathered, pending = _on_xla_dots(x0, w, st, out_dtype, gplan, rank,
+                                        keep_gathered=True)
+  out = gather.finish(out, pending, st)
+  return vma.vary_like(out, x0, w), gathered
 
 
 def _push(x0, w, st: Static, out_dtype):

@@ -32,11 +32,15 @@ def _rs_fwd(h, w, axis, st):
 def _rs_bwd(axis, st, res, ct):
   h, w = res
   ct0 = jnp.moveaxis(ct, axis, 0)
-  # dh = all_gather(ct) @ w^T; dw = h^T @ all_gather(ct).
+  # dh = all_gather(ct) @ w^T, overlapped piece by piece; dw = h^T @
+  # all_gather(ct) from the same gather, one dot once every piece landed:
+  # the cotangent travels once, and dw needs no f32 accumulator or row
+  # slices of h per piece.
   gather_st = matmul.backward_static(st, "all_gather_matmul")
-  dh0 = ag_forward.forward(ct0, w.T, gather_st)
-  dw = contraction.gathered_contraction(jnp.moveaxis(h, axis, 0), ct0,
-                                        gather_st, gather_operand="g")
+  dh0, gathered = ag_forward.forward_and_gathered(ct0, w.T, gather_st)
+  h0 = jnp.moveaxis(h, axis, 0)
+  dw = contraction.contract_rows(h0, gathered, st,
+                                 jnp.promote_types(h0.dtype, ct0.dtype))
   dh = jnp.moveaxis(dh0, 0, axis).astype(h.dtype)
   return vma.match(dh, h), vma.match(dw.astype(w.dtype), w)
 
@@ -61,8 +65,9 @@ def matmul_reduce_scatter(
   `ficco_jax.sharded.matmul_reduce_scatter`). Each device computes partial
   products piece by piece and the pieces are reduced on their way to the
   device that owns their rows, overlapped with the next piece's matmul.
-  Differentiable: the gradient's ``dh`` is an all-gather matmul and its
-  ``dw`` a piecewise-gathered contraction.
+  Differentiable: the gradient's ``dh`` is an all-gather matmul of the
+  cotangent, and ``dw`` one dot of ``h`` with the cotangent that gather
+  assembled (it travels once).
 
   Args:
     h: the local operand, any rank >= 2: ``[..., P * m, ..., F]`` with the
