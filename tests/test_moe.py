@@ -619,3 +619,52 @@ def test_autotune_takes_group_sizes_for_the_moe_ops_only():
   with pytest.raises(ValueError, match="all_gather_matmul takes neither"):
     ficco_jax.autotune("all_gather_matmul", x, x.T, mesh=mesh,
                        axis_name="ep", group_sizes=gs, store=False)
+
+
+@pytest.mark.parametrize("entry, why", [
+    (Schedule(dataflow="ring"), "not supported by the MoE ops"),
+    (Schedule(dataflow="direct", num_chunks=T), f"num_chunks={T}"),
+    (Schedule(dataflow="none", compute="pallas"), "interpreter"),
+])
+def test_a_cache_entry_the_call_cannot_run_is_logged_not_run(
+    user_cache, caplog, entry, why):
+  from ficco_jax._src.tuning import autotune_cache  # pylint: disable=g-import-not-at-top
+  mesh = util.tp_mesh(4, "ep")
+  rng = np.random.default_rng(7)
+  (x, w1, _, gs), _ = _inputs(mesh, rng, "random", 2, np.float32)
+  key = autotune_cache.Key.of(
+      "all_to_all_matmul", device_kind=util.test_devices()[0].device_kind,
+      axis_size=4, x_shape=(T, D), w_shape=(2, D, F), axis=0,
+      dtype=np.float32)
+  autotune_cache.store(key, entry)
+  f = jax.jit(functools.partial(ficco_jax.sharded.all_to_all_matmul,
+                                mesh=mesh, axis_name="ep"))
+  with caplog.at_level("WARNING", logger="ficco_jax"):
+    f(x, w1, gs)  # Runs: the heuristic's pick.
+  assert f"autotune cache's {entry.short()}" in caplog.text
+  assert why in caplog.text
+  kw = dict(x_shape=(T, D), w_shape=(2, D, F), dtype=np.float32,
+            axis_size=4)
+  e = ficco_jax.explain("all_to_all_matmul", **kw)
+  assert e.source == "heuristic" and e.chosen == Schedule(dataflow="none")
+  assert why in e.reason
+  assert ficco_jax.choose_schedule("all_to_all_matmul", **kw) == e.chosen
+
+
+def test_autotune_names_bad_moe_arguments():
+  mesh = util.tp_mesh(4, "ep")
+  rng = np.random.default_rng(8)
+  (x, w1, _, gs), _ = _inputs(mesh, rng, "random", 2, np.float32)
+  kw = dict(mesh=mesh, axis_name="ep", store=False)
+  with pytest.raises(ValueError, match=r"op_kwargs \['schedule'\] are not"):
+    ficco_jax.autotune("all_to_all_matmul", x, w1, group_sizes=gs,
+                       op_kwargs={"schedule": None}, **kw)
+  with pytest.raises(ValueError, match=r"op_kwargs \['num_tokens'\]"):
+    ficco_jax.autotune("all_to_all_matmul", x, w1, group_sizes=gs,
+                       op_kwargs={"num_tokens": T}, **kw)
+  with pytest.raises(ValueError, match=r"group_sizes must be \[4, 8\]"):
+    ficco_jax.autotune("all_to_all_matmul", x, w1, group_sizes=gs[:, :4],
+                       **kw)
+  with pytest.raises(ValueError, match="exchanges rows"):
+    ficco_jax.autotune("all_to_all_matmul", x, w1, group_sizes=gs, axis=1,
+                       **kw)

@@ -138,11 +138,23 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     cached = cached_schedule(op, device_kind=tgt.device_kind,
                              axis_size=axis_size, x_shape=x_shape,
                              w_shape=w_shape, axis=0, dtype=dtype)
+    why = None
     if cached is not None:
-      return Resolution(schedule=cached, source="autotune cache",
-                        reason="measured fastest for these shapes (with the"
-                        " tuning call's routing)", target=tgt)
-    return _moe_default(op, w_shape, dtype, tgt)
+      why = moe_heuristic.cached_unfit(
+          cached, platform=tgt.platform,
+          kernel_why=moe_heuristic.kernel_unfit(
+              w_shape=w_shape, dtype=dtype, hopper=moe_hopper(tgt),
+              device_desc=tgt.device_kind))
+      if why is None:
+        return Resolution(schedule=cached, source="autotune cache",
+                          reason="measured fastest for these shapes (with"
+                          " the tuning call's routing)", target=tgt)
+    res = _moe_default(op, w_shape, dtype, tgt)
+    if why is not None:  # As the op does, which also logs it.
+      res = dataclasses.replace(res, reason=(
+          f"the autotune cache's {cached.short()} cannot run here ({why});"
+          f" {res.reason}"))
+    return res
   cached = cached_schedule(op, device_kind=tgt.device_kind,
                            axis_size=axis_size, x_shape=x_shape,
                            w_shape=w_shape, axis=axis, dtype=dtype)

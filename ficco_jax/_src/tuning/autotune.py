@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import numbers
 import statistics
 import time
@@ -159,8 +160,21 @@ def _moe_setup(op, x, w, group_sizes, *, mesh, axis_name, op_kwargs, device):
   """A MoE op's local shapes, default candidates and candidate -> program
   (`ficco_jax.sharded`'s form on ``(x, w, group_sizes)``)."""
   # pylint: disable-next=g-import-not-at-top
-  from ficco_jax._src.ops.moe import sharded as moe_sharded
+  from ficco_jax._src.ops.moe import api as moe_api
+  from ficco_jax._src.ops.moe import sharded as moe_sharded  # pylint: disable=g-import-not-at-top
   p = mesh.shape[axis_name]
+  taken = set(inspect.signature(getattr(moe_api, op)).parameters) - {
+      "x", "h", "w", "group_sizes", "axis_name", "schedule"}
+  unknown = set(op_kwargs) - taken
+  if unknown:
+    raise ValueError(f"autotune: op_kwargs {sorted(unknown)} are not {op}'s"
+                     f" to set here; it takes {sorted(taken)} (mesh,"
+                     " axis_name and schedule are autotune's).")
+  if getattr(group_sizes, "shape", None) != (p, w.shape[0]):
+    raise ValueError(f"autotune: group_sizes must be [{p}, {w.shape[0]}]"
+                     f" (a row of counts per device of {axis_name!r}, one"
+                     f" per expert of w {tuple(w.shape)}), got shape"
+                     f" {tuple(getattr(group_sizes, 'shape', ()))}.")
   for name, a in (("x", x), ("w", w)):
     if a.shape[0] % p:
       raise ValueError(f"autotune: {name}.shape[0] = {a.shape[0]} ({name} is"
@@ -174,9 +188,12 @@ def _moe_setup(op, x, w, group_sizes, *, mesh, axis_name, op_kwargs, device):
       precision=op_kwargs.get("precision"),
       hopper=pallas_config.hopper_kernel_runs(device, x.dtype),
       device_desc=device.device_kind) is None
+  # The MoE copy-engine dataflow is not tested across processes (the
+  # heuristic never picks it there either).
   cands = moe_heuristic.candidates(
       kernel_runs=kernel_runs,
-      dma=heuristics.dma_available(device.platform) and p > 1)
+      dma=(heuristics.dma_available(device.platform) and p > 1
+           and jax.process_count() == 1))
   fn_of = getattr(moe_sharded, op)
   make = lambda s: jax.jit(functools.partial(  # noqa: E731
       fn_of, mesh=mesh, axis_name=axis_name, schedule=s, **op_kwargs))
@@ -234,7 +251,10 @@ def autotune(
       being timed is dropped from the rounds and listed in ``errors``.
     margin: keep ``"none"`` (XLA's own program) unless the fastest candidate
       beats it by this fraction of its time (e.g. 0.03: 3% faster); only
-      when ``"none"`` is among the candidates. 0 picks the fastest.
+      when ``"none"`` is among the candidates. 0 picks the fastest. For
+      the MoE ops the kept one is the fastest ``dataflow="none"``
+      candidate, whichever its experts' compute: the margin guards the
+      exchange's decomposition, not the kernel.
     group_sizes: the MoE ops only (required there): the global ``[P, P *
       E_l]`` routing counts, as for their sharded forms.
     op_kwargs: the MoE ops only: their other arguments (``capacity``,
@@ -277,6 +297,9 @@ def autotune(
   p = mesh.shape[axis_name]
   device = mesh.devices.flat[0]
   if moe:
+    if axis != 0:
+      raise ValueError(f"autotune: {op} exchanges rows (axis 0); got"
+                       f" {axis=}.")
     axis, args = 0, (x, w, group_sizes)
     x_local, w_local, default, make = _moe_setup(
         op, x, w, group_sizes, mesh=mesh, axis_name=axis_name,

@@ -25,6 +25,7 @@ from ficco_jax._src.pallas import grouped_matmul
 from ficco_jax._src.pallas.config import MGPU_DTYPES
 
 OPS = ("all_to_all_matmul", "matmul_all_to_all")
+DATAFLOWS = ("none", "direct")
 # Per routed row the exchange moves d elements and the experts multiply
 # them by f, so the exchange's share of the layer grows as f shrinks. On
 # 2xH200 (4096 tokens per device, balanced and Zipf routing, the grouped
@@ -73,6 +74,45 @@ def kernel_unfit(*, w_shape, dtype, w_dtype=None, out_dtype=None,
       return (f"{name}={v} (w {tuple(w_shape)}) is not a multiple of"
               f" {step}")
   return None
+
+
+def unsupported(schedule: schedule_lib.Schedule) -> str | None:
+  """Why the MoE ops do not take ``schedule``, or None."""
+  supported = dict(num_chunks=1, num_sms=None, compute_granularity=None,
+                   reduce_in_epilogue=False)
+  for field, want in supported.items():
+    if getattr(schedule, field) != want:
+      return (f"Schedule({field}={getattr(schedule, field)!r}) is not"
+              f" supported by the MoE ops yet; they take dataflow in"
+              f" {DATAFLOWS} with {field}={want!r}")
+  if schedule.dataflow not in DATAFLOWS:
+    return (f"Schedule(dataflow={schedule.dataflow!r}) is not supported by"
+            f" the MoE ops; use one of {DATAFLOWS}")
+  if schedule.comm == "dma" and schedule.dataflow != "direct":
+    return ("Schedule(comm='dma') needs dataflow='direct' (a piece per peer"
+            " on the copy engines)")
+  return None
+
+
+def cached_unfit(schedule: schedule_lib.Schedule, *, platform: str,
+                 kernel_why: str | None, precision=None,
+                 one_program: bool = True) -> str | None:
+  """Why an autotune cache entry cannot serve a call, or None: the MoE ops
+  do not take it, its grouped kernel cannot take the call (``kernel_why``,
+  `kernel_unfit`'s answer; off GPUs the kernel is an interpreter, a test
+  path), or its copy engines need the op traced under ``jax.jit``."""
+  why = unsupported(schedule)
+  if why is None and schedule.compute == "pallas":
+    if platform != "gpu":
+      why = ("off GPUs the grouped kernel runs Pallas's interpreter, a"
+             " test path")
+    elif precision is not None:
+      why = f"precision={precision!r} applies to XLA's ragged_dot"
+    else:
+      why = kernel_why
+  if why is None and schedule.comm == "dma" and not one_program:
+    why = "the copy engines need the op traced under jax.jit"
+  return why
 
 
 def decide(op: str, *, w_shape, dtype, w_dtype=None, out_dtype=None,

@@ -167,7 +167,7 @@ def forward_and_gathered(x0: jax.Array, w: jax.Array,
   out, gathered, pending = _on_xla_dots(x0, w, st, out_dtype, gplan, rank,
                                         keep_gathered=True)
   out = gather.finish(out, pending, st)
-  return vma.vary_like(out, x0, w), gathered
+  return vma.vary_like(out, x0, w), vma.vary_like(gathered, x0)
 
 
 def _push(x0, w, st: Static, out_dtype):

@@ -39,8 +39,11 @@ def _rs_bwd(axis, st, res, ct):
   gather_st = matmul.backward_static(st, "all_gather_matmul")
   dh0, gathered = ag_forward.forward_and_gathered(ct0, w.T, gather_st)
   h0 = jnp.moveaxis(h, axis, 0)
-  dw = contraction.contract_rows(h0, gathered, st,
-                                 jnp.promote_types(h0.dtype, ct0.dtype))
+  # In w's dtype when that is the widest (an f32 master weight), so dw is
+  # not rounded to the activations' dtype first.
+  dw = contraction.contract_rows(
+      h0, gathered, st,
+      jnp.promote_types(jnp.promote_types(h0.dtype, ct0.dtype), w.dtype))
   dh = jnp.moveaxis(dh0, 0, axis).astype(h.dtype)
   return vma.match(dh, h), vma.match(dw.astype(w.dtype), w)
 

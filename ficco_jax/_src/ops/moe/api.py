@@ -23,7 +23,6 @@ from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import heuristics
 from ficco_jax._src.tuning import moe_heuristic
 
-DATAFLOWS = ("none", "direct")
 
 
 def _device_facts() -> dict:
@@ -54,9 +53,15 @@ def default_schedule(op: str, a, w, precision,
       op, w_shape=w.shape, dtype=a.dtype, w_dtype=w.dtype,
       out_dtype=out_dtype, precision=precision,
       processes=jax.process_count(),
-      one_program=type(a).__name__ not in ("ShardMapTracer", "BatchTracer"),
+      one_program=_one_program(a),
       **_device_facts())
   return schedule
+
+
+def _one_program(a) -> bool:
+  """Whether the op is traced into one compiled program (not eager
+  ``shard_map``, not ``vmap``): what the copy engines need."""
+  return type(a).__name__ not in ("ShardMapTracer", "BatchTracer")
 
 
 def _cached(op: str, a, w, axis_size: int, precision,
@@ -68,12 +73,10 @@ def _cached(op: str, a, w, axis_size: int, precision,
       x_shape=a.shape, w_shape=w.shape, axis=0, dtype=a.dtype)
   if cached is None:
     return None
-  why = None
-  if cached.compute == "pallas" and jax.default_backend() == "gpu":
-    why = _kernel_unfit(a, w, precision, out_dtype)
-  if cached.comm == "dma" and type(a).__name__ in ("ShardMapTracer",
-                                                   "BatchTracer"):
-    why = "the copy engines need the op traced under jax.jit"
+  why = moe_heuristic.cached_unfit(
+      cached, platform=jax.default_backend(),
+      kernel_why=_kernel_unfit(a, w, precision, out_dtype),
+      precision=precision, one_program=_one_program(a))
   if why is None:
     return cached
   heuristics.warn_once(
@@ -98,20 +101,9 @@ def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(f"{op}: schedule must be a ficco_jax.Schedule or None,"
                     f" got {schedule!r}.")
-  supported = dict(num_chunks=1, num_sms=None, compute_granularity=None,
-                   reduce_in_epilogue=False)
-  for field, want in supported.items():
-    if getattr(schedule, field) != want:
-      raise ValueError(
-          f"{op}: Schedule({field}={getattr(schedule, field)!r}) is not"
-          f" supported by the MoE ops yet; they take dataflow in {DATAFLOWS}"
-          f" with {field}={want!r}.")
-  if schedule.dataflow not in DATAFLOWS:
-    raise ValueError(f"{op}: Schedule(dataflow={schedule.dataflow!r}) is not"
-                     f" supported by the MoE ops; use one of {DATAFLOWS}.")
-  if schedule.comm == "dma" and schedule.dataflow != "direct":
-    raise ValueError(f"{op}: Schedule(comm='dma') needs dataflow='direct'"
-                     " (a piece per peer on the copy engines).")
+  why = moe_heuristic.unsupported(schedule)
+  if why is not None:
+    raise ValueError(f"{op}: {why}.")
   return schedule
 
 
