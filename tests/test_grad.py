@@ -124,3 +124,80 @@ def test_reduce_scatter_gradient_gathers_the_cotangent_once(schedule):
       util.rand(rng, (9, 20), np.float32), NamedSharding(mesh, P(None, "x"))))
   assert forward > 0 and one_gather > 0
   assert _permutes(grad, h, w) == forward + one_gather
+
+
+@pytest.mark.parametrize("schedule", [
+    Schedule(dataflow="direct", num_chunks=1),
+    Schedule(dataflow="ring", num_chunks=2),
+    Schedule(dataflow="direct", num_chunks=2, comm="dma",
+             compute_granularity="step")], ids=lambda s: s.short())
+def test_all_gather_gradient_keeps_the_gathered_x(schedule):
+  # dw = all_gather(x)^T @ ct takes the x the forward gathered: the
+  # gradient moves the forward's gather plus dx's reduce-scatter, no second
+  # gather of x.
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(15)
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+  x = put(util.rand(rng, (24, 20), np.float32), P("x", None))
+  w = put(util.rand(rng, (20, 36), np.float32), P(None, "x"))
+  ct = put(util.rand(rng, (24, 36), np.float32), P(None, "x"))
+  sm = lambda f, i, o: jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o)  # noqa: E731
+  ag = sm(functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                            schedule=schedule),
+          (P("x", None), P(None, "x")), P(None, "x"))
+  # dx's reduce-scatter runs the same dataflow, chunks and engine
+  # (matmul.backward_static, for these schedules).
+  rs = sm(functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                            schedule=schedule),
+          (P(None, "x"), P("x", None)), P("x", None))
+  grad = jax.value_and_grad(lambda x, w: jnp.sum(ag(x, w) * ct),
+                            argnums=(0, 1))
+  copies = lambda f, *a: _permutes(f, *a) + _copy_starts(f, *a)  # noqa: E731
+  forward = copies(ag, x, w)
+  dx = copies(rs, ct, put(util.rand(rng, (36, 20), np.float32),
+                          P("x", None)))
+  assert forward > 0 and dx > 0
+  assert copies(grad, x, w) == forward + dx
+  # And the values: dw from the kept x.
+  _, (gx, gw) = jax.jit(grad)(x, w)
+  xf, wf, cf = (np.asarray(a, np.float64) for a in (x, w, ct))
+  assert util.rel_err(gw, xf.T @ cf) < util.tol(np.float32)
+  assert util.rel_err(gx, cf @ wf.T) < util.tol(np.float32)
+
+
+def _copy_starts(fn, *args) -> int:
+  import re  # pylint: disable=g-import-not-at-top
+  # The copy engines' starts, one custom call per gather or scatter.
+  return len(re.findall(r"ficco_peer_copy_start",
+                        jax.jit(fn).lower(*args).as_text()))
+
+
+@pytest.mark.parametrize("schedule", [
+    Schedule(dataflow="direct", num_chunks=1, comm="dma", compute="pallas"),
+    Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
+             compute_granularity="step"),
+    Schedule(dataflow="ring", num_chunks=1, compute="pallas")],
+    ids=lambda s: s.short())
+def test_grad_all_gather_matmul_on_the_kernel(schedule):
+  # The kernel writes the product in place; the gathered x the gradient
+  # keeps comes from the same landed pieces. Off GPUs the kernel is Pallas's
+  # interpreter, which needs check_vma=False.
+  if util.on_gpu():
+    pytest.skip("f32 at these sizes is the interpreter's case; the Hopper"
+                " kernel takes bf16 at its tile multiples")
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(16)
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+  x = put(util.rand(rng, (32, 64), np.float32), P("x", None))
+  w = put(util.rand(rng, (64, 128), np.float32), P(None, "x"))
+  ct = put(util.rand(rng, (32, 128), np.float32), P(None, "x"))
+  ag = jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                        schedule=schedule),
+      mesh=mesh, in_specs=(P("x", None), P(None, "x")),
+      out_specs=P(None, "x"), check_vma=False)
+  gx, gw = jax.jit(jax.grad(lambda x, w: jnp.sum(ag(x, w) * ct),
+                            argnums=(0, 1)))(x, w)
+  xf, wf, cf = (np.asarray(a, np.float64) for a in (x, w, ct))
+  assert util.rel_err(gw, xf.T @ cf) < util.tol(np.float32)
+  assert util.rel_err(gx, cf @ wf.T) < util.tol(np.float32)

@@ -27,19 +27,28 @@ def _ag(x, w, axis: int, st: Static):
 
 
 def _ag_fwd(x, w, axis, st):
-  return _ag(x, w, axis, st), (x, w)
+  out0, gathered = forward.forward_and_gathered(jnp.moveaxis(x, axis, 0), w,
+                                                st)
+  # The gathered x is the residual, as in XLA's own autodiff of all_gather
+  # + dot: dw is then one dot, with no second gather. None for the push
+  # granularity, whose pieces stay in its windows: dw gathers x again.
+  return jnp.moveaxis(out0, 0, axis), (x, w, gathered)
 
 
 def _ag_bwd(axis, st, res, ct):
-  x, w = res
+  x, w, gathered = res
   ct0 = jnp.moveaxis(ct, axis, 0)
-  # d(all_gather(x) @ w)/dx is a reduce-scatter of ct @ w^T; dw contracts the
-  # gathered x with ct, which gathers x piecewise again.
+  # d(all_gather(x) @ w)/dx is a reduce-scatter of ct @ w^T.
   dx0 = rs_forward.forward(
       ct0, w.T, matmul.backward_static(st, "matmul_reduce_scatter"))
-  dw = contraction.gathered_contraction(
-      jnp.moveaxis(x, axis, 0), ct0,
-      matmul.backward_static(st, "all_gather_matmul"), gather_operand="a")
+  if gathered is not None:
+    dw = contraction.contract_rows(
+        gathered, ct0, st,
+        jnp.promote_types(jnp.promote_types(x.dtype, ct0.dtype), w.dtype))
+  else:
+    dw = contraction.gathered_contraction(
+        jnp.moveaxis(x, axis, 0), ct0,
+        matmul.backward_static(st, "all_gather_matmul"), gather_operand="a")
   dx = jnp.moveaxis(dx0, 0, axis).astype(x.dtype)
   return vma.match(dx, x), vma.match(dw.astype(w.dtype), w)
 
@@ -64,8 +73,10 @@ def all_gather_matmul(
   `ficco_jax.sharded.all_gather_matmul`). The gather is decomposed into
   pieces finer than a shard and each piece's matmul overlaps the transfer of
   the next, as ``schedule`` says. Differentiable: the gradient's ``dx`` is a
-  reduce-scatter matmul and its ``dw`` a piecewise-gathered contraction,
-  both overlapped the same way.
+  reduce-scatter matmul, overlapped the same way, and its ``dw`` one dot of
+  the gathered ``x``, kept from the forward pass as XLA's own autodiff
+  does (the push granularity, whose pieces stay in its windows, gathers x
+  again, piece by piece).
 
   Args:
     x: the local shard, any rank >= 2: ``[..., m, ..., K]`` with ``m`` at

@@ -69,21 +69,52 @@ def _assemble(products, shift_rows, rank, m: int, p: int):
 
 def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
   """``all_gather(x0, tiled) @ w`` with the schedule in ``st``."""
+  return _run(x0, w, st, keep_gathered=False)[0]
+
+
+def forward_and_gathered(x0: jax.Array, w: jax.Array, st: Static
+                         ) -> tuple[jax.Array, jax.Array | None]:
+  """``(all_gather(x0) @ w, all_gather(x0))`` from one gather, the product
+  overlapped as in `forward`; the gathered operand is assembled from the
+  pieces as they landed (one copy), or None for the flagged (push)
+  granularity, whose pieces land in windows the op does not hand out.
+
+  The gradients take both: an all-gather matmul keeps the gathered ``x``
+  for its ``dw`` (as XLA's own autodiff of all_gather + dot does), and the
+  reduce-scatter's gradient contracts ``h`` with the gathered cotangent of
+  its ``dh``, so nothing travels twice.
+  """
+  return _run(x0, w, st, keep_gathered=True)
+
+
+def _run(x0, w, st: Static, *, keep_gathered: bool):
   p, m = st.axis_size, x0.shape[0]
   out_dtype = matmul.dot_dtype(x0, w, st)
   if not st.schedule.overlapped or p == 1:
     gathered = lax.all_gather(x0, st.axis_name, axis=0, tiled=True)
-    return matmul.dot(gathered, w, st).astype(out_dtype)
+    return (matmul.dot(gathered, w, st).astype(out_dtype),
+            gathered if keep_gathered else None)
 
   if st.schedule.compute_granularity == "flagged":
-    return _push(x0, w, st, out_dtype)
+    return _push(x0, w, st, out_dtype), None
 
   rank = lax.axis_index(st.axis_name)
   gplan = plan_lib.gather_plan(st.schedule, axis_size=p, shard_rows=m)
   step = st.schedule.granularity(st.op_name) == "step"
 
   if st.schedule.compute == "pallas":
-    def consume(out, data, blocks):
+    shift_rows: list[int] = []  # Static, in the order of the kept pieces.
+
+    def consume(carry, data, blocks):
+      out, pieces = carry
+      if keep_gathered:
+        for b in blocks:
+          piece = data
+          if b.rows != data.shape[0]:
+            piece = lax.slice_in_dim(data, b.landing_row,
+                                     b.landing_row + b.rows)
+          pieces += (piece,)
+          shift_rows.append((b.owner_offset % p) * m + b.owner_row)
       dest = [gather.owner_rank(b, rank, p) * m + b.owner_row for b in blocks]
       if step and len(blocks) > 1:
         rows = {b.rows for b in blocks}
@@ -93,19 +124,30 @@ def forward(x0: jax.Array, w: jax.Array, st: Static) -> jax.Array:
               f" blocks of a step to have equal rows, got {sorted(rows)}.")
         # One launch writes every block at its owner's rows (in place).
         return _pallas_write(out, data, [b.landing_row for b in blocks],
-                             rows.pop(), w, dest, p * m, out_dtype, st)
+                             rows.pop(), w, dest, p * m, out_dtype,
+                             st), pieces
       for b, row in zip(blocks, dest):
         out = _pallas_write(out, data, [b.landing_row], b.rows, w, [row],
                             p * m, out_dtype, st)
-      return out
+      return out, pieces
 
-    out, pending = gather.run(x0, gplan, st, consume=consume, carry=None)
+    (out, pieces), pending = gather.run(x0, gplan, st, consume=consume,
+                                        carry=(None, ()))
+    gathered = (_assemble(pieces, shift_rows, rank, m, p) if keep_gathered
+                else None)
   else:
-    out, _, pending = _on_xla_dots(x0, w, st, out_dtype, gplan, rank,
-                                   keep_gathered=False)
+    out, gathered, pending = _on_xla_dots(x0, w, st, out_dtype, gplan, rank,
+                                          keep_gathered=keep_gathered)
   out = gather.finish(out, pending, st)
+  if gathered is not None:
+    # The gathered operand must not outlive the invocation's end either: a
+    # caller that keeps only it (a gradient, whose primal product is dead)
+    # would otherwise let XLA drop `finish`, and with it the point after
+    # which peers no longer read this device's shard.
+    out, gathered = lax.optimization_barrier((out, gathered))
+    gathered = vma.vary_like(gathered, x0)
   # The Pallas kernel's in-place writes leave `out` typed invariant.
-  return vma.vary_like(out, x0, w)
+  return vma.vary_like(out, x0, w), gathered
 
 
 def _on_xla_dots(x0, w, st: Static, out_dtype, gplan, rank, *,
@@ -144,30 +186,6 @@ def _on_xla_dots(x0, w, st: Static, out_dtype, gplan, rank, *,
   gathered = (_assemble(pieces, shift_rows, rank, m, p) if keep_gathered
               else None)
   return out, gathered, pending
-
-
-def forward_and_gathered(x0: jax.Array, w: jax.Array,
-                         st: Static) -> tuple[jax.Array, jax.Array]:
-  """``(all_gather(x0) @ w, all_gather(x0))`` from one gather, the product
-  overlapped as in `forward` on XLA's dots (``st.schedule.compute`` must be
-  "xla", as in a gradient: `matmul.backward_static`). The reduce-scatter's
-  gradient takes both: ``dh`` is the product, ``dw`` contracts ``h`` with
-  the gathered cotangent, so the cotangent travels once."""
-  p = st.axis_size
-  out_dtype = matmul.dot_dtype(x0, w, st)
-  if not st.schedule.overlapped or p == 1:
-    gathered = lax.all_gather(x0, st.axis_name, axis=0, tiled=True)
-    return matmul.dot(gathered, w, st).astype(out_dtype), gathered
-  if (st.schedule.compute != "xla"
-      or st.schedule.compute_granularity == "flagged"):
-    raise ValueError(f"forward_and_gathered runs XLA's dots piece by piece,"
-                     f" not {st.schedule.short()}.")
-  rank = lax.axis_index(st.axis_name)
-  gplan = plan_lib.gather_plan(st.schedule, axis_size=p, shard_rows=x0.shape[0])
-  out, gathered, pending = _on_xla_dots(x0, w, st, out_dtype, gplan, rank,
-                                        keep_gathered=True)
-  out = gather.finish(out, pending, st)
-  return vma.vary_like(out, x0, w), vma.vary_like(gathered, x0)
 
 
 def _push(x0, w, st: Static, out_dtype):

@@ -38,6 +38,7 @@ def _rs_bwd(axis, st, res, ct):
   # slices of h per piece.
   gather_st = matmul.backward_static(st, "all_gather_matmul")
   dh0, gathered = ag_forward.forward_and_gathered(ct0, w.T, gather_st)
+  assert gathered is not None  # backward_static leaves no push gather.
   h0 = jnp.moveaxis(h, axis, 0)
   # In w's dtype when that is the widest (an f32 master weight), so dw is
   # not rounded to the activations' dtype first.
