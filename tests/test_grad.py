@@ -3,6 +3,7 @@
 import functools
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -201,3 +202,67 @@ def test_grad_all_gather_matmul_on_the_kernel(schedule):
   xf, wf, cf = (np.asarray(a, np.float64) for a in (x, w, ct))
   assert util.rel_err(gw, xf.T @ cf) < util.tol(np.float32)
   assert util.rel_err(gx, cf @ wf.T) < util.tol(np.float32)
+
+
+def _calls(fn, target, *args) -> int:
+  import re  # pylint: disable=g-import-not-at-top
+  return len(re.findall(rf"custom_call @{target}\b",
+                        jax.jit(fn).lower(*args).as_text()))
+
+
+def test_a_gradient_that_keeps_only_the_gathered_x_still_ends_the_copies():
+  # With dw alone asked for and the loss linear in the product, the primal
+  # product is dead: the gathered x must still carry the invocation's end
+  # (its done), or peers could read this device's shard after it is gone.
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(17)
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+  x = put(util.rand(rng, (24, 20), np.float32), P("x", None))
+  w = put(util.rand(rng, (20, 36), np.float32), P(None, "x"))
+  r = put(util.rand(rng, (24, 36), np.float32), P(None, "x"))
+  ag = jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                        schedule=Schedule(dataflow="direct", num_chunks=2,
+                                          comm="dma")),
+      mesh=mesh, in_specs=(P("x", None), P(None, "x")),
+      out_specs=P(None, "x"))
+  dw = jax.grad(lambda x, w: jnp.sum(ag(x, w) * r), argnums=1)
+  # The forward alone: one start, its waits and its end.
+  syncs = _calls(ag, "ficco_peer_copy_sync", x, w)
+  assert _calls(dw, "ficco_peer_copy_start", x, w) == 1
+  assert _calls(dw, "ficco_peer_copy_sync", x, w) == syncs
+  xf, rf = np.asarray(x, np.float64), np.asarray(r, np.float64)
+  assert util.rel_err(jax.jit(dw)(x, w), xf.T @ rf) < util.tol(np.float32)
+
+
+@pytest.mark.parametrize("schedule", [
+    Schedule(dataflow="direct", num_chunks=1, comm="dma"),
+    Schedule(dataflow="ring", num_chunks=1, comm="dma")],
+    ids=lambda s: s.short())
+def test_grad_under_scan_with_a_loop_invariant_gathered_operand(schedule):
+  # x is the same in every iteration (a cross-attention input, say), w is
+  # scanned: JAX's scan hoists what depends on x alone out of the loop, and
+  # a copy start must not leave its waits behind in the loop.
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(18)
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+  x = put(util.rand(rng, (3, 24, 20), np.float32), P(None, "x"))
+  ws = put(util.rand(rng, (2, 20, 36), np.float32), P(None, None, "x"))
+  op = functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                         schedule=schedule, gather_axis=1)
+
+  def f(a, ws):
+    def body(c, wl):
+      return c, jnp.sum(op(a, wl) ** 2)
+    return lax.psum(lax.scan(body, jnp.zeros(()), ws)[1].sum(), "x")
+
+  sm = jax.shard_map(f, mesh=mesh, in_specs=(P(None, "x"), P(None, None, "x")),
+                     out_specs=P())
+  gx, gws = jax.jit(jax.grad(sm, argnums=(0, 1)))(x, ws)
+  xf, wf = np.asarray(x, np.float64), np.asarray(ws, np.float64)
+  y = [np.einsum("bmk,kn->bmn", xf, wf[l]) for l in range(2)]
+  want_w = np.stack([2 * np.einsum("bmk,bmn->kn", xf, y[l])
+                     for l in range(2)])
+  want_x = sum(2 * np.einsum("bmn,kn->bmk", y[l], wf[l]) for l in range(2))
+  assert util.rel_err(gws, want_w) < util.tol(np.float32)
+  assert util.rel_err(gx, want_x) < util.tol(np.float32)

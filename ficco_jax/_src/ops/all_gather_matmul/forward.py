@@ -98,6 +98,11 @@ def _run(x0, w, st: Static, *, keep_gathered: bool):
   if st.schedule.compute_granularity == "flagged":
     return _push(x0, w, st, out_dtype), None
 
+  if st.schedule.comm == "dma":
+    # The copies start from x0 but belong to the whole product: tied to w
+    # too, a loop-invariant x0 under lax.scan cannot take the start out of
+    # the loop while the waits, which depend on w, stay in it.
+    x0, w = lax.optimization_barrier((x0, w))
   rank = lax.axis_index(st.axis_name)
   gplan = plan_lib.gather_plan(st.schedule, axis_size=p, shard_rows=m)
   step = st.schedule.granularity(st.op_name) == "step"
@@ -140,11 +145,14 @@ def _run(x0, w, st: Static, *, keep_gathered: bool):
                                           keep_gathered=keep_gathered)
   out = gather.finish(out, pending, st)
   if gathered is not None:
-    # The gathered operand must not outlive the invocation's end either: a
-    # caller that keeps only it (a gradient, whose primal product is dead)
-    # would otherwise let XLA drop `finish`, and with it the point after
-    # which peers no longer read this device's shard.
-    out, gathered = lax.optimization_barrier((out, gathered))
+    if st.schedule.comm == "dma":
+      # A caller that keeps only the gathered operand (a gradient whose
+      # primal product is dead) would let JAX drop `finish`, and with it
+      # the invocation's end, after which peers no longer read this
+      # device's shard: the barrier keeps the end alive with it. The
+      # product is returned from before the barrier, so a caller that
+      # keeps only the product does not build the gathered copy.
+      _, gathered = lax.optimization_barrier((out, gathered))
     gathered = vma.vary_like(gathered, x0)
   # The Pallas kernel's in-place writes leave `out` typed invariant.
   return vma.vary_like(out, x0, w), gathered
