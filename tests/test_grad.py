@@ -266,3 +266,33 @@ def test_grad_under_scan_with_a_loop_invariant_gathered_operand(schedule):
   want_x = sum(2 * np.einsum("bmn,kn->bmk", y[l], wf[l]) for l in range(2))
   assert util.rel_err(gws, want_w) < util.tol(np.float32)
   assert util.rel_err(gx, want_x) < util.tol(np.float32)
+
+
+def test_a_reduce_scatter_gradient_without_dh_still_ends_its_gather():
+  # dw alone: dh, the product of the cotangent's gather, is dead, and the
+  # gathered cotangent must still carry that gather's end.
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(19)
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+  sched = Schedule(dataflow="direct", num_chunks=2, comm="dma")
+  h = put(util.rand(rng, (24, 20), np.float32), P(None, "x"))
+  w = put(util.rand(rng, (20, 9), np.float32), P("x", None))
+  r = put(util.rand(rng, (24, 9), np.float32), P("x", None))
+  rs = jax.shard_map(
+      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                        schedule=sched),
+      mesh=mesh, in_specs=(P(None, "x"), P("x", None)),
+      out_specs=P("x", None))
+  ag = jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                        schedule=sched),
+      mesh=mesh, in_specs=(P("x", None), P(None, "x")),
+      out_specs=P(None, "x"))
+  dw = jax.grad(lambda h, w: jnp.sum(rs(h, w) * r), argnums=1)
+  # The cotangent's gather alone: one start, its waits and its end.
+  wt = put(util.rand(rng, (9, 20), np.float32), P(None, "x"))
+  assert _calls(dw, "ficco_peer_copy_start", h, w) == 1
+  assert (_calls(dw, "ficco_peer_copy_sync", h, w)
+          == _calls(ag, "ficco_peer_copy_sync", r, wt))
+  hf, rf = np.asarray(h, np.float64), np.asarray(r, np.float64)
+  assert util.rel_err(jax.jit(dw)(h, w), hf.T @ rf) < util.tol(np.float32)
