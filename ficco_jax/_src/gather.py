@@ -2,8 +2,10 @@
 
 Both ops and both directions of autodiff need "gather the shards of an axis
 piece by piece and do something with each piece as it lands": the forward
-all-gather matmul multiplies each piece by ``w``, the backward ``dw`` of
-either op accumulates ``piece^T @ g``. This module runs a `plan.GatherPlan`
+all-gather matmul multiplies each piece by ``w`` (and may keep the pieces
+for its gradient), the reduce-scatter's gradient multiplies the
+cotangent's, the push all-gather's ``dw`` accumulates ``piece^T @ g``.
+This module runs a `plan.GatherPlan`
 with either communication engine and hands every landed piece, together with
 where it belongs, to a consumer.
 """

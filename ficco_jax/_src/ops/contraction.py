@@ -1,9 +1,12 @@
 """The weight gradient of both ops: a contraction with a gathered operand.
 
 ``dw`` of ``all_gather(x) @ w`` is ``all_gather(x)^T @ ct``, and ``dw`` of
-``psum_scatter(h @ w)`` is ``h^T @ all_gather(ct)``: both gather one
-operand piece by piece (`gather.run`) and accumulate each landed piece's
-contribution while the next piece is in flight.
+``psum_scatter(h @ w)`` is ``h^T @ all_gather(ct)``. Where the gathered
+operand is at hand (the all-gather's forward kept it, the reduce-scatter's
+``dh`` gathered the cotangent), `contract_rows` is one dot. Where it is
+not (the push all-gather, whose pieces stay in its windows),
+`gathered_contraction` gathers it piece by piece (`gather.run`) and
+accumulates each landed piece's contribution while the next is in flight.
 """
 
 from __future__ import annotations
