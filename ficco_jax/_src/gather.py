@@ -47,6 +47,22 @@ def owner_rank(block: plan_lib.Block, rank: jax.Array, axis_size: int):
   return (rank + block.owner_offset) % axis_size
 
 
+def block_rows(data: jax.Array, block: plan_lib.Block) -> jax.Array:
+  """The rows of a landing buffer (or the own shard) that ``block``
+  places."""
+  if block.rows == data.shape[0]:
+    return data
+  return lax.slice_in_dim(data, block.landing_row,
+                          block.landing_row + block.rows)
+
+
+def shift_row(block: plan_lib.Block, axis_size: int, shard_rows: int) -> int:
+  """Where ``block``'s rows go in shift order (block ``s`` of the gathered
+  rows holds rank ``r + s``'s shard): a static row, the same on every
+  rank."""
+  return (block.owner_offset % axis_size) * shard_rows + block.owner_row
+
+
 def _permute(piece, axis_name, src_offset, p):
   # Rank i receives from rank (i + src_offset) % p.
   perm = [((i + src_offset) % p, i) for i in range(p)]

@@ -79,9 +79,7 @@ def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
   def consume(acc, data, blocks):
     for b in blocks:
       row = gather.owner_rank(b, rank, p) * m + b.owner_row
-      piece = data
-      if b.rows != data.shape[0]:
-        piece = lax.slice_in_dim(data, b.landing_row, b.landing_row + b.rows)
+      piece = gather.block_rows(data, b)
       other = lax.dynamic_slice_in_dim(full, row, b.rows, axis=0)
       acc = acc + contract(piece, other)
     return acc

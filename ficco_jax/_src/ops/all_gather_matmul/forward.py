@@ -113,13 +113,8 @@ def _run(x0, w, st: Static, *, keep_gathered: bool):
     def consume(carry, data, blocks):
       out, pieces = carry
       if keep_gathered:
-        for b in blocks:
-          piece = data
-          if b.rows != data.shape[0]:
-            piece = lax.slice_in_dim(data, b.landing_row,
-                                     b.landing_row + b.rows)
-          pieces += (piece,)
-          shift_rows.append((b.owner_offset % p) * m + b.owner_row)
+        pieces += tuple(gather.block_rows(data, b) for b in blocks)
+        shift_rows.extend(gather.shift_row(b, p, m) for b in blocks)
       dest = [gather.owner_rank(b, rank, p) * m + b.owner_row for b in blocks]
       if step and len(blocks) > 1:
         rows = {b.rows for b in blocks}
@@ -175,16 +170,14 @@ def _on_xla_dots(x0, w, st: Static, out_dtype, gplan, rank, *,
       y = matmul.dot(data, w, st).astype(out_dtype)
     new, kept = [], []
     for b in blocks:
-      piece = data
-      if b.rows != data.shape[0]:
-        piece = lax.slice_in_dim(data, b.landing_row, b.landing_row + b.rows)
+      piece = gather.block_rows(data, b)
       if keep_gathered:
         kept.append(piece)
       if step and len(blocks) > 1:
-        product = lax.slice_in_dim(y, b.landing_row, b.landing_row + b.rows)
+        product = gather.block_rows(y, b)
       else:
         product = matmul.dot(piece, w, st).astype(out_dtype)
-      shift_rows.append((b.owner_offset % p) * m + b.owner_row)
+      shift_rows.append(gather.shift_row(b, p, m))
       new.append(product)
     return products + tuple(new), pieces + tuple(kept)
 
