@@ -34,39 +34,28 @@ def contract_rows(a: jax.Array, g: jax.Array, st: Static,
                          preferred_element_type=out_dtype)
 
 
-def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
-                         gather_operand: str) -> jax.Array:
-  """``all_gather(a0)^T @ g0`` or ``a0^T @ all_gather(g0)``, overlapped.
+def gathered_contraction(x0: jax.Array, g: jax.Array,
+                         st: Static) -> jax.Array:
+  """``all_gather(x0)^T @ g``, overlapped: ``x0`` gathered piecewise, each
+  landed piece contracted with the rows of ``g`` it owns while the next is
+  in flight.
 
-  Contracts every axis but the last. Exactly one operand is sharded along
-  the first axis and gathered piecewise; the other is full-size and sliced
-  at the rows each landed piece owns.
+  Contracts every axis but the last.
 
   Args:
-    a0: ``[rows_a, *rest, Ka]``.
-    g0: ``[rows_g, *rest, Kg]``.
+    x0: the local shard, ``[m, *rest, Kx]``.
+    g: full-size, ``[P * m, *rest, Kg]``.
     st: static config (its schedule picks dataflow and comm).
-    gather_operand: ``"a"`` or ``"g"``: which operand is the local shard.
 
   Returns:
-    ``[Ka, Kg]`` in at least float32 (the caller casts).
+    ``[Kx, Kg]`` in at least float32 (the caller casts).
   """
-  p = st.axis_size
-  shard, full = (a0, g0) if gather_operand == "a" else (g0, a0)
-  m = shard.shape[0]
-  lead = tuple(range(a0.ndim - 1))
-  acc_dtype = matmul.acc_dtype(jnp.promote_types(a0.dtype, g0.dtype))
-
-  def contract(shard_piece, full_piece):
-    a, g = ((shard_piece, full_piece) if gather_operand == "a"
-            else (full_piece, shard_piece))
-    return lax.dot_general(a, g, ((lead, lead), ((), ())),
-                           precision=st.precision,
-                           preferred_element_type=acc_dtype)
+  p, m = st.axis_size, x0.shape[0]
+  acc_dtype = matmul.acc_dtype(jnp.promote_types(x0.dtype, g.dtype))
+  contract = lambda a, b: contract_rows(a, b, st, acc_dtype)  # noqa: E731
 
   if not st.schedule.overlapped or p == 1:
-    gathered = lax.all_gather(shard, st.axis_name, axis=0, tiled=True)
-    return contract(gathered, full)
+    return contract(lax.all_gather(x0, st.axis_name, axis=0, tiled=True), g)
 
   rank = lax.axis_index(st.axis_name)
   schedule = st.schedule
@@ -79,12 +68,11 @@ def gathered_contraction(a0: jax.Array, g0: jax.Array, st: Static, *,
   def consume(acc, data, blocks):
     for b in blocks:
       row = gather.owner_rank(b, rank, p) * m + b.owner_row
-      piece = gather.block_rows(data, b)
-      other = lax.dynamic_slice_in_dim(full, row, b.rows, axis=0)
-      acc = acc + contract(piece, other)
+      other = lax.dynamic_slice_in_dim(g, row, b.rows, axis=0)
+      acc = acc + contract(gather.block_rows(data, b), other)
     return acc
 
-  acc = jnp.zeros((a0.shape[-1], g0.shape[-1]), acc_dtype)
+  acc = jnp.zeros((x0.shape[-1], g.shape[-1]), acc_dtype)
   st = dataclasses.replace(st, schedule=schedule)
-  acc, pending = gather.run(shard, gplan, st, consume=consume, carry=acc)
+  acc, pending = gather.run(x0, gplan, st, consume=consume, carry=acc)
   return gather.finish(acc, pending, st)

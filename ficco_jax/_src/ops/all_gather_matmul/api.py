@@ -48,7 +48,7 @@ def _ag_bwd(axis, st, res, ct):
   else:
     dw = contraction.gathered_contraction(
         jnp.moveaxis(x, axis, 0), ct0,
-        matmul.backward_static(st, "all_gather_matmul"), gather_operand="a")
+        matmul.backward_static(st, "all_gather_matmul"))
   dx = jnp.moveaxis(dx0, 0, axis).astype(x.dtype)
   return vma.match(dx, x), vma.match(dw.astype(w.dtype), w)
 
