@@ -103,7 +103,7 @@ class MoeExplanation:
     op, x_shape, w_shape, dtype, axis_size: the problem (local shapes).
     device_kind: the device planned for.
     chosen: the schedule ``schedule=None`` resolves to.
-    source: ``"heuristic"`` (the MoE ops have no autotune cache yet).
+    source: ``"autotune cache"`` or ``"heuristic"``.
     reason: why, in words (`moe_heuristic.decide`).
     expert_width: the experts' hidden width f the exchange rule reads.
     direct_max_f: the widest f that takes the copy engines.

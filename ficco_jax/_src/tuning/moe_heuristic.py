@@ -32,8 +32,9 @@ DATAFLOWS = ("none", "direct")
 # kernel; benchmarks/results/nvidia_h200_w2/moe.json) direct/dma took
 # 15-21% less time than ``none`` at f = 768 (qwen3-30b-a3b) and 1408
 # (deepseek-v2-lite), where the exchange is 0.6-0.95x the experts' time,
-# and 1-5% more at f = 14336 and 16384 (mixtral), where it is a tenth. Fitted on two widths,
-# checked on the third; a cost model of the pattern would replace it.
+# and 1-5% more at f = 14336 and 16384 (mixtral), where it is a tenth.
+# Fitted on two widths, checked on the third; a cost model of the pattern
+# would replace it.
 DIRECT_MAX_F = 4096
 # Device kinds planned for as Hopper (sm_90) when they are not at hand
 # (`choose_schedule(..., device_kind=...)`): the kernel's wgmma is sm_90's.
@@ -95,19 +96,18 @@ def unsupported(schedule: schedule_lib.Schedule) -> str | None:
 
 
 def cached_unfit(schedule: schedule_lib.Schedule, *, platform: str,
-                 kernel_why: str | None, precision=None,
+                 kernel_why: str | None,
                  one_program: bool = True) -> str | None:
   """Why an autotune cache entry cannot serve a call, or None: the MoE ops
   do not take it, its grouped kernel cannot take the call (``kernel_why``,
-  `kernel_unfit`'s answer; off GPUs the kernel is an interpreter, a test
-  path), or its copy engines need the op traced under ``jax.jit``."""
+  `kernel_unfit`'s answer for the call, its ``precision`` included; off
+  GPUs the kernel is an interpreter, a test path), or its copy engines
+  need the op traced under ``jax.jit``."""
   why = unsupported(schedule)
   if why is None and schedule.compute == "pallas":
     if platform != "gpu":
       why = ("off GPUs the grouped kernel runs Pallas's interpreter, a"
              " test path")
-    elif precision is not None:
-      why = f"precision={precision!r} applies to XLA's ragged_dot"
     else:
       why = kernel_why
   if why is None and schedule.comm == "dma" and not one_program:

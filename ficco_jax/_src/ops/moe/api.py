@@ -19,18 +19,15 @@ from ficco_jax._src.ops.moe import combine_dma
 from ficco_jax._src.ops.moe import dispatch_dma
 from ficco_jax._src.ops.moe import exchange
 from ficco_jax._src.ops.moe import routing
-from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import heuristics
 from ficco_jax._src.tuning import moe_heuristic
 
 
-
 def _device_facts() -> dict:
-  """The device at hand, as `moe_heuristic` takes it."""
-  device = jax.devices()[0]
-  return dict(platform=jax.default_backend(),
-              hopper=pallas_config.hopper_kernel_runs(device, jnp.bfloat16),
-              device_desc=device.device_kind)
+  """The device at hand (`resolve.target`), as `moe_heuristic` takes it."""
+  tgt = resolve.target()
+  return dict(platform=tgt.platform, hopper=resolve.moe_hopper(tgt),
+              device_desc=tgt.device_kind)
 
 
 def _kernel_unfit(a, w, precision, out_dtype) -> str | None:
@@ -76,7 +73,7 @@ def _cached(op: str, a, w, axis_size: int, precision,
   why = moe_heuristic.cached_unfit(
       cached, platform=jax.default_backend(),
       kernel_why=_kernel_unfit(a, w, precision, out_dtype),
-      precision=precision, one_program=_one_program(a))
+      one_program=_one_program(a))
   if why is None:
     return cached
   heuristics.warn_once(
