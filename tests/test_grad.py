@@ -1,6 +1,7 @@
 """jax.grad through both ops equals the float64 analytic gradient."""
 
 import functools
+import re
 
 import jax
 from jax import lax
@@ -89,10 +90,46 @@ def test_grad_bf16_keeps_dtypes():
   assert util.rel_err(dw, np.asarray(x, np.float64).T @ rf) < util.tol(jnp.bfloat16)
 
 
+def _lowered_count(fn, pattern: str, *args) -> int:
+  """How often ``pattern`` occurs in ``jax.jit(fn)``'s lowering."""
+  return len(re.findall(pattern, jax.jit(fn).lower(*args).as_text()))
+
+
 def _permutes(fn, *args) -> int:
-  import re  # pylint: disable=g-import-not-at-top
-  return len(re.findall(r"stablehlo\.collective_permute\b",
-                        jax.jit(fn).lower(*args).as_text()))
+  return _lowered_count(fn, r"stablehlo\.collective_permute\b", *args)
+
+
+def _copy_starts(fn, *args) -> int:
+  # The copy engines' starts, one custom call per gather or scatter.
+  return _lowered_count(fn, r"ficco_peer_copy_start", *args)
+
+
+def _calls(fn, target, *args) -> int:
+  return _lowered_count(fn, rf"custom_call @{target}\b", *args)
+
+
+def _rand(mesh, rng, shape, spec):
+  """Random float32 placed with ``spec`` on ``mesh``."""
+  return jax.device_put(util.rand(rng, shape, np.float32),
+                        NamedSharding(mesh, spec))
+
+
+def _ag(mesh, schedule, check_vma=True):
+  """The 2-D all-gather matmul over "x": x rows and w columns sharded."""
+  return jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                        schedule=schedule),
+      mesh=mesh, in_specs=(P("x", None), P(None, "x")),
+      out_specs=P(None, "x"), check_vma=check_vma)
+
+
+def _rs(mesh, schedule):
+  """The 2-D reduce-scatter matmul over "x": h columns and w rows sharded."""
+  return jax.shard_map(
+      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
+                        schedule=schedule),
+      mesh=mesh, in_specs=(P(None, "x"), P("x", None)),
+      out_specs=P("x", None))
 
 
 @pytest.mark.parametrize("schedule", [
@@ -104,25 +141,15 @@ def test_reduce_scatter_gradient_gathers_the_cotangent_once(schedule):
   # all-gather of ct, not two.
   mesh = util.tp_mesh()
   rng = np.random.default_rng(14)
-  h = jax.device_put(util.rand(rng, (24, 20), np.float32),
-                     NamedSharding(mesh, P(None, "x")))
-  w = jax.device_put(util.rand(rng, (20, 9), np.float32),
-                     NamedSharding(mesh, P("x", None)))
-  ct = jax.device_put(util.rand(rng, (24, 9), np.float32),
-                      NamedSharding(mesh, P("x", None)))
-  sm = lambda f, i, o: jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o)  # noqa: E731
-  rs = sm(functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                            schedule=schedule),
-          (P(None, "x"), P("x", None)), P("x", None))
-  ag = sm(functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
-                            schedule=schedule),
-          (P("x", None), P(None, "x")), P(None, "x"))
+  h = _rand(mesh, rng, (24, 20), P(None, "x"))
+  w = _rand(mesh, rng, (20, 9), P("x", None))
+  ct = _rand(mesh, rng, (24, 9), P("x", None))
+  rs, ag = _rs(mesh, schedule), _ag(mesh, schedule)
   # value_and_grad: the forward stays in the program next to the gradient.
   grad = jax.value_and_grad(lambda h, w: jnp.sum(rs(h, w) * ct),
                             argnums=(0, 1))
   forward = _permutes(rs, h, w)
-  one_gather = _permutes(ag, ct, jax.device_put(
-      util.rand(rng, (9, 20), np.float32), NamedSharding(mesh, P(None, "x"))))
+  one_gather = _permutes(ag, ct, _rand(mesh, rng, (9, 20), P(None, "x")))
   assert forward > 0 and one_gather > 0
   assert _permutes(grad, h, w) == forward + one_gather
 
@@ -138,25 +165,17 @@ def test_all_gather_gradient_keeps_the_gathered_x(schedule):
   # gather of x.
   mesh = util.tp_mesh()
   rng = np.random.default_rng(15)
-  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-  x = put(util.rand(rng, (24, 20), np.float32), P("x", None))
-  w = put(util.rand(rng, (20, 36), np.float32), P(None, "x"))
-  ct = put(util.rand(rng, (24, 36), np.float32), P(None, "x"))
-  sm = lambda f, i, o: jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o)  # noqa: E731
-  ag = sm(functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
-                            schedule=schedule),
-          (P("x", None), P(None, "x")), P(None, "x"))
+  x = _rand(mesh, rng, (24, 20), P("x", None))
+  w = _rand(mesh, rng, (20, 36), P(None, "x"))
+  ct = _rand(mesh, rng, (24, 36), P(None, "x"))
   # dx's reduce-scatter runs the same dataflow, chunks and engine
   # (matmul.backward_static, for these schedules).
-  rs = sm(functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                            schedule=schedule),
-          (P(None, "x"), P("x", None)), P("x", None))
+  ag, rs = _ag(mesh, schedule), _rs(mesh, schedule)
   grad = jax.value_and_grad(lambda x, w: jnp.sum(ag(x, w) * ct),
                             argnums=(0, 1))
   copies = lambda f, *a: _permutes(f, *a) + _copy_starts(f, *a)  # noqa: E731
   forward = copies(ag, x, w)
-  dx = copies(rs, ct, put(util.rand(rng, (36, 20), np.float32),
-                          P("x", None)))
+  dx = copies(rs, ct, _rand(mesh, rng, (36, 20), P("x", None)))
   assert forward > 0 and dx > 0
   assert copies(grad, x, w) == forward + dx
   # And the values: dw from the kept x.
@@ -164,13 +183,6 @@ def test_all_gather_gradient_keeps_the_gathered_x(schedule):
   xf, wf, cf = (np.asarray(a, np.float64) for a in (x, w, ct))
   assert util.rel_err(gw, xf.T @ cf) < util.tol(np.float32)
   assert util.rel_err(gx, cf @ wf.T) < util.tol(np.float32)
-
-
-def _copy_starts(fn, *args) -> int:
-  import re  # pylint: disable=g-import-not-at-top
-  # The copy engines' starts, one custom call per gather or scatter.
-  return len(re.findall(r"ficco_peer_copy_start",
-                        jax.jit(fn).lower(*args).as_text()))
 
 
 @pytest.mark.parametrize("schedule", [
@@ -188,26 +200,15 @@ def test_grad_all_gather_matmul_on_the_kernel(schedule):
                 " kernel takes bf16 at its tile multiples")
   mesh = util.tp_mesh()
   rng = np.random.default_rng(16)
-  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-  x = put(util.rand(rng, (32, 64), np.float32), P("x", None))
-  w = put(util.rand(rng, (64, 128), np.float32), P(None, "x"))
-  ct = put(util.rand(rng, (32, 128), np.float32), P(None, "x"))
-  ag = jax.shard_map(
-      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
-                        schedule=schedule),
-      mesh=mesh, in_specs=(P("x", None), P(None, "x")),
-      out_specs=P(None, "x"), check_vma=False)
+  x = _rand(mesh, rng, (32, 64), P("x", None))
+  w = _rand(mesh, rng, (64, 128), P(None, "x"))
+  ct = _rand(mesh, rng, (32, 128), P(None, "x"))
+  ag = _ag(mesh, schedule, check_vma=False)
   gx, gw = jax.jit(jax.grad(lambda x, w: jnp.sum(ag(x, w) * ct),
                             argnums=(0, 1)))(x, w)
   xf, wf, cf = (np.asarray(a, np.float64) for a in (x, w, ct))
   assert util.rel_err(gw, xf.T @ cf) < util.tol(np.float32)
   assert util.rel_err(gx, cf @ wf.T) < util.tol(np.float32)
-
-
-def _calls(fn, target, *args) -> int:
-  import re  # pylint: disable=g-import-not-at-top
-  return len(re.findall(rf"custom_call @{target}\b",
-                        jax.jit(fn).lower(*args).as_text()))
 
 
 def test_a_gradient_that_keeps_only_the_gathered_x_still_ends_the_copies():
@@ -216,16 +217,10 @@ def test_a_gradient_that_keeps_only_the_gathered_x_still_ends_the_copies():
   # (its done), or peers could read this device's shard after it is gone.
   mesh = util.tp_mesh()
   rng = np.random.default_rng(17)
-  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-  x = put(util.rand(rng, (24, 20), np.float32), P("x", None))
-  w = put(util.rand(rng, (20, 36), np.float32), P(None, "x"))
-  r = put(util.rand(rng, (24, 36), np.float32), P(None, "x"))
-  ag = jax.shard_map(
-      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
-                        schedule=Schedule(dataflow="direct", num_chunks=2,
-                                          comm="dma")),
-      mesh=mesh, in_specs=(P("x", None), P(None, "x")),
-      out_specs=P(None, "x"))
+  x = _rand(mesh, rng, (24, 20), P("x", None))
+  w = _rand(mesh, rng, (20, 36), P(None, "x"))
+  r = _rand(mesh, rng, (24, 36), P(None, "x"))
+  ag = _ag(mesh, Schedule(dataflow="direct", num_chunks=2, comm="dma"))
   dw = jax.grad(lambda x, w: jnp.sum(ag(x, w) * r), argnums=1)
   # The forward alone: one start, its waits and its end.
   syncs = _calls(ag, "ficco_peer_copy_sync", x, w)
@@ -245,9 +240,8 @@ def test_grad_under_scan_with_a_loop_invariant_gathered_operand(schedule):
   # a copy start must not leave its waits behind in the loop.
   mesh = util.tp_mesh()
   rng = np.random.default_rng(18)
-  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-  x = put(util.rand(rng, (3, 24, 20), np.float32), P(None, "x"))
-  ws = put(util.rand(rng, (2, 20, 36), np.float32), P(None, None, "x"))
+  x = _rand(mesh, rng, (3, 24, 20), P(None, "x"))
+  ws = _rand(mesh, rng, (2, 20, 36), P(None, None, "x"))
   op = functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
                          schedule=schedule, gather_axis=1)
 
@@ -273,24 +267,14 @@ def test_a_reduce_scatter_gradient_without_dh_still_ends_its_gather():
   # gathered cotangent must still carry that gather's end.
   mesh = util.tp_mesh()
   rng = np.random.default_rng(19)
-  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
   sched = Schedule(dataflow="direct", num_chunks=2, comm="dma")
-  h = put(util.rand(rng, (24, 20), np.float32), P(None, "x"))
-  w = put(util.rand(rng, (20, 9), np.float32), P("x", None))
-  r = put(util.rand(rng, (24, 9), np.float32), P("x", None))
-  rs = jax.shard_map(
-      functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                        schedule=sched),
-      mesh=mesh, in_specs=(P(None, "x"), P("x", None)),
-      out_specs=P("x", None))
-  ag = jax.shard_map(
-      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
-                        schedule=sched),
-      mesh=mesh, in_specs=(P("x", None), P(None, "x")),
-      out_specs=P(None, "x"))
+  h = _rand(mesh, rng, (24, 20), P(None, "x"))
+  w = _rand(mesh, rng, (20, 9), P("x", None))
+  r = _rand(mesh, rng, (24, 9), P("x", None))
+  rs, ag = _rs(mesh, sched), _ag(mesh, sched)
   dw = jax.grad(lambda h, w: jnp.sum(rs(h, w) * r), argnums=1)
   # The cotangent's gather alone: one start, its waits and its end.
-  wt = put(util.rand(rng, (9, 20), np.float32), P(None, "x"))
+  wt = _rand(mesh, rng, (9, 20), P(None, "x"))
   assert _calls(dw, "ficco_peer_copy_start", h, w) == 1
   assert (_calls(dw, "ficco_peer_copy_sync", h, w)
           == _calls(ag, "ficco_peer_copy_sync", r, wt))
