@@ -213,3 +213,30 @@ def test_trace_summary_separates_exposed_collectives_from_compute():
   assert ("collectives on the compute stream (exposed): 0.050 ms/call;"
           " off it: 0.300 ms/call, 17% of it while the compute stream ran"
           " other work") in text, text
+
+
+def test_tests_suite_counts_a_run_cut_before_its_summary():
+  sys.path.insert(0, str(BENCH.parent))
+  from suites import tests as tests_suite  # pylint: disable=g-import-not-at-top
+  cut = "\n".join([
+      "..s.F.ss" + "." * 64 + " [ 40%]",
+      "...sE.",
+  ])
+  s = tests_suite.summarize(cut)
+  assert s["closing_line"] is None
+  assert s["counts"] == {"passed": 4 + 64 + 4, "skipped": 4, "failed": 1,
+                         "errors": 1}, s["counts"]
+  md = tests_suite.markdown({"meta": {}, "pytest_command": "pytest",
+                             "returncode": -2, "seconds": 9.0, "summary": s})
+  assert "stopped before pytest's summary" in md and "1 failed" in md
+  done = "\n".join([
+      "..F" + " [100%]",
+      "=" * 10 + " FAILURES " + "=" * 10,
+      "_ test_with_a_long_id[case-one] _",
+      "___________ test_short ___________",
+      "=" * 5 + " 2 failed, 1 passed in 3.00s " + "=" * 5,
+  ])
+  s = tests_suite.summarize(done)
+  assert s["counts"] == {"failed": 2, "passed": 1}
+  assert s["failures"] == ["FAILED test_with_a_long_id[case-one]",
+                           "FAILED test_short"]

@@ -562,3 +562,39 @@ def test_flagged_granularity_is_piece_timing_in_one_kernel_and_start(c):
   assert pf.compute <= pp.compute + 1e-12
   assert pf.device <= pp.device + 1e-12
   assert cost_model.family(rs.op, flagged) == "direct:flagged"
+
+
+@pytest.mark.parametrize("x_shape, w_shape, model_pick", [
+    ((2048, 8192), (8192, 7168), "direct"),  # llama3-70b, 8192 tokens.
+    ((4096, 8192), (8192, 2048), "ring"),  # The 16384 square.
+])
+def test_all_gather_runs_as_push_where_it_measured_faster(
+    gpu_with_dma, x_shape, w_shape, model_pick):
+  """On 4xH200 in one process the model's single-chunk copy-engine gathers
+  (direct or ring) run as the push all-gather (DeviceParams.push_gather_at);
+  not at P = 2, on an H100 (never measured) or for the reduce-scatter."""
+  h200 = device_params.params_for("NVIDIA H200")
+  kw = dict(x_shape=x_shape, w_shape=w_shape, dtype=BF16, axis=0,
+            platform="gpu")
+  prob = cost_model.problem("all_gather_matmul", x_shape=x_shape,
+                            w_shape=w_shape, dtype=BF16, axis_size=4)
+  allowed = lambda s: cost_model.eligible(h200, "all_gather_matmul", s, 4)  # noqa: E731
+  pick = cost_model.best(cost_model.rank(prob, h200, heuristics.COMMS),
+                         min_gain=cost_model.min_gain_for(h200, 4),
+                         allowed=allowed).schedule
+  assert (pick.dataflow, pick.num_chunks, pick.comm) == (model_pick, 1, "dma")
+  s, why = heuristics.decide("all_gather_matmul", axis_size=4, params=h200,
+                             **kw)
+  assert s == heuristics.PUSH_GATHER and "push all-gather" in why, (s, why)
+  h100 = device_params.params_for("NVIDIA H100 80GB HBM3")
+  s, _ = heuristics.decide("all_gather_matmul", axis_size=4, params=h100,
+                           **kw)
+  assert s.compute_granularity != "flagged", s
+  s, _ = heuristics.decide("all_gather_matmul", axis_size=2, params=h200,
+                           **kw)
+  assert s.compute_granularity != "flagged", s
+  s, _ = heuristics.decide("matmul_reduce_scatter", axis_size=4, params=h200,
+                           x_shape=(x_shape[0], w_shape[1]),
+                           w_shape=(w_shape[1], 4096), dtype=BF16, axis=0,
+                           platform="gpu")
+  assert s.compute_granularity != "flagged", s

@@ -37,7 +37,16 @@ def test_large_op_on_h200_explains_an_overlapped_choice():
   assert e.ideal_s == max(e.t_mm_s, e.t_comm_s)
   # Every runner-up says by how much and why it lost.
   # Families the shipped calibration does not cover come last, unranked.
-  for c in e.candidates[1:]:
+  # At P = 4 on H200 the model's pulled gather runs as the push all-gather
+  # (DeviceParams.push_gather_at), its prediction standing for it.
+  assert e.chosen == heuristics.PUSH_GATHER, e.chosen
+  assert "push all-gather" in e.reason
+  pulled = e.candidates[1]
+  assert pulled.prediction.schedule == dataclasses.replace(
+      e.chosen, compute_granularity=None)
+  assert pulled.prediction.total == e.chosen_prediction.total
+  assert pulled.verdict.startswith("the model's pick; the chosen push")
+  for c in e.candidates[2:]:
     if c.verdict.startswith("not considered"):
       assert "never measured" in c.verdict
       continue

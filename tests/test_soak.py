@@ -3,7 +3,8 @@
 Both ops on both transports of one process, interleaved, 100,000 calls on
 the CPU twin (10,000 on GPUs, where each transport, the push path and
 XLA's own collectives also run alone): after a warm-up the process's
-resident memory may not grow by more than 1 MiB, the library's own entries
+resident memory may not grow by more than 1 MiB over those calls (in one of
+up to three such windows: a leak grows in each), the library's own entries
 drain to zero once the calls are done, and the last results are still
 right. Each wait arms a deadline timer of ``timeout_s`` that must go when
 the wait completes, or every call's state would stay for ``timeout_s``.
@@ -35,6 +36,8 @@ MAX_GROWTH_MIB = 1.0
 # here). A leak grows on; that settling does not, so the measured calls
 # start after it.
 WARMUP = {"cpu": 2000, "gpu": 30_000}
+# Measured windows at most (each of the call count above).
+MAX_WINDOWS = 3
 
 
 def _rss_mib() -> float:
@@ -133,25 +136,36 @@ def test_memory_is_flat_over_many_calls(kind):
     return max(s.get("bytes_in_use", 0) for s in stats) / 2**20
 
   run(WARMUP[platform])
-  before, device_before, heap_before = _rss_mib(), device_mib(), _heap_mib()
-  start = time.monotonic()
-  run(calls // 2)
-  # Half way: steady growth shows in both halves, a high-water mark in one.
-  middle = _rss_mib()
-  out = run(calls - calls // 2)
-  elapsed = time.monotonic() - start
-  growth = _rss_mib() - before
-  device_growth = device_mib() - device_before
-  heap = ("" if heap_before is None else
-          f", malloc'd {_heap_mib() - heap_before:+.2f} MiB")
-  print(f"{kind}: {calls} calls on {platform} in {elapsed:.1f} s: RSS"
-        f" {before:.1f} -> {middle:.1f} -> {before + growth:.1f} MiB, device"
-        f" memory {device_growth:+.2f} MiB{heap}")
+  # Windows of ``calls`` calls, until one leaves memory flat: a leak grows
+  # in every window, where arenas still settling after the warm-up (seen
+  # on a 4-GPU host, where the warm-up's 30,000 calls were not always
+  # enough) grow in the first at most.
+  for window in range(MAX_WINDOWS):
+    before, device_before, heap_before = (_rss_mib(), device_mib(),
+                                          _heap_mib())
+    start = time.monotonic()
+    run(calls // 2)
+    # Half way: steady growth shows in both halves, a high-water mark in one.
+    middle = _rss_mib()
+    out = run(calls - calls // 2)
+    elapsed = time.monotonic() - start
+    growth = _rss_mib() - before
+    device_growth = device_mib() - device_before
+    heap = ("" if heap_before is None else
+            f", malloc'd {_heap_mib() - heap_before:+.2f} MiB")
+    print(f"{kind}: {calls} calls on {platform} in {elapsed:.1f} s: RSS"
+          f" {before:.1f} -> {middle:.1f} -> {before + growth:.1f} MiB,"
+          f" device memory {device_growth:+.2f} MiB{heap}"
+          + (f" (window {window + 1})" if window else ""))
+    if growth <= MAX_GROWTH_MIB and device_growth <= MAX_GROWTH_MIB:
+      break
   assert growth <= MAX_GROWTH_MIB, (
       f"resident memory grew {growth:.2f} MiB over {calls} calls"
-      f" ({1024 * growth / calls:.3f} KiB a call)")
+      f" ({1024 * growth / calls:.3f} KiB a call) in each of {MAX_WINDOWS}"
+      " windows")
   assert device_growth <= MAX_GROWTH_MIB, (
-      f"device memory grew {device_growth:.2f} MiB over {calls} calls")
+      f"device memory grew {device_growth:.2f} MiB over {calls} calls"
+      f" in each of {MAX_WINDOWS} windows")
   ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   for op in out:
     assert util.rel_err(out[op], ref) < util.tol(dtype), op

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,13 @@ _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|"
 
 
 _SECTION = re.compile(r"^=+ (.+?) =+$")
-_HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
+# A failure's header: underscores either side of the test id, down to one
+# each where the id is long.
+_HEADER = re.compile(r"^_+ (\S+) _+$")
+# Progress lines of -q: one mark per test, then the percentage.
+_PROGRESS = re.compile(r"^([.sFExX]+)\s*(\[\s*\d+%\])?$")
+_MARKS = {".": "passed", "F": "failed", "s": "skipped", "E": "errors",
+          "x": "xfailed", "X": "xpassed"}
 # tests/test_soak.py's figures, printed with -rP.
 _SOAK = re.compile(r"^(\w+): \d+ calls on \w+ in .*")
 
@@ -52,6 +59,14 @@ def summarize(log: str) -> dict:
   counts = {}
   for n, what in _COUNT.findall(closing or ""):
     counts["errors" if what.startswith("error") else what] = int(n)
+  if closing is None:
+    # Stopped before pytest's summary (a time limit): what the progress
+    # marks say ran, so that a cut run still counts.
+    for l in lines:
+      m = _PROGRESS.match(l.strip())
+      if m:
+        for mark in m.group(1):
+          counts[_MARKS[mark]] = counts.get(_MARKS[mark], 0) + 1
   failures = [l.split(" - ")[0] for l in lines
               if l.startswith(("FAILED ", "ERROR "))]
   # Without -rf (e.g. --pytest_args=-rsP) the short summary lists no
@@ -73,8 +88,13 @@ def markdown(data: dict) -> str:
   s = data["summary"]
   lines = ["# Tests", ""] + report.provenance(data["meta"])
   lines += [f"- pytest: `{data['pytest_command']}` (exit {data['returncode']},"
-            f" {data['seconds']:.0f} s)", "",
-            f"**{s['closing_line'] or 'no pytest summary line'}**"]
+            f" {data['seconds']:.0f} s)", ""]
+  if s["closing_line"]:
+    lines.append(f"**{s['closing_line']}**")
+  else:
+    marks = ", ".join(f"{n} {what}" for what, n in s["counts"].items())
+    lines.append("**stopped before pytest's summary (time limit); its"
+                 f" progress marks: {marks or 'none'}**")
   if s["failures"]:
     lines += ["", "Failed:", ""] + [f"- `{f}`" for f in s["failures"]]
   if s.get("soak"):
@@ -98,8 +118,13 @@ def run() -> int:
   with tempfile.TemporaryDirectory() as scratch, open(log_path, "w") as log:
     proc = subprocess.Popen(cmd, cwd=scratch, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    # A time limit that still leaves the summary of what ran.
-    timer = threading.Timer(FLAGS.pytest_timeout_s, proc.kill)
+    # A time limit that still leaves the summary of what ran: pytest
+    # prints it on an interrupt; a kill follows if it does not stop.
+    killer = threading.Timer(30, proc.kill)
+    def stop():
+      proc.send_signal(signal.SIGINT)
+      killer.start()
+    timer = threading.Timer(FLAGS.pytest_timeout_s, stop)
     if FLAGS.pytest_timeout_s > 0:
       timer.start()
     captured = []
@@ -109,6 +134,8 @@ def run() -> int:
       captured.append(line)
     rc = proc.wait()
     timer.cancel()
+    if killer.is_alive():
+      killer.cancel()
   data = {"meta": info, "pytest_command": " ".join(shown),
           "returncode": rc, "seconds": time.monotonic() - start,
           "summary": summarize("".join(captured))}

@@ -87,6 +87,10 @@ class DeviceParams:
       schedules run their pieces on ficco's Pallas kernel by default where
       its tiles divide them (full depth steps), because it measured faster
       than XLA's dot there, over these axis sizes (``()``: every size).
+    push_gather_at: axis sizes (one process) where the all-gather's
+      single-chunk copy-engine schedules (direct or ring) run as the push
+      all-gather (``compute_granularity="flagged"``) by default, because it
+      measured faster there than the pulled gathers (``()``: none).
     checked_at: ``(op, axis_sizes)`` pairs (``()``: every size) where no
       calibration applies but the component model's picks were checked
       against measurements and held: there overlap needs only the ordinary
@@ -116,6 +120,7 @@ class DeviceParams:
   calibration: tuple[tuple[str, str, int, str, float, float], ...] = ()
   calibrated_axis_size: int = 0
   pallas_pieces: tuple[tuple[str, tuple[int, ...]], ...] = ()
+  push_gather_at: tuple[int, ...] = ()
   checked_at: tuple[tuple[str, tuple[int, ...]], ...] = ()
   measured: tuple[str, ...] = ()
 
@@ -224,6 +229,17 @@ _H200 = DeviceParams(
     # at 8192 tokens 1.00x against 1.10x on XLA's dots, llama3-8b and the
     # 16384 square a little ahead, gpt3-175b level.
     pallas_pieces=(("matmul_reduce_scatter", ()), ("all_gather_matmul", (2,))),
+    # The pulled gathers wait in the host rendezvous of every peer before
+    # their copies start; the push all-gather's peers copy into its window
+    # when they reach the op and its GEMMs wait on the device. On 4xH200,
+    # in the interleaved runs behind the shipped autotune cache (the ten
+    # benchmark shapes, ficco_jax/data/autotune), it was the fastest
+    # schedule on all 7 shapes where it ran: 3.6-6.2% ahead of the pulled
+    # direct gather (2 shapes), 9.6-12.6% ahead of the ring (3), level with
+    # XLA's program on llama3-8b at 4096 tokens. At P = 2 in one process the pulled gather's pieces
+    # run on the Pallas kernel, which the push path's GEMMs cannot (they
+    # read the window), and that measured level; there it stays.
+    push_gather_at=(4,),
     # At P = 2 the model predicts the all-gather's overlap 4.1-19.6% faster
     # on the ten benchmark shapes, and every one measured faster than XLA's
     # best program (1.01-1.40x, benchmarks/results/nvidia_h200_w2). The
@@ -244,7 +260,7 @@ _H200 = DeviceParams(
 # (3.35 vs 4.8 TB/s). Nothing here was measured on an H100.
 _H100 = dataclasses.replace(
     _H200, name="NVIDIA H100 80GB HBM3", matmul_flops=760e12, hbm_bw=2.9e12,
-    pallas_pieces=(), checked_at=(), measured=())
+    pallas_pieces=(), push_gather_at=(), checked_at=(), measured=())
 
 # Unknown devices: a cautious PCIe-class guess, so that overlap is chosen
 # only where it wins by a wide margin.

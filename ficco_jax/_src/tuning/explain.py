@@ -147,10 +147,19 @@ def _on_xla_dots(s: schedule_lib.Schedule) -> schedule_lib.Schedule | None:
 def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
               none: cost_model.Prediction, gated: str | None,
               eligible: bool = True,
-              margin: float = cost_model.MIN_GAIN) -> str:
-  """The main term that makes ``p`` slower than ``chosen``, in words."""
+              margin: float = cost_model.MIN_GAIN,
+              pushed: schedule_lib.Schedule | None = None) -> str:
+  """The main term that makes ``p`` slower than ``chosen``, in words.
+
+  ``pushed``: the model's pick where the heuristic runs it as the push
+  all-gather instead.
+  """
   if p.schedule == chosen.schedule:
     return "chosen"
+  if p.schedule == pushed:
+    return ("the model's pick; the chosen push all-gather moves the same"
+            " shards with device-side waits instead of a host rendezvous,"
+            " measured faster here")
   if (p.schedule.compute == "xla" and chosen.schedule.compute == "pallas"
       and p.schedule == _on_xla_dots(chosen.schedule)):
     # The model times XLA's dot for both (DeviceParams.pallas_pieces).
@@ -260,10 +269,20 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   if chosen not in [pr.schedule for pr in preds]:
     # A cached schedule outside the heuristic's candidate set.
     preds.append(cost_model.predict(prob, chosen, params))
-  chosen_pred = next(pr for pr in preds if pr.schedule == chosen)
   none = next(pr for pr in preds if not pr.schedule.overlapped)
   margin = cost_model.min_gain_for(params, axis_size, op)
   eligible = lambda s: cost_model.eligible(params, op, s, axis_size)  # noqa: E731
+  pushed = None
+  if source == "heuristic" and chosen == heuristics.PUSH_GATHER:
+    # The heuristic picked a pulled gather by the model and runs it as the
+    # push all-gather (`heuristics.decide`): the model's pick's prediction
+    # stands for it (the model has no family of its own for it).
+    pick = cost_model.best(tuple(pr for pr in preds if pr.schedule != chosen),
+                           min_gain=margin, allowed=eligible)
+    preds = [pr for pr in preds if pr.schedule != chosen]
+    preds.append(dataclasses.replace(pick, schedule=chosen))
+    pushed = pick.schedule
+  chosen_pred = next(pr for pr in preds if pr.schedule == chosen)
   return Explanation(
       op=op, x_shape=x_shape, w_shape=w_shape, dtype=np.dtype(dtype).name,
       axis_size=axis_size, axis=axis, device_kind=tgt.device_kind,
@@ -275,6 +294,7 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       candidates=tuple(
           Candidate(prediction=pr,
                     verdict=_why_lost(pr, chosen_pred, none, gated,
-                                      eligible(pr.schedule), margin))
-          for pr in sorted(preds, key=lambda pr: (not eligible(pr.schedule),
-                                                  pr.total))))
+                                      eligible(pr.schedule), margin, pushed))
+          for pr in sorted(preds, key=lambda pr: (
+              not (eligible(pr.schedule) or pr.schedule == chosen), pr.total,
+              pr.schedule != chosen))))

@@ -184,18 +184,28 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
       schedule = dataclasses.replace(schedule, compute="pallas")
       reason += ("; pieces on ficco's Pallas kernel (measured faster than"
                  " XLA's dot for this op on this device kind)")
-    if (processes > 1 and op == "all_gather_matmul"
-        and schedule.comm == "dma" and schedule.dataflow == "direct"
+    if (op == "all_gather_matmul" and schedule.comm == "dma"
         and schedule.num_chunks == 1):
-      # Across processes a pulled shard must first be staged into the
-      # window (the window transport), on the critical path of every peer;
-      # the push all-gather copies it straight from XLA's buffer into the
-      # peers' windows and multiplies it there. In one process the two are
-      # level, and the rendezvous path keeps its Pallas pieces.
-      schedule = PUSH_GATHER
-      reason += ("; as the push all-gather (direct/c1/dma/xla/flagged):"
-                 " the axis spans processes, where pulled shards would be"
-                 " staged first")
+      if processes > 1 and schedule.dataflow == "direct":
+        # Across processes a pulled shard must first be staged into the
+        # window (the window transport), on the critical path of every
+        # peer; the push all-gather copies it straight from XLA's buffer
+        # into the peers' windows and multiplies it there. In one process
+        # the two are level at P = 2, and the rendezvous path keeps its
+        # Pallas pieces.
+        schedule = PUSH_GATHER
+        reason += ("; as the push all-gather (direct/c1/dma/xla/flagged):"
+                   " the axis spans processes, where pulled shards would be"
+                   " staged first")
+      elif (processes == 1 and axis_size in params.push_gather_at
+            and schedule.dataflow in ("direct", "ring")):
+        # The pulled gathers start their copies in a host rendezvous of
+        # every peer; the push all-gather's GEMMs wait on the device
+        # (DeviceParams.push_gather_at says where that measured faster).
+        schedule = PUSH_GATHER
+        reason += ("; as the push all-gather (direct/c1/dma/xla/flagged),"
+                   " measured faster than the pulled gathers at this axis"
+                   " size on this device kind")
     return schedule, reason
   top = next(pr for pr in preds if allowed(pr.schedule))
   if top.schedule.overlapped:
