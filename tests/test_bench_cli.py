@@ -238,5 +238,9 @@ def test_tests_suite_counts_a_run_cut_before_its_summary():
   ])
   s = tests_suite.summarize(done)
   assert s["counts"] == {"failed": 2, "passed": 1}
+  md = tests_suite.markdown({"meta": {}, "pytest_command": "pytest",
+                             "returncode": 2, "seconds": 9.0, "summary": s,
+                             "time_limit_s": 8.0, "stopped_at_limit": True})
+  assert "in 3.00s (stopped at its 8 s limit)" in md
   assert s["failures"] == ["FAILED test_with_a_long_id[case-one]",
                            "FAILED test_short"]

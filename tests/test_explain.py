@@ -45,7 +45,7 @@ def test_large_op_on_h200_explains_an_overlapped_choice():
   assert pulled.prediction.schedule == dataclasses.replace(
       e.chosen, compute_granularity=None)
   assert pulled.prediction.total == e.chosen_prediction.total
-  assert pulled.verdict.startswith("the model's pick; the chosen push")
+  assert pulled.verdict.startswith("the model's pick; the heuristic runs")
   for c in e.candidates[2:]:
     if c.verdict.startswith("not considered"):
       assert "never measured" in c.verdict
@@ -189,3 +189,5 @@ def test_an_axis_across_processes_gathers_by_push(monkeypatch):
   assert two == heuristics.PUSH_GATHER
   e = ficco_jax.explain("all_gather_matmul", device_kind=H200, **kw)
   assert e.chosen == two and "push all-gather" in e.reason
+  assert e.candidates[0].prediction.schedule == two
+  assert e.candidates[1].verdict.startswith("the model's pick")

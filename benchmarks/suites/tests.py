@@ -90,7 +90,9 @@ def markdown(data: dict) -> str:
   lines += [f"- pytest: `{data['pytest_command']}` (exit {data['returncode']},"
             f" {data['seconds']:.0f} s)", ""]
   if s["closing_line"]:
-    lines.append(f"**{s['closing_line']}**")
+    cut = (f" (stopped at its {data['time_limit_s']:.0f} s limit)"
+           if data.get("stopped_at_limit") else "")
+    lines.append(f"**{s['closing_line']}{cut}**")
   else:
     marks = ", ".join(f"{n} {what}" for what, n in s["counts"].items())
     lines.append("**stopped before pytest's summary (time limit); its"
@@ -121,7 +123,9 @@ def run() -> int:
     # A time limit that still leaves the summary of what ran: pytest
     # prints it on an interrupt; a kill follows if it does not stop.
     killer = threading.Timer(30, proc.kill)
+    stopped = threading.Event()
     def stop():
+      stopped.set()
       proc.send_signal(signal.SIGINT)
       killer.start()
     timer = threading.Timer(FLAGS.pytest_timeout_s, stop)
@@ -138,6 +142,8 @@ def run() -> int:
       killer.cancel()
   data = {"meta": info, "pytest_command": " ".join(shown),
           "returncode": rc, "seconds": time.monotonic() - start,
+          "time_limit_s": FLAGS.pytest_timeout_s,
+          "stopped_at_limit": stopped.is_set(),
           "summary": summarize("".join(captured))}
   results.write_json(os.path.join(out, "tests.json"), data)
   results.write_text(os.path.join(out, "tests.md"), markdown(data))

@@ -157,9 +157,8 @@ def _why_lost(p: cost_model.Prediction, chosen: cost_model.Prediction,
   if p.schedule == chosen.schedule:
     return "chosen"
   if p.schedule == pushed:
-    return ("the model's pick; the chosen push all-gather moves the same"
-            " shards with device-side waits instead of a host rendezvous,"
-            " measured faster here")
+    return ("the model's pick; the heuristic runs the same single-chunk"
+            " gather as the push all-gather (the reason says why)")
   if (p.schedule.compute == "xla" and chosen.schedule.compute == "pallas"
       and p.schedule == _on_xla_dots(chosen.schedule)):
     # The model times XLA's dot for both (DeviceParams.pallas_pieces).
