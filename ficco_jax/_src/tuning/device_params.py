@@ -236,9 +236,10 @@ _H200 = DeviceParams(
     # benchmark shapes, ficco_jax/data/autotune), it was the fastest
     # schedule on all 7 shapes where it ran: 3.6-6.2% ahead of the pulled
     # direct gather (2 shapes), 9.6-12.6% ahead of the ring (3), level with
-    # XLA's program on llama3-8b at 4096 tokens. At P = 2 in one process the pulled gather's pieces
-    # run on the Pallas kernel, which the push path's GEMMs cannot (they
-    # read the window), and that measured level; there it stays.
+    # XLA's program on llama3-8b at 4096 tokens. At P = 2 in one process
+    # the pulled gather's pieces run on the Pallas kernel, which the push
+    # path's GEMMs cannot (they read the window), and the two measured
+    # level; there it stays.
     push_gather_at=(4,),
     # At P = 2 the model predicts the all-gather's overlap 4.1-19.6% faster
     # on the ten benchmark shapes, and every one measured faster than XLA's
