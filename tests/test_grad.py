@@ -1,5 +1,6 @@
 """jax.grad through both ops equals the float64 analytic gradient."""
 
+import dataclasses
 import functools
 import re
 
@@ -158,7 +159,11 @@ def test_reduce_scatter_gradient_gathers_the_cotangent_once(schedule):
     Schedule(dataflow="direct", num_chunks=1),
     Schedule(dataflow="ring", num_chunks=2),
     Schedule(dataflow="direct", num_chunks=2, comm="dma",
-             compute_granularity="step")], ids=lambda s: s.short())
+             compute_granularity="step"),
+    # The push all-gather: its call copies the landed shards out of the
+    # window as the gathered x.
+    Schedule(dataflow="direct", num_chunks=1, comm="dma",
+             compute_granularity="flagged")], ids=lambda s: s.short())
 def test_all_gather_gradient_keeps_the_gathered_x(schedule):
   # dw = all_gather(x)^T @ ct takes the x the forward gathered: the
   # gradient moves the forward's gather plus dx's reduce-scatter, no second
@@ -169,11 +174,15 @@ def test_all_gather_gradient_keeps_the_gathered_x(schedule):
   w = _rand(mesh, rng, (20, 36), P(None, "x"))
   ct = _rand(mesh, rng, (24, 36), P(None, "x"))
   # dx's reduce-scatter runs the same dataflow, chunks and engine
-  # (matmul.backward_static, for these schedules).
-  ag, rs = _ag(mesh, schedule), _rs(mesh, schedule)
+  # (matmul.backward_static, for these schedules; the push all-gather's at
+  # the default granularity).
+  rs_schedule = (dataclasses.replace(schedule, compute_granularity=None)
+                 if schedule.compute_granularity == "flagged" else schedule)
+  ag, rs = _ag(mesh, schedule), _rs(mesh, rs_schedule)
   grad = jax.value_and_grad(lambda x, w: jnp.sum(ag(x, w) * ct),
                             argnums=(0, 1))
-  copies = lambda f, *a: _permutes(f, *a) + _copy_starts(f, *a)  # noqa: E731
+  copies = lambda f, *a: (_permutes(f, *a) + _copy_starts(f, *a)  # noqa: E731
+                          + _calls(f, "ficco_push_gather", *a))
   forward = copies(ag, x, w)
   dx = copies(rs, ct, _rand(mesh, rng, (36, 20), P("x", None)))
   assert forward > 0 and dx > 0

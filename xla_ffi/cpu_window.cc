@@ -567,9 +567,11 @@ ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
 ffi::Future PushGatherImpl(ffi::RunId run_id, int32_t device,
                            ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> gathered,
                            Attrs attrs) {
   CpuBackend backend;
-  auto inv = PushGather(backend, run_id.run_id, device, x, w, *out, attrs);
+  auto inv = PushGather(backend, run_id.run_id, device, x, w, *out,
+                        *gathered, attrs);
   if (!inv.has_value()) return Failed(inv.error());
   return AwaitEvents(device, *inv, {(*inv)->staged, (*inv)->signalled},
                      "the pushes, the peers' shards and the products");
@@ -664,4 +666,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushGatherCpu, ficco::PushGatherImpl,
                                   .Arg<xla::ffi::AnyBuffer>()      // x
                                   .Arg<xla::ffi::AnyBuffer>()      // w
                                   .Ret<xla::ffi::AnyBuffer>()      // out
+                                  .Ret<xla::ffi::AnyBuffer>()      // gathered
                                   .Attrs<ficco::Attrs>());

@@ -439,12 +439,14 @@ ffi::Error PushFinishImpl(cudaStream_t stream, int32_t device,
 ffi::Error PushGatherImpl(cudaStream_t stream, ffi::RunId run_id,
                           int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                           ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Result<ffi::AnyBuffer> gathered,
                           Attrs attrs) {
   if (Ops().write == nullptr) return ffi::Error::Internal(Ops().error);
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
-  auto inv = PushGather(backend, run_id.run_id, device, x, w, *out, attrs);
+  auto inv = PushGather(backend, run_id.run_id, device, x, w, *out,
+                        *gathered, attrs);
   if (!inv.has_value()) return inv.error();
   // Bounds the invocation: past its deadline the watchdog names the ranks
   // that never pushed and releases the streams waiting on them.
@@ -585,4 +587,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<xla::ffi::AnyBuffer>()                     // x
         .Arg<xla::ffi::AnyBuffer>()                     // w
         .Ret<xla::ffi::AnyBuffer>()                     // out
+        .Ret<xla::ffi::AnyBuffer>()                     // gathered
         .Attrs<ficco::Attrs>());

@@ -35,11 +35,15 @@ namespace ficco {
 
 // ficco_push_gather: enqueue the pushes of x, the own GEMM, and per peer the
 // wait for its shard and its GEMM, then the freed flags; returns the
-// invocation (the caller awaits or watches it).
+// invocation (the caller awaits or watches it). `gathered` is empty, or
+// [P m, k] of x's type: then every shard is also copied into it, rank q's
+// at rows [q m, + m) (the gradient's residual, so that dw needs no second
+// gather), on the push queue as each lands, off the compute stream.
 template <class B>
 ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     B& backend, int64_t run_id, int32_t device, ffi::AnyBuffer x,
-    ffi::AnyBuffer w, ffi::AnyBuffer out, const Attrs& a) {
+    ffi::AnyBuffer w, ffi::AnyBuffer out, ffi::AnyBuffer gathered,
+    const Attrs& a) {
   using Inv = WindowInvocation<B>;
   auto who = [&] { return PushWho("all-gather", a.op_name, device); };
   auto failed = [](ffi::Error err) { return ffi::Unexpected(std::move(err)); };
@@ -85,6 +89,15 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     return failed(std::move(err));
   }
   const int64_t m = xd[0], k = xd[1], n = wd[1];
+  auto gd = gathered.dimensions();
+  const bool keep = gathered.element_count() > 0;
+  if (keep && (gd.size() != 2 || gd[0] != size * m || gd[1] != k ||
+               gathered.element_type() != x.element_type())) {
+    return failed(ffi::Error::InvalidArgument(
+        who() + ": the gathered result must be empty or [" +
+        std::to_string(size * m) + ", " + std::to_string(k) + "] of x's"
+        " element type"));
+  }
   const int64_t rb = k * elem;
   const int64_t out_row_bytes =
       n * static_cast<int64_t>(ffi::ByteWidth(out.element_type()));
@@ -162,8 +175,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
           static_cast<size_t>(m * rb)));
       ops.push_back({true, win->ReadyOf(win->peers[t], me), e, ""});
     }
-    FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, kPushQueue, ops));
-    return backend.Record(inv, device, kPushQueue, inv->staged);
+    return backend.FlagOps(inv, device, kPushQueue, ops);
   };
   if (ffi::Error err = push(); err.failure()) return fail(std::move(err));
   HostPublish(*win, kStagedEnqueued, e);
@@ -190,6 +202,33 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
       }
     }
   }
+  // `staged` follows the pushes and, when kept, the copies into `gathered`:
+  // the compute stream waits for it before the halves are released. The
+  // copies' waits for the peers' ready flags come after the host wait
+  // above, as the compute stream's do (the host order).
+  auto copy_out = [&]() -> ffi::Error {
+    if (keep) {
+      char* g = static_cast<char*>(gathered.untyped_data());
+      FICCO_RETURN_IF_FAILED(backend.Copy(inv, device, kPushQueue,
+                                          g + me * m * rb, src,
+                                          static_cast<size_t>(m * rb)));
+      const char* half = PushHalf(*win, win->base, e);
+      for (int64_t s = 1; s < size; ++s) {
+        const int64_t q = (me - s + size) % size;
+        FICCO_RETURN_IF_FAILED(backend.FlagOps(
+            inv, device, kPushQueue,
+            {{false, win->ReadyOf(win->base, q), e, WaitName<B>([&] {
+                return RankName(*win, q) + " to push epoch " +
+                       std::to_string(e) + " (the gathered copy)";
+              })}}));
+        FICCO_RETURN_IF_FAILED(backend.Copy(
+            inv, device, kPushQueue, g + q * m * rb, half + (s - 1) * m * rb,
+            static_cast<size_t>(m * rb)));
+      }
+    }
+    return backend.Record(inv, device, kPushQueue, inv->staged);
+  };
+  if (ffi::Error err = copy_out(); err.failure()) return fail(std::move(err));
   auto consume = [&]() -> ffi::Error {
     const char* half = PushHalf(*win, win->base, e);
     for (int64_t s = 1; s < size; ++s) {

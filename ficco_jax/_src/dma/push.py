@@ -133,8 +133,9 @@ def finish(parts: jax.Array, flags: jax.Array, *, own_row: int,
 
 
 def gather(x: jax.Array, w: jax.Array, *, out_dtype, axis_size: int,
-           axis_name: str, site: int, op_name: str,
-           timeout_s: float) -> jax.Array:
+           axis_name: str, site: int, op_name: str, timeout_s: float,
+           keep_gathered: bool = False
+           ) -> tuple[jax.Array, jax.Array | None]:
   """``all_gather(x, tiled) @ w`` in one call (docs/windows.md, "Push
   all-gather").
 
@@ -151,17 +152,22 @@ def gather(x: jax.Array, w: jax.Array, *, out_dtype, axis_size: int,
     axis_name, site, op_name: the gathered axis, the call site
       (`peer_copy.new_site`), the op's name for messages.
     timeout_s: bound of every wait for a peer.
+    keep_gathered: also return the gathered ``x``, copied out of the window
+      on the copy engines as each shard lands (a gradient's residual).
 
   Returns:
-    ``[axis_size m, n]``: rank ``q``'s rows times ``w`` at rows ``[q m, + m)``,
-    accumulated in float32 (float64 for float64) and rounded once.
+    ``(out, gathered)``: ``out`` ``[axis_size m, n]``, rank ``q``'s rows times
+    ``w`` at rows ``[q m, + m)``, accumulated in float32 (float64 for
+    float64) and rounded once; ``gathered`` ``[axis_size m, k]``, rank
+    ``q``'s rows at ``[q m, + m)``, or None unless ``keep_gathered``.
   """
   half = half_bytes((axis_size - 1) * x.shape[0],
                     x.shape[1] * np.dtype(x.dtype).itemsize)
-  return _gather_p.bind(x, w, out_dtype=np.dtype(out_dtype),
-                        axis_size=int(axis_size), half=half,
-                        axis_name=axis_name, site=site, op_name=op_name,
-                        timeout_ms=primitives.timeout_ms(timeout_s))
+  out, gathered = _gather_p.bind(
+      x, w, out_dtype=np.dtype(out_dtype), axis_size=int(axis_size),
+      half=half, keep_gathered=bool(keep_gathered), axis_name=axis_name,
+      site=site, op_name=op_name, timeout_ms=primitives.timeout_ms(timeout_s))
+  return out, (gathered if keep_gathered else None)
 
 
 # --- abstract evaluation ----------------------------------------------------
@@ -177,8 +183,13 @@ def _finish_abstract_eval(parts, flags, *, chunk_rows, num_chunks, **_):
   return parts.update(shape=(num_chunks * chunk_rows,) + tuple(parts.shape[1:]))
 
 
-def _gather_abstract_eval(x, w, *, out_dtype, axis_size, **_):
-  return x.update(shape=(axis_size * x.shape[0], w.shape[1]), dtype=out_dtype)
+def _gather_abstract_eval(x, w, *, out_dtype, axis_size, keep_gathered,
+                          **_):
+  # Not kept: an empty result, which the handler takes as "no copies".
+  rows = axis_size * x.shape[0] if keep_gathered else 0
+  return [x.update(shape=(axis_size * x.shape[0], w.shape[1]),
+                   dtype=out_dtype),
+          x.update(shape=(rows, x.shape[1]))]
 
 
 _arm_p = primitives.primitive("ficco_push_arm")
@@ -192,7 +203,7 @@ _finish_p = primitives.primitive("ficco_push_finish",
 _finish_p.def_abstract_eval(_finish_abstract_eval)
 
 
-_gather_p = primitives.primitive("ficco_push_gather", multiple_results=False)
+_gather_p = primitives.primitive("ficco_push_gather")
 _gather_p.def_abstract_eval(_gather_abstract_eval)
 
 

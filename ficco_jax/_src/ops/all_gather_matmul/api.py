@@ -30,8 +30,8 @@ def _ag_fwd(x, w, axis, st):
   out0, gathered = forward.forward_and_gathered(jnp.moveaxis(x, axis, 0), w,
                                                 st)
   # The gathered x is the residual, as in XLA's own autodiff of all_gather
-  # + dot: dw is then one dot, with no second gather. None for the push
-  # granularity, whose pieces stay in its windows: dw gathers x again.
+  # + dot: dw is then one dot, with no second gather (the push all-gather
+  # copies it out of its window too).
   return jnp.moveaxis(out0, 0, axis), (x, w, gathered)
 
 
@@ -41,14 +41,9 @@ def _ag_bwd(axis, st, res, ct):
   # d(all_gather(x) @ w)/dx is a reduce-scatter of ct @ w^T.
   dx0 = rs_forward.forward(
       ct0, w.T, matmul.backward_static(st, "matmul_reduce_scatter"))
-  if gathered is not None:
-    dw = contraction.contract_rows(
-        gathered, ct0, st,
-        jnp.promote_types(jnp.promote_types(x.dtype, ct0.dtype), w.dtype))
-  else:
-    dw = contraction.gathered_contraction(
-        jnp.moveaxis(x, axis, 0), ct0,
-        matmul.backward_static(st, "all_gather_matmul"))
+  dw = contraction.contract_rows(
+      gathered, ct0, st,
+      jnp.promote_types(jnp.promote_types(x.dtype, ct0.dtype), w.dtype))
   dx = jnp.moveaxis(dx0, 0, axis).astype(x.dtype)
   return vma.match(dx, x), vma.match(dw.astype(w.dtype), w)
 

@@ -76,8 +76,8 @@ def forward_and_gathered(x0: jax.Array, w: jax.Array, st: Static
                          ) -> tuple[jax.Array, jax.Array | None]:
   """``(all_gather(x0) @ w, all_gather(x0))`` from one gather, the product
   overlapped as in `forward`; the gathered operand is assembled from the
-  pieces as they landed (one copy), or None for the flagged (push)
-  granularity, whose pieces land in windows the op does not hand out.
+  pieces as they landed (one copy; the push all-gather's copy engines copy
+  each out of its window as it lands).
 
   The gradients take both: an all-gather matmul keeps the gathered ``x``
   for its ``dw`` (as XLA's own autodiff of all_gather + dot does), and the
@@ -96,7 +96,7 @@ def _run(x0, w, st: Static, *, keep_gathered: bool):
             gathered if keep_gathered else None)
 
   if st.schedule.compute_granularity == "flagged":
-    return _push(x0, w, st, out_dtype), None
+    return _push(x0, w, st, out_dtype, keep_gathered)
 
   if st.schedule.comm == "dma":
     # The copies start from x0 but belong to the whole product: tied to w
@@ -189,12 +189,14 @@ def _on_xla_dots(x0, w, st: Static, out_dtype, gplan, rank, *,
   return out, gathered, pending
 
 
-def _push(x0, w, st: Static, out_dtype):
+def _push(x0, w, st: Static, out_dtype, keep_gathered: bool):
   """``compute_granularity="flagged"``: the push all-gather (docs/windows.md,
   "Push all-gather"), one call that pushes ``x0`` into every peer's window
   and multiplies each shard where it landed, behind a device-side wait for
-  its arrival flag. ``rest`` folds into rows (each rank's rows stay one
-  contiguous block of the 2-D result)."""
+  its arrival flag; with ``keep_gathered`` the call also copies each shard
+  out of the window as it lands (the gathered operand, in ``x0``'s dtype
+  promoted with ``w``'s). ``rest`` folds into rows (each rank's rows stay
+  one contiguous block of the 2-D result)."""
   from ficco_jax._src.dma import peer_copy  # Optional dependency.
   from ficco_jax._src.dma import push
 
@@ -208,8 +210,12 @@ def _push(x0, w, st: Static, out_dtype):
                                     and out_dtype == jnp.float32)):
     gemm_out = in_dtype
   x2 = x0.reshape(-1, x0.shape[-1]).astype(in_dtype)
-  out = push.gather(x2, w.astype(in_dtype), out_dtype=gemm_out, axis_size=p,
-                    axis_name=st.axis_name, site=peer_copy.new_site(),
-                    op_name=st.op_name, timeout_s=st.timeout_s)
+  out, gathered = push.gather(
+      x2, w.astype(in_dtype), out_dtype=gemm_out, axis_size=p,
+      axis_name=st.axis_name, site=peer_copy.new_site(), op_name=st.op_name,
+      timeout_s=st.timeout_s, keep_gathered=keep_gathered)
   out = out.astype(out_dtype).reshape((p * m,) + rest + (w.shape[1],))
-  return vma.vary_like(out, x0, w)
+  if gathered is not None:
+    gathered = vma.vary_like(
+        gathered.reshape((p * m,) + rest + (x0.shape[-1],)), x0)
+  return vma.vary_like(out, x0, w), gathered
