@@ -244,3 +244,20 @@ def test_tests_suite_counts_a_run_cut_before_its_summary():
   assert "in 3.00s (stopped at its 8 s limit)" in md
   assert s["failures"] == ["FAILED test_with_a_long_id[case-one]",
                            "FAILED test_short"]
+
+
+def test_case_filter_keeps_the_matching_cases_and_names_them_if_none(
+    tmp_path):
+  args = ["--suite=ops", "--ops=ag", "--tiny",
+          "--cases=keep:128x256x256,drop:128x256x512", "--schedules=none",
+          "--rounds=1", "--iters=1", f"--out_dir={tmp_path}"]
+  bench(*args, "--case_filter=^keep")
+  data = json.loads((tmp_path / "ops.json").read_text())
+  assert [c["name"] for c in data["ops"]["ag"]["cases"]] == ["keep"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  proc = subprocess.run([sys.executable, str(BENCH), *args,
+                         "--case_filter=nothing"], cwd="/tmp", env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert "matches none of the 2 cases: keep, drop" in proc.stderr + proc.stdout

@@ -6,6 +6,8 @@ A suite's own flags live in its module; `bench.py` imports every suite, so
 
 from __future__ import annotations
 
+import re
+
 from absl import flags
 
 from lib import cases
@@ -59,6 +61,10 @@ flags.DEFINE_bool("square", True, "Also run shapes.json's square cases.")
 flags.DEFINE_list("cases", [],
                   "Explicit cases [name:]MxKxN (global sizes), run first."
                   " Given alone (no --models/--preset), only these run.")
+flags.DEFINE_string("case_filter", "",
+                    "Only the cases whose name matches this regular"
+                    " expression (re.search), e.g. 'heldout-(0[6-9]|1|2)'"
+                    " for held-out cases 06-23.")
 flags.DEFINE_bool("tiny", False,
                   "CPU smoke sizes: every model and token dimension divided"
                   " by 64.")
@@ -103,6 +109,14 @@ def case_list(op: str) -> list[cases.Case]:
     models, tokens, square = [], [], False
   else:
     models, tokens, square = FLAGS.models, FLAGS.tokens, FLAGS.square
-  return cases.build(op, shapes_path=FLAGS.shapes, models=models,
-                     tokens=tokens, square=square, extra=FLAGS.cases,
-                     tiny=FLAGS.tiny, heldout_cases=heldout)
+  out = cases.build(op, shapes_path=FLAGS.shapes, models=models,
+                    tokens=tokens, square=square, extra=FLAGS.cases,
+                    tiny=FLAGS.tiny, heldout_cases=heldout)
+  if FLAGS.case_filter:
+    kept = [c for c in out if re.search(FLAGS.case_filter, c.name)]
+    if not kept:
+      raise ValueError(
+          f"--case_filter={FLAGS.case_filter!r} matches none of the"
+          f" {len(out)} cases: {', '.join(c.name for c in out)}.")
+    out = kept
+  return out
