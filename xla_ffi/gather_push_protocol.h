@@ -202,6 +202,23 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
       }
     }
   }
+  // On queue `on`, per peer in push order: wait until its shard of epoch e
+  // has landed in this window, then `use` it (where it landed, its rank).
+  const char* landed = PushHalf(*win, win->base, e);
+  auto each_landed = [&](int64_t on, const char* why,
+                         auto&& use) -> ffi::Error {
+    for (int64_t s = 1; s < size; ++s) {
+      const int64_t q = (me - s + size) % size;
+      FICCO_RETURN_IF_FAILED(backend.FlagOps(
+          inv, device, on,
+          {{false, win->ReadyOf(win->base, q), e, WaitName<B>([&] {
+              return RankName(*win, q) + " to push epoch " +
+                     std::to_string(e) + why;
+            })}}));
+      FICCO_RETURN_IF_FAILED(use(landed + (s - 1) * m * rb, q));
+    }
+    return ffi::Error::Success();
+  };
   // `staged` follows the pushes and, when kept, the copies into `gathered`:
   // the compute stream waits for it before the halves are released. The
   // copies' waits for the peers' ready flags come after the host wait
@@ -209,37 +226,19 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   auto copy_out = [&]() -> ffi::Error {
     if (keep) {
       char* g = static_cast<char*>(gathered.untyped_data());
-      FICCO_RETURN_IF_FAILED(backend.Copy(inv, device, kPushQueue,
-                                          g + me * m * rb, src,
-                                          static_cast<size_t>(m * rb)));
-      const char* half = PushHalf(*win, win->base, e);
-      for (int64_t s = 1; s < size; ++s) {
-        const int64_t q = (me - s + size) % size;
-        FICCO_RETURN_IF_FAILED(backend.FlagOps(
-            inv, device, kPushQueue,
-            {{false, win->ReadyOf(win->base, q), e, WaitName<B>([&] {
-                return RankName(*win, q) + " to push epoch " +
-                       std::to_string(e) + " (the gathered copy)";
-              })}}));
-        FICCO_RETURN_IF_FAILED(backend.Copy(
-            inv, device, kPushQueue, g + q * m * rb, half + (s - 1) * m * rb,
-            static_cast<size_t>(m * rb)));
-      }
+      auto copy = [&](const char* rows, int64_t rank) {
+        return backend.Copy(inv, device, kPushQueue, g + rank * m * rb, rows,
+                            static_cast<size_t>(m * rb));
+      };
+      FICCO_RETURN_IF_FAILED(copy(src, me));
+      FICCO_RETURN_IF_FAILED(
+          each_landed(kPushQueue, " (the gathered copy)", copy));
     }
     return backend.Record(inv, device, kPushQueue, inv->staged);
   };
   if (ffi::Error err = copy_out(); err.failure()) return fail(std::move(err));
   auto consume = [&]() -> ffi::Error {
-    const char* half = PushHalf(*win, win->base, e);
-    for (int64_t s = 1; s < size; ++s) {
-      const int64_t q = (me - s + size) % size;
-      FICCO_RETURN_IF_FAILED(backend.FlagOps(
-          inv, device, queue,
-          {{false, win->ReadyOf(win->base, q), e, WaitName<B>([&] {
-              return RankName(*win, q) + " to push epoch " + std::to_string(e);
-            })}}));
-      FICCO_RETURN_IF_FAILED(gemm(half + (s - 1) * m * rb, q));
-    }
+    FICCO_RETURN_IF_FAILED(each_landed(queue, "", gemm));
     // This rank's pushes read x, which XLA may reuse after this call.
     FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, queue, inv->staged));
     return PushRelease(backend, inv, device, queue);
