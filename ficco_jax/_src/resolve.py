@@ -94,13 +94,55 @@ def moe_hopper(tgt: Target) -> bool:
   return pallas_config.hopper_kernel_runs(jax.devices()[0], np.float16)
 
 
-def _moe_default(op: str, w_shape, dtype, tgt: Target) -> Resolution:
-  """Step 3 for a MoE op: `moe_heuristic.decide` for ``tgt``, with the
-  call's defaults (no ``precision``, the result in the operands' dtype)."""
+def moe_default(op: str, *, x_shape, w_shape, dtype, axis_size: int,
+                tgt: Target, w_dtype=None, out_dtype=None, precision=None,
+                one_program: bool = True) -> tuple[Resolution, str | None]:
+  """Steps 2 and 3 for a MoE op: the autotune cache's entry for these
+  shapes if the call can run it, else `moe_heuristic.decide` for ``tgt``.
+
+  Args:
+    op, x_shape, w_shape, dtype, axis_size: as for `default_schedule`.
+    tgt: the target.
+    w_dtype, out_dtype, precision, one_program: the call's, as
+      `moe_heuristic.decide` takes them (the defaults: a call with no
+      ``precision`` and the result in the operands' dtype, under jit).
+
+  Returns:
+    ``(resolution, refused)``: ``refused`` says why the cache's entry
+    cannot run this call, or is None (no entry, or it runs).
+  """
+  call = dict(w_dtype=w_dtype, out_dtype=out_dtype, precision=precision)
+  cached = cached_schedule(op, device_kind=tgt.device_kind,
+                           axis_size=axis_size, x_shape=x_shape,
+                           w_shape=w_shape, axis=0, dtype=dtype)
+  refused = None
+  if cached is not None:
+    why = moe_heuristic.cached_unfit(
+        cached, platform=tgt.platform,
+        kernel_why=moe_heuristic.kernel_unfit(
+            w_shape=w_shape, dtype=dtype, hopper=moe_hopper(tgt),
+            device_desc=tgt.device_kind, **call),
+        one_program=one_program)
+    if why is None:
+      return Resolution(schedule=cached, source="autotune cache",
+                        reason="measured fastest for these shapes (with"
+                        " the tuning call's routing)", target=tgt), None
+    refused = (f"the autotune cache's {cached.short()} for these shapes"
+               f" cannot run this call ({why})")
+  return moe_decide(op, w_shape=w_shape, dtype=dtype, tgt=tgt,
+                    one_program=one_program, **call), refused
+
+
+def moe_decide(op: str, *, w_shape, dtype, tgt: Target, w_dtype=None,
+               out_dtype=None, precision=None,
+               one_program: bool = True) -> Resolution:
+  """Step 3 for a MoE op: `moe_heuristic.decide` for ``tgt`` (arguments as
+  for `moe_default`)."""
   schedule, reason = moe_heuristic.decide(
-      op, w_shape=w_shape, dtype=dtype, platform=tgt.platform,
-      hopper=moe_hopper(tgt), device_desc=tgt.device_kind,
-      processes=jax.process_count())
+      op, w_shape=w_shape, dtype=dtype, w_dtype=w_dtype, out_dtype=out_dtype,
+      precision=precision, platform=tgt.platform, hopper=moe_hopper(tgt),
+      device_desc=tgt.device_kind, processes=jax.process_count(),
+      one_program=one_program)
   return Resolution(schedule=schedule, source="heuristic", reason=reason,
                     target=tgt)
 
@@ -135,25 +177,10 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       raise ValueError(
           f"{op}: w_shape={w_shape} must be [E_l, d, f] (dispatch) or"
           " [E_l, f, d] (combine): one matrix per local expert.")
-    cached = cached_schedule(op, device_kind=tgt.device_kind,
-                             axis_size=axis_size, x_shape=x_shape,
-                             w_shape=w_shape, axis=0, dtype=dtype)
-    why = None
-    if cached is not None:
-      why = moe_heuristic.cached_unfit(
-          cached, platform=tgt.platform,
-          kernel_why=moe_heuristic.kernel_unfit(
-              w_shape=w_shape, dtype=dtype, hopper=moe_hopper(tgt),
-              device_desc=tgt.device_kind))
-      if why is None:
-        return Resolution(schedule=cached, source="autotune cache",
-                          reason="measured fastest for these shapes (with"
-                          " the tuning call's routing)", target=tgt)
-    res = _moe_default(op, w_shape, dtype, tgt)
-    if why is not None:  # As the op does, which also logs it.
-      res = dataclasses.replace(res, reason=(
-          f"the autotune cache's {cached.short()} cannot run here ({why});"
-          f" {res.reason}"))
+    res, refused = moe_default(op, x_shape=x_shape, w_shape=w_shape,
+                               dtype=dtype, axis_size=axis_size, tgt=tgt)
+    if refused is not None:  # As the op does, which also logs it.
+      res = dataclasses.replace(res, reason=f"{refused}; {res.reason}")
     return res
   cached = cached_schedule(op, device_kind=tgt.device_kind,
                            axis_size=axis_size, x_shape=x_shape,

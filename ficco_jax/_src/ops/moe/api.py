@@ -23,36 +23,14 @@ from ficco_jax._src.tuning import heuristics
 from ficco_jax._src.tuning import moe_heuristic
 
 
-def _device_facts() -> dict:
-  """The device at hand (`resolve.target`), as `moe_heuristic` takes it."""
-  tgt = resolve.target()
-  return dict(platform=tgt.platform, hopper=resolve.moe_hopper(tgt),
-              device_desc=tgt.device_kind)
-
-
 def _kernel_unfit(a, w, precision, out_dtype) -> str | None:
   """Why the GPU grouped kernel cannot take this call, or None
   (`moe_heuristic.kernel_unfit` on the device at hand)."""
-  facts = _device_facts()
+  tgt = resolve.target()
   return moe_heuristic.kernel_unfit(
       w_shape=w.shape, dtype=a.dtype, w_dtype=w.dtype, out_dtype=out_dtype,
-      precision=precision, hopper=facts["hopper"],
-      device_desc=facts["device_desc"])
-
-
-def default_schedule(op: str, a, w, precision,
-                     out_dtype) -> schedule_lib.Schedule:
-  """``schedule=None``: `moe_heuristic.decide` on the device at hand (the
-  experts on the grouped kernel where it takes the call, the rows on the
-  copy engines where the experts are narrow; `ficco_jax.explain` says
-  which and why)."""
-  schedule, _ = moe_heuristic.decide(
-      op, w_shape=w.shape, dtype=a.dtype, w_dtype=w.dtype,
-      out_dtype=out_dtype, precision=precision,
-      processes=jax.process_count(),
-      one_program=_one_program(a),
-      **_device_facts())
-  return schedule
+      precision=precision, hopper=resolve.moe_hopper(tgt),
+      device_desc=tgt.device_kind)
 
 
 def _one_program(a) -> bool:
@@ -61,26 +39,25 @@ def _one_program(a) -> bool:
   return type(a).__name__ not in ("ShardMapTracer", "BatchTracer")
 
 
-def _cached(op: str, a, w, axis_size: int, precision,
-            out_dtype) -> schedule_lib.Schedule | None:
-  """The autotune cache's schedule for this call (`resolve`'s step 2), or
-  None; an entry this call cannot run is said in a warning, not run."""
-  cached = resolve.cached_schedule(
-      op, device_kind=resolve.target().device_kind, axis_size=axis_size,
-      x_shape=a.shape, w_shape=w.shape, axis=0, dtype=a.dtype)
-  if cached is None:
-    return None
-  why = moe_heuristic.cached_unfit(
-      cached, platform=jax.default_backend(),
-      kernel_why=_kernel_unfit(a, w, precision, out_dtype),
-      one_program=_one_program(a))
-  if why is None:
-    return cached
-  heuristics.warn_once(
-      f"ficco_jax: {op}: the autotune cache's {cached.short()} for these"
-      f" shapes cannot run this call ({why}); schedule=None takes the"
-      " heuristic's pick instead.")
-  return None
+def _resolve(op: str, a, w, axis_size: int, precision,
+             out_dtype) -> tuple[resolve.Resolution, str | None]:
+  """`resolve.moe_default` for this call on the device at hand."""
+  return resolve.moe_default(
+      op, x_shape=a.shape, w_shape=w.shape, dtype=a.dtype,
+      axis_size=axis_size, tgt=resolve.target(), w_dtype=w.dtype,
+      out_dtype=out_dtype, precision=precision, one_program=_one_program(a))
+
+
+def default_schedule(op: str, a, w, precision,
+                     out_dtype) -> schedule_lib.Schedule:
+  """``schedule=None``'s heuristic alone: `moe_heuristic.decide` on the
+  device at hand (the experts on the grouped kernel where it takes the
+  call, the rows on the copy engines where the experts are narrow;
+  `ficco_jax.explain` says which and why)."""
+  return resolve.moe_decide(
+      op, w_shape=w.shape, dtype=a.dtype, tgt=resolve.target(),
+      w_dtype=w.dtype, out_dtype=out_dtype, precision=precision,
+      one_program=_one_program(a)).schedule
 
 
 def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
@@ -92,9 +69,11 @@ def _schedule(op: str, schedule: schedule_lib.Schedule | None, a, w,
   matmul (``compute="pallas"``). None: the autotune cache's entry for these
   shapes, else `default_schedule` (`resolve`'s order)."""
   if schedule is None:
-    schedule = _cached(op, a, w, axis_size, precision, out_dtype)
-  if schedule is None:
-    return default_schedule(op, a, w, precision, out_dtype)
+    res, refused = _resolve(op, a, w, axis_size, precision, out_dtype)
+    if refused is not None:
+      heuristics.warn_once(f"ficco_jax: {op}: {refused}; schedule=None takes"
+                           " the heuristic's pick instead.")
+    return res.schedule
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(f"{op}: schedule must be a ficco_jax.Schedule or None,"
                     f" got {schedule!r}.")
