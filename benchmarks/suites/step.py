@@ -196,6 +196,11 @@ def run_variant(name: str) -> dict:
   dp, tp = tpt.default_mesh_shape(dp, FLAGS.tp)
   mesh = tpt.make_mesh(dp, tp)
   batch = sz["batch"] or 2 * dp
+  if batch % dp:
+    # Before make_batch, whose sharding error names neither flag.
+    raise ValueError(f"--batch={batch} must be a multiple of the"
+                     f" data-parallel size {dp} (--dp, or the devices left"
+                     f" after --tp={tp}).")
   cfg = tpt.Config(d_model=sz["d_model"], heads=sz["heads"], d_ff=sz["d_ff"],
                    dtype=jnp.dtype(sz["dtype"]), attention=FLAGS.attention,
                    layers=sz["layers"], remat=sz["remat"])
@@ -452,10 +457,10 @@ def markdown(data: dict) -> str:
   tuned = data["variants"].get("ficco_tuned", {})
   if "autotune_model" in tuned:
     a = tuned["autotune_model"]
+    gain = (f"speedup over {data['xla_best']} {data['speedup_tuned']:.3f}x"
+            if "speedup_tuned" in data else "no XLA variant to compare with")
     lines += ["", f"ficco_tuned (peak memory includes the tuning's):"
-              f" autotune_model took {a['seconds']:.0f} s;"
-              f" speedup over {data.get('xla_best', 'xla')}"
-              f" {data.get('speedup_tuned', float('nan')):.3f}x;"
+              f" autotune_model took {a['seconds']:.0f} s; {gain};"
               f" then schedule=None resolves to: {tuned.get('resolved')}", "",
               "```", a["report"], "```"]
   profiled = {n: r for n, r in data["variants"].items()
