@@ -215,6 +215,31 @@ def test_trace_summary_separates_exposed_collectives_from_compute():
           " other work") in text, text
 
 
+def test_trace_summary_says_what_ended_each_compute_gap():
+  sys.path.insert(0, str(BENCH.parent))
+  from lib import trace_summary  # pylint: disable=g-import-not-at-top
+  meta = [{"ph": "M", "name": "process_name", "pid": 1,
+           "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7,
+           "args": {"name": "Stream #7(Compute)"}},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 9,
+           "args": {"name": "Stream #9(MemcpyP2P)"}}]
+  def ev(tid, ts, dur, name):
+    return {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "name": name}
+  # gemm_b starts 4 us after the copy ends: it waited for the copy. gemm_c
+  # starts 200 us after gemm_b with nothing ending near: the host. The
+  # copy that ended long before gemm_c is not its cause.
+  events = meta + [ev(7, 0, 100, "gemm_a"), ev(9, 50, 146, "MemcpyP2P"),
+                   ev(7, 200, 100, "gemm_b"), ev(7, 500, 100, "gemm_c")]
+  text = trace_summary.summarize(events, calls=1, timeline_events=0)
+  lines = text.splitlines()
+  i = next(k for k, l in enumerate(lines) if "gemm_a -> gemm_b" in l)
+  assert "after MemcpyP2P on Stream #9(MemcpyP2P) (1/call)" in lines[i + 1], text
+  i = next(k for k, l in enumerate(lines) if "gemm_b -> gemm_c" in l)
+  assert "nothing else on the GPU ending just before (host)" in lines[i + 1], text
+
+
 def test_tests_suite_counts_a_run_cut_before_its_summary():
   sys.path.insert(0, str(BENCH.parent))
   from suites import tests as tests_suite  # pylint: disable=g-import-not-at-top

@@ -10,7 +10,9 @@ the standard library is needed, so a trace can be read on any machine:
   ficco's side streams);
 * the compute stream's idle gaps (the stream with the most kernel time),
   grouped by the event before and after each gap, which is where a step
-  waits on a collective, a copy, or the host;
+  waits on a collective, a copy, or the host; for each, what most likely
+  ended it: an event on another stream that finished just before the next
+  kernel started (`WAKE_US`), or nothing on the device (the host);
 * how much of the copies ran while the compute stream was busy (overlap);
 * the collectives' kernels (NCCL): how long they ran on the compute stream
   itself (exposed: nothing else runs on that stream meanwhile) and off it,
@@ -73,6 +75,31 @@ def _is_collective(name: str) -> bool:
 
 def _short(name: str, n: int = 48) -> str:
   return name if len(name) <= n else name[: n - 3] + "..."
+
+
+# A compute-stream gap that ends within this of another stream's event
+# ending most likely waited for it (a stream wait on its event, or a flag
+# it wrote): the next kernel starts a few microseconds after the
+# dependency resolves.
+WAKE_US = 15.0
+
+
+def _gap_cause(others, start: float, end: float, stream_name) -> str:
+  """How a compute-stream gap from ``start`` to ``end`` (us) likely ended:
+  the event on another stream of the GPU that finished last in the gap,
+  if it finished within `WAKE_US` of the gap's end; else nothing on the
+  device did, so the next kernel came late from the host (its launch, or
+  a host-side wait before it)."""
+  last = None
+  for stop, e, tid in others:  # Sorted by end.
+    if stop > end + 1.0:
+      break
+    if stop > start:
+      last = (stop, e, tid)
+  if last is not None and end - last[0] <= WAKE_US:
+    name = str(stream_name(last[2]))
+    return f"after {_short(last[1]['name'], 28)} on {name[-22:]}"
+  return "with nothing else on the GPU ending just before (host)"
 
 
 def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
@@ -148,6 +175,10 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
                    " while the compute stream ran other work")
     gaps = collections.Counter()
     gap_n = collections.Counter()
+    causes = collections.defaultdict(collections.Counter)
+    others = sorted(((e["ts"] + e["dur"], e, tid) for tid, es in
+                     streams.items() if tid != compute for e in es),
+                    key=lambda x: x[0])
     total_gap = 0.0
     for a, b in zip(comp, comp[1:]):
       g = b["ts"] - (a["ts"] + a["dur"])
@@ -156,11 +187,15 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
         gaps[key] += g
         gap_n[key] += 1
         total_gap += g
+        causes[key][_gap_cause(others, a["ts"] + a["dur"], b["ts"],
+                               lambda t: threads.get((pid, t), t))] += 1
     lines.append(f"  compute stream idle (gaps > {gap_us:g} us):"
                  f" {total_gap / 1e3 / calls:.3f} ms/call")
     for key, g in gaps.most_common(8):
       lines.append(f"    {g / 1e3 / calls:.3f} ms/call in {gap_n[key] / calls:.1f}"
                    f" gaps/call: {key}")
+      lines.append("      ends " + "; ".join(
+          f"{c} ({n / calls:g}/call)" for c, n in causes[key].most_common(2)))
     if gi == 0 and timeline_events:
       start = t1 - (t1 - t0) / calls
       last = sorted((e for e in evs if e["ts"] + e["dur"] >= start),

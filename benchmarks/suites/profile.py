@@ -41,8 +41,11 @@ flags.DEFINE_bool("host_timeline", False, "profile: end each summary with"
                   " the last call's host timeline.")
 
 
-def trace(step, state, calls: int, host_timeline: bool = False) -> str:
-  """Traces ``calls`` calls ``state = step(i, state)``; returns the summary."""
+def trace(step, state, calls: int, host_timeline: bool = False,
+          timeline_events: int = 50) -> str:
+  """Traces ``calls`` calls ``state = step(i, state)``; returns the summary
+  (with the first ``timeline_events`` events of the last call on the first
+  GPU)."""
   import jax
   tmp = tempfile.mkdtemp(prefix="ficco_prof_")
   try:
@@ -55,7 +58,8 @@ def trace(step, state, calls: int, host_timeline: bool = False) -> str:
       # A failed call must not leave the profiler on for the next spec.
       jax.profiler.stop_trace()
     return trace_summary.summarize(trace_summary.load(tmp), calls=calls,
-                                   host_timeline=host_timeline)
+                                   host_timeline=host_timeline,
+                                   timeline_events=timeline_events)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

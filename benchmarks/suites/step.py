@@ -94,7 +94,8 @@ flags.DEFINE_bool("step_subprocess", True, "step: each variant in a fresh"
                   " process (clean peak memory).")
 flags.DEFINE_integer("variant_timeout_s", 300, "step: one variant's limit.")
 flags.DEFINE_integer("profile_steps", 0, "step: after timing, trace this many"
-                     " steps and write the trace summary to"
+                     " steps and write the trace summary (with the last"
+                     " step's whole timeline on the first GPU) to"
                      " step_profile_<variant>.txt.")
 # Set on the subprocesses.
 flags.DEFINE_string("step_variant", None, "Internal: run only this variant.")
@@ -306,7 +307,10 @@ def _profile(one, state, name: str) -> tuple[str, str]:
   whole summary went to and its `profile_summary` (or why it failed)."""
   from suites import profile  # pylint: disable=g-import-not-at-top
   try:
-    text = profile.trace(one, state, FLAGS.profile_steps)
+    # The whole last step on the first GPU: which of the step's kernels the
+    # compute stream's gaps fall between (the report keeps only the totals).
+    text = profile.trace(one, state, FLAGS.profile_steps,
+                         timeline_events=2000)
     path = os.path.join(FLAGS.out_dir or tempfile.gettempdir(),
                         f"step_profile_{name}.txt")
     results.write_text(path, f"# {name}: {FLAGS.profile_steps} steps\n{text}\n")
