@@ -137,7 +137,8 @@ def test_kernel_suite_times_the_grouped_matmul(tmp_path):
 def test_step_suite_runs_scanned_layers_forward_and_reports_throughput(
     tmp_path):
   bench("--suite=step", "--tiny", "--layers=2", "--step_mode=forward",
-        "--variants=ficco,xla", f"--out_dir={tmp_path}", timeout=240)
+        "--variants=ficco,xla", "--memory_report", f"--out_dir={tmp_path}",
+        timeout=240)
   data = json.loads((tmp_path / "step.json").read_text())
   assert data["sizes"]["layers"] == 2 and data["sizes"]["mode"] == "forward"
   assert data["losses_match"], data
@@ -145,7 +146,12 @@ def test_step_suite_runs_scanned_layers_forward_and_reports_throughput(
     r = data["variants"][name]
     assert r["tokens_per_s"] > 0 and r["model_tflops_per_device"] > 0, r
     assert r["mfu"] is None  # No peak for CPUs (nor for f32).
-  assert "prefill (forward)" in (tmp_path / "step.md").read_text()
+    # XLA's report of the step program (the largest it compiled).
+    assert r["memory_report"] == f"step_memory_{name}.txt", r
+    report = (tmp_path / r["memory_report"]).read_text()
+    assert "Total bytes:" in report and "shapes_list" in report, report
+  md = (tmp_path / "step.md").read_text()
+  assert "prefill (forward)" in md and "step_memory_ficco.txt" in md
 
 
 def test_step_throughput_counts_tokens_devices_and_peak():

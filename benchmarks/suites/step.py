@@ -36,13 +36,17 @@ each device's ``peak_bytes_in_use`` is that variant's own (parameters,
 optimizer state, scratch, steps); ``--nostep_subprocess`` runs both in this
 process (then peaks are cumulative; ``memory_mode`` says which). The
 compiled step's ``memory_analysis()`` is recorded too (CPU runs have no
-allocator statistics).
+allocator statistics), and ``--memory_report`` keeps XLA's memory-usage
+report of each variant's step program (which buffers are live at its
+peak: where a variant's extra memory goes).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -93,6 +97,9 @@ flags.DEFINE_list("tune_candidates", [
 flags.DEFINE_bool("step_subprocess", True, "step: each variant in a fresh"
                   " process (clean peak memory).")
 flags.DEFINE_integer("variant_timeout_s", 300, "step: one variant's limit.")
+flags.DEFINE_bool("memory_report", False, "step: write XLA's memory-usage"
+                  " report of each variant's step program (the buffers live"
+                  " at its peak) to step_memory_<variant>.txt.")
 flags.DEFINE_integer("profile_steps", 0, "step: after timing, trace this many"
                      " steps and write the trace summary (with the last"
                      " step's whole timeline on the first GPU) to"
@@ -321,6 +328,26 @@ def _profile(one, state, name: str) -> tuple[str, str]:
     return f"failed: {results.short_error(e, 500)}", ""
 
 
+def _memory_report(dump: str, name: str) -> str:
+  """Copies XLA's memory-usage report of the largest program it dumped
+  (the step) next to the results; returns its name, or why there is none."""
+  best, most = None, -1
+  for path in glob.glob(os.path.join(dump, "*memory-usage-report.txt")):
+    with open(path) as f:
+      head = f.read(4096)
+    m = re.search(r"Total bytes: (\d+)", head)
+    if m and int(m.group(1)) > most:
+      best, most = path, int(m.group(1))
+  if best is None:
+    return "none: XLA dumped no memory-usage report"
+  out = os.path.join(FLAGS.out_dir or tempfile.gettempdir(),
+                     f"step_memory_{name}.txt")
+  with open(best) as f:
+    text = f.read()
+  results.write_text(out, f"# {name}: {os.path.basename(best)}\n{text}")
+  return os.path.basename(out) if FLAGS.out_dir else out
+
+
 def _in_subprocess(name: str) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, f"{name}.json")
@@ -331,6 +358,9 @@ def _in_subprocess(name: str) -> dict:
       # The CPU platform gets 8 virtual devices (a 2 x 4 mesh); this only
       # sizes the CPU platform, so GPU hosts are unaffected.
       env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + CPU_DEVICES).strip()
+    dump = os.path.join(tmp, "xla_dump")
+    if FLAGS.memory_report:
+      env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
     t0 = time.perf_counter()
     try:
       proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
@@ -343,6 +373,8 @@ def _in_subprocess(name: str) -> dict:
               "log_tail": (proc.stdout + proc.stderr)[-3000:]}
     with open(path) as f:
       res = json.load(f)
+    if FLAGS.memory_report:
+      res["memory_report"] = _memory_report(dump, name)
     res["process_s"] = time.perf_counter() - t0
     return res
 
@@ -467,6 +499,12 @@ def markdown(data: dict) -> str:
               f" autotune_model took {a['seconds']:.0f} s; {gain};"
               f" then schedule=None resolves to: {tuned.get('resolved')}", "",
               "```", a["report"], "```"]
+  reports = [f"{n}: {r['memory_report']}" for n, r in
+             data["variants"].items() if r.get("memory_report")]
+  if reports:
+    lines += ["", "XLA's memory-usage reports (`--memory_report`: the"
+              " buffers live at each step program's peak): "
+              + ", ".join(reports)]
   profiled = {n: r for n, r in data["variants"].items()
               if r.get("profile_summary")}
   if profiled:
