@@ -8,6 +8,7 @@ tiny cases and two rounds.
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -214,7 +215,13 @@ def test_trace_summary_separates_exposed_collectives_from_compute():
                    ev(7, 100, 50, "ncclDevKernel_AllGather_RING_LL"),
                    ev(7, 150, 100, "gemm_b"),
                    ev(9, 200, 300, "ncclDevKernel_ReduceScatter_Sum")]
-  text = trace_summary.summarize(events, calls=1, timeline_events=0)
+  stats = []
+  text = trace_summary.summarize(events, calls=1, timeline_events=0,
+                                 stats=stats)
+  assert stats == [{"gpu": "/device:GPU:0", "window": 0.5,
+                    "compute_busy": 0.25, "exposed": 0.05,
+                    "collectives_off": 0.3, "copies_off": 0.0,
+                    "idle": 0.0}], stats
   assert "Stream #7(Compute) (compute)" in text
   assert ("collectives on the compute stream (exposed): 0.050 ms/call;"
           " off it: 0.300 ms/call, 17% of it while the compute stream ran"
@@ -244,6 +251,23 @@ def test_trace_summary_says_what_ended_each_compute_gap():
   assert "after MemcpyP2P on Stream #9(MemcpyP2P) (1/call)" in lines[i + 1], text
   i = next(k for k, l in enumerate(lines) if "gemm_b -> gemm_c" in l)
   assert "nothing else on the GPU ending just before (host)" in lines[i + 1], text
+
+
+def test_step_report_reads_the_gain_against_what_xla_left_exposed():
+  sys.path.insert(0, str(BENCH.parent))
+  from suites import step  # pylint: disable=g-import-not-at-top
+  stats = lambda exposed, idle: {"window": 20.0, "compute_busy": 18.0,  # noqa: E731
+                                 "exposed": exposed, "collectives_off": 2.0,
+                                 "copies_off": 0.0, "idle": idle}
+  data = {"xla_best": "xla", "variants": {
+      "xla": {"median_ms": 20.0, "profile_stats": stats(1.0, 2.0)},
+      "ficco": {"median_ms": 19.0, "profile_stats": stats(0.0, 1.5)}}}
+  [_, line] = step._bound_lines(data)  # pylint: disable=protected-access
+  assert "3.00 ms that overlap could hide at most" in line, line
+  assert "1.00 ms shorter (33% of it)" in line, line
+  assert "runs 0.00 ms of collectives and idles 1.50 ms" in line, line
+  del data["variants"]["xla"]["profile_stats"]
+  assert not step._bound_lines(data)  # pylint: disable=protected-access
 
 
 def test_tests_suite_counts_a_run_cut_before_its_summary():
@@ -292,3 +316,25 @@ def test_case_filter_keeps_the_matching_cases_and_names_them_if_none(
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0
   assert "matches none of the 2 cases: keep, drop" in proc.stderr + proc.stdout
+
+
+def test_gpu_monitor_reads_clocks_power_and_limits():
+  sys.path.insert(0, str(BENCH.parent))
+  from lib import gpu_monitor  # pylint: disable=g-import-not-at-top
+  lines = ["0, 1980, 650.5, 61, 0x0000000000000000",
+           "0, 1755, 699.9, 66, 0x0000000000000004",
+           "1, 1980, 610.0, 58, 0x0000000000000001",
+           "1, [N/A], 600.0, 58, 0x0"]  # Skipped, not a crash.
+  s = gpu_monitor.parse(lines)
+  assert s["0"]["samples"] == 2 and s["1"]["samples"] == 1
+  assert s["0"]["sm_mhz_mean"] == (1980 + 1755) / 2 and s["0"]["sm_mhz_min"] == 1755
+  assert s["0"]["power_w_max"] == 699.9 and s["0"]["temp_c_max"] == 66
+  assert s["0"]["limits"] == ["SW power cap"] and s["1"]["limits"] == []
+  text = gpu_monitor.describe(s)
+  assert text == ("1868-1980 MHz (low 1755), 610-675 W (high 700),"
+                  " limits: SW power cap"), text
+  assert gpu_monitor.describe(None) == "n/a"
+  with gpu_monitor.Monitor() as m:  # No nvidia-smi on CPU hosts: nothing.
+    pass
+  if shutil.which("nvidia-smi") is None:
+    assert m.summary is None

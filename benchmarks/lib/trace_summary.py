@@ -104,12 +104,17 @@ def _gap_cause(others, start: float, end: float, stream_name) -> str:
 
 def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
               timeline_events: int = 50, host_events: int = 14,
-              host_timeline: bool = False) -> str:
+              host_timeline: bool = False,
+              stats: list[dict] | None = None) -> str:
   """A text report (see the module docstring).
 
   With ``host_timeline``, it ends with the last call's host timeline:
   every XLA execute thread's events of at least 1 us, nested, in us from
   that call's dispatch, which shows where one thread waits for another.
+  With ``stats``, one dict per GPU is appended to it, in ms per call:
+  ``window``, ``compute_busy``, ``exposed`` (collectives on the compute
+  stream), ``collectives_off``, ``copies_off`` and ``idle`` (the compute
+  stream's gaps).
   """
   procs, threads = _names(events)
   gpus = sorted((pid for pid, n in procs.items() if "GPU" in n),
@@ -191,6 +196,14 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
                                lambda t: threads.get((pid, t), t))] += 1
     lines.append(f"  compute stream idle (gaps > {gap_us:g} us):"
                  f" {total_gap / 1e3 / calls:.3f} ms/call")
+    if stats is not None:
+      ms = lambda us: us / 1e3 / calls  # noqa: E731
+      stats.append({
+          "gpu": procs[pid], "window": ms(t1 - t0),
+          "compute_busy": ms(_union(comp_iv)), "exposed": ms(_union(on)),
+          "collectives_off": ms(_union(off)),
+          "copies_off": ms(_union(copies)) if copies else 0.0,
+          "idle": ms(total_gap)})
     for key, g in gaps.most_common(8):
       lines.append(f"    {g / 1e3 / calls:.3f} ms/call in {gap_n[key] / calls:.1f}"
                    f" gaps/call: {key}")

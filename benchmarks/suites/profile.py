@@ -42,10 +42,10 @@ flags.DEFINE_bool("host_timeline", False, "profile: end each summary with"
 
 
 def trace(step, state, calls: int, host_timeline: bool = False,
-          timeline_events: int = 50) -> str:
+          timeline_events: int = 50, stats: list | None = None) -> str:
   """Traces ``calls`` calls ``state = step(i, state)``; returns the summary
   (with the first ``timeline_events`` events of the last call on the first
-  GPU)."""
+  GPU; per-GPU figures appended to ``stats``, `trace_summary.summarize`)."""
   import jax
   tmp = tempfile.mkdtemp(prefix="ficco_prof_")
   try:
@@ -59,7 +59,8 @@ def trace(step, state, calls: int, host_timeline: bool = False,
       jax.profiler.stop_trace()
     return trace_summary.summarize(trace_summary.load(tmp), calls=calls,
                                    host_timeline=host_timeline,
-                                   timeline_events=timeline_events)
+                                   timeline_events=timeline_events,
+                                   stats=stats)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -28,7 +28,10 @@ MFU (model flops: `tp_transformer.flops_per_step`). Variants:
 Timing: lib/timing.py's method; in training the state is threaded through
 the calls (`timing.time_chain`, ``--iters`` calls per round), in forward
 mode the calls are independent (`timing.time_jax`, which lengthens a round
-to ``--min_round_ms``). Each variant records its warm-up losses (same
+to ``--min_round_ms``). While a variant is timed, nvidia-smi samples the
+GPUs' SM clocks, power and clock-limit reasons (lib/gpu_monitor.py): a
+step slower when timed than when traced, or one GPU slower at every
+kernel, is a clock limit, not the program. Each variant records its warm-up losses (same
 seed, same data): the report says whether the first ones agree.
 
 Peak memory: each variant runs in a fresh subprocess of this command, so
@@ -55,6 +58,7 @@ import traceback
 
 from absl import flags
 
+from lib import gpu_monitor
 from lib import meta as meta_lib
 from lib import programs
 from lib import report
@@ -263,17 +267,21 @@ def run_variant(name: str) -> dict:
       loss = compiled(params, *batches[k % 2])
     losses.append(float(loss))
   res["warmup_losses"] = losses
-  if train:
-    state, t = timing.time_chain(lambda s, x, y: compiled(s[0], s[1], x, y),
-                                 (params, opt, loss), batches, warmup=1,
-                                 rounds=sz["rounds"], iters=sz["iters"])
-    res.update(t, final_loss=float(state[2]))
-  else:
-    state = (params, opt, loss)
-    t = timing.time_jax(compiled, [(params, x, y) for x, y in batches],
-                        warmup=1, rounds=sz["rounds"], iters=sz["iters"],
-                        interleave=False)
-    res.update(t)
+  # The GPUs' clocks and power while timed: a step slower when timed than
+  # when traced, or one GPU slower at every kernel, is a clock limit.
+  with gpu_monitor.Monitor() as mon:
+    if train:
+      state, t = timing.time_chain(
+          lambda s, x, y: compiled(s[0], s[1], x, y), (params, opt, loss),
+          batches, warmup=1, rounds=sz["rounds"], iters=sz["iters"])
+      res.update(t, final_loss=float(state[2]))
+    else:
+      state = (params, opt, loss)
+      t = timing.time_jax(compiled, [(params, x, y) for x, y in batches],
+                          warmup=1, rounds=sz["rounds"], iters=sz["iters"],
+                          interleave=False)
+      res.update(t)
+  res["gpus_while_timed"] = mon.summary
   res.update(throughput(tpt.flops_per_step(cfg, batch, sz["seq"],
                                            train=train),
                         batch * sz["seq"], res["median_ms"] * 1e-3,
@@ -288,7 +296,8 @@ def run_variant(name: str) -> dict:
     else:
       one = lambda i, s: (s[0], s[1],  # noqa: E731
                           compiled(s[0], *batches[i % 2]))
-    res["profile"], res["profile_summary"] = _profile(one, state, name)
+    res["profile"], res["profile_summary"], res["profile_stats"] = (
+        _profile(one, state, name))
   return res
 
 
@@ -309,23 +318,28 @@ def profile_summary(text: str) -> str:
   return "\n".join(keep)
 
 
-def _profile(one, state, name: str) -> tuple[str, str]:
+def _profile(one, state, name: str) -> tuple[str, str, dict]:
   """Traces a few steps (``one(i, state) -> state``); returns the file the
-  whole summary went to and its `profile_summary` (or why it failed)."""
+  whole summary went to (or why it failed), its `profile_summary`, and
+  the trace's per-GPU figures averaged over the GPUs (ms per step:
+  `trace_summary.summarize`'s ``stats``)."""
   from suites import profile  # pylint: disable=g-import-not-at-top
+  per_gpu: list[dict] = []
   try:
     # The whole last step on the first GPU: which of the step's kernels the
     # compute stream's gaps fall between (the report keeps only the totals).
     text = profile.trace(one, state, FLAGS.profile_steps,
-                         timeline_events=2000)
+                         timeline_events=2000, stats=per_gpu)
     path = os.path.join(FLAGS.out_dir or tempfile.gettempdir(),
                         f"step_profile_{name}.txt")
     results.write_text(path, f"# {name}: {FLAGS.profile_steps} steps\n{text}\n")
     # Named relative to the results it sits beside, when there are any.
     shown = os.path.basename(path) if FLAGS.out_dir else path
-    return shown, profile_summary(text)
+    mean = {k: sum(g[k] for g in per_gpu) / len(per_gpu)
+            for k in (per_gpu[0] if per_gpu else {}) if k != "gpu"}
+    return shown, profile_summary(text), mean
   except Exception as e:  # pylint: disable=broad-except
-    return f"failed: {results.short_error(e, 500)}", ""
+    return f"failed: {results.short_error(e, 500)}", "", {}
 
 
 def _memory_report(dump: str, name: str) -> str:
@@ -449,6 +463,31 @@ def _gib(b) -> str:
   return "n/a" if b is None else f"{b / 2**30:.2f}"
 
 
+def _bound_lines(data: dict) -> list[str]:
+  """What overlap could win at most, from the profiles: XLA's best step's
+  collectives on its compute stream plus that stream's idle time (ms per
+  step), and the part of it ficco's step won."""
+  v = data["variants"]
+  best = v.get(data.get("xla_best", ""), {})
+  lines = []
+  for n in ("ficco", "ficco_tuned"):
+    f = v.get(n, {})
+    xs, fs = best.get("profile_stats"), f.get("profile_stats")
+    if not xs or not fs or "error" in f:
+      continue
+    bound = xs["exposed"] + xs["idle"]
+    gain = best["median_ms"] - f["median_ms"]
+    lines += ["", f"Bound ({n}): {data['xla_best']}'s step runs"
+              f" {xs['exposed']:.2f} ms of collectives on its compute stream"
+              f" and leaves that stream idle {xs['idle']:.2f} ms more (mean"
+              f" over GPUs, per step): {bound:.2f} ms that overlap could"
+              f" hide at most. {n}'s step is {gain:.2f} ms shorter"
+              f" ({100 * gain / bound:.0f}% of it); its own compute stream"
+              f" runs {fs['exposed']:.2f} ms of collectives and idles"
+              f" {fs['idle']:.2f} ms."]
+  return lines
+
+
 def markdown(data: dict) -> str:
   what = {"train": "training step", "forward": "prefill (forward)"}[
       data["sizes"].get("mode", "train")]
@@ -479,6 +518,13 @@ def markdown(data: dict) -> str:
                          "min ms", "tokens/s", "model TFLOP/s/device", "MFU",
                          "compile s", "peak GiB/device (max)",
                          "temp GiB (compiled)", "first loss"], rows)
+  clocks = [f"{n}: {gpu_monitor.describe(r['gpus_while_timed'])}"
+            for n, r in data["variants"].items()
+            if r.get("gpus_while_timed")]
+  if clocks:
+    lines += ["", "GPUs while timed (nvidia-smi every 200 ms; SM clock and"
+              " power, mean per GPU, the range over GPUs):", ""]
+    lines += [f"- {c}" for c in clocks]
   if "speedup" in data:
     best = data.get("xla_best", "xla")
     lines += ["", f"Speedup ({best} / ficco): {data['speedup']:.3f}x; first"
@@ -505,6 +551,7 @@ def markdown(data: dict) -> str:
     lines += ["", "XLA's memory-usage reports (`--memory_report`: the"
               " buffers live at each step program's peak): "
               + ", ".join(reports)]
+  lines += _bound_lines(data)
   profiled = {n: r for n, r in data["variants"].items()
               if r.get("profile_summary")}
   if profiled:

@@ -1,0 +1,123 @@
+"""SM clocks, power and clock-limit reasons of the GPUs while a block runs.
+
+A step that runs longer when timed than when traced, or one GPU whose every
+kernel is slower than its peer's, is often a clock limit (power cap,
+thermal), not the program. `Monitor` samples ``nvidia-smi`` every
+``period_ms`` in a subprocess while its block runs and summarises each GPU:
+mean and lowest SM clock, mean and highest power draw, highest temperature,
+and the clock-limit reasons seen. Without ``nvidia-smi`` (CPU hosts) it
+records nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+
+FIELDS = ("index", "clocks.sm", "power.draw", "temperature.gpu")
+# nvidia-smi's name for the active clock-limit reasons; drivers before 535
+# call it clocks_throttle_reasons.active.
+REASON_FIELDS = ("clocks_event_reasons.active",
+                 "clocks_throttle_reasons.active")
+# Bits of the reasons mask (nvml's nvmlClocksEventReason*).
+REASONS = {0x1: "idle", 0x2: "application clocks", 0x4: "SW power cap",
+           0x8: "HW slowdown", 0x20: "SW thermal", 0x40: "HW thermal",
+           0x80: "HW power brake", 0x100: "display clocks"}
+
+
+def decode(mask: int) -> list[str]:
+  """The reasons a clock-limit bitmask names."""
+  return [name for bit, name in REASONS.items() if mask & bit]
+
+
+def parse(lines: list[str]) -> dict[str, dict]:
+  """Per GPU index, the summary of ``index, sm MHz, W, C, reasons`` lines."""
+  per: dict[str, list[tuple]] = {}
+  for line in lines:
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != len(FIELDS) + 1:
+      continue
+    try:
+      idx = parts[0]
+      sm, watts, temp = float(parts[1]), float(parts[2]), float(parts[3])
+      mask = int(parts[4], 16) if parts[4].startswith("0x") else int(parts[4])
+    except ValueError:
+      continue  # "[N/A]" or a partial line.
+    per.setdefault(idx, []).append((sm, watts, temp, mask))
+  out = {}
+  for idx, rows in sorted(per.items()):
+    sms, watts, temps, masks = zip(*rows)
+    reasons = sorted({r for m in masks for r in decode(m)} - {"idle"})
+    out[idx] = {"samples": len(rows),
+                "sm_mhz_mean": sum(sms) / len(sms), "sm_mhz_min": min(sms),
+                "power_w_mean": sum(watts) / len(watts),
+                "power_w_max": max(watts), "temp_c_max": max(temps),
+                "limits": reasons}
+  return out
+
+
+class Monitor:
+  """``with Monitor() as m: ...``; then ``m.summary`` (None without
+  nvidia-smi, or when it failed)."""
+
+  def __init__(self, period_ms: int = 200):
+    self.period_ms = period_ms
+    self.summary: dict[str, dict] | None = None
+    self._lines: list[str] = []
+    self._proc = None
+    self._reader = None
+
+  def _start(self, reason_field: str):
+    cmd = ["nvidia-smi",
+           f"--query-gpu={','.join(FIELDS + (reason_field,))}",
+           "--format=csv,noheader,nounits", f"--loop-ms={self.period_ms}"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+
+  def __enter__(self):
+    if shutil.which("nvidia-smi") is None:
+      return self
+    for field in REASON_FIELDS:
+      # An unknown field makes nvidia-smi exit at once: try the old name.
+      probe = subprocess.run(
+          ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+          capture_output=True, text=True, check=False)
+      if probe.returncode == 0:
+        self._proc = self._start(field)
+        break
+    if self._proc is not None:
+      self._reader = threading.Thread(target=self._read, daemon=True)
+      self._reader.start()
+    return self
+
+  def _read(self):
+    for line in self._proc.stdout:
+      self._lines.append(line)
+
+  def __exit__(self, *exc):
+    if self._proc is None:
+      return False
+    self._proc.terminate()
+    try:
+      self._proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      self._proc.kill()
+    self._reader.join(timeout=5)
+    self.summary = parse(self._lines) or None
+    return False
+
+
+def describe(summary: dict[str, dict] | None) -> str:
+  """One line over the GPUs: SM MHz mean (lowest sample), W mean (highest),
+  and the limits seen."""
+  if not summary:
+    return "n/a"
+  sm = [s["sm_mhz_mean"] for s in summary.values()]
+  lo = min(s["sm_mhz_min"] for s in summary.values())
+  w = [s["power_w_mean"] for s in summary.values()]
+  hi = max(s["power_w_max"] for s in summary.values())
+  limits = sorted({r for s in summary.values() for r in s["limits"]})
+  return (f"{min(sm):.0f}-{max(sm):.0f} MHz (low {lo:.0f}),"
+          f" {min(w):.0f}-{max(w):.0f} W (high {hi:.0f})"
+          + (f", limits: {', '.join(limits)}" if limits else ""))
