@@ -195,26 +195,28 @@ def test_step_report_shows_each_profiled_variants_streams_not_its_timeline():
   assert "0.2 ms/call" in md and "some_kernel" not in md
 
 
+def _gpu_trace(streams, events):
+  """A perfetto trace of GPU 0: ``streams`` {tid: thread name}, ``events``
+  (tid, start us, duration us, name)."""
+  meta = [{"ph": "M", "name": "process_name", "pid": 1,
+           "args": {"name": "/device:GPU:0"}}]
+  meta += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": tid,
+            "args": {"name": name}} for tid, name in streams.items()]
+  return meta + [{"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+                  "name": name} for tid, ts, dur, name in events]
+
+
 def test_trace_summary_separates_exposed_collectives_from_compute():
   sys.path.insert(0, str(BENCH.parent))
   from lib import trace_summary  # pylint: disable=g-import-not-at-top
-  meta = [{"ph": "M", "name": "process_name", "pid": 1,
-           "args": {"name": "/device:GPU:0"}},
-          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7,
-           "args": {"name": "Stream #7(Compute)"}},
-          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 9,
-           "args": {"name": "Stream #9(Compute)"}}]
-  def ev(tid, ts, dur, name):
-    return {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-            "name": name}
   # Stream 7 computes 0-100 and 150-250 and runs an all-gather 100-150 on
   # itself; stream 9 runs a reduce-scatter 200-500 (50 us beside compute).
   # Stream 9's 300 us would outweigh stream 7's 250 if collectives counted
   # toward picking the compute stream; they do not.
-  events = meta + [ev(7, 0, 100, "gemm_a"),
-                   ev(7, 100, 50, "ncclDevKernel_AllGather_RING_LL"),
-                   ev(7, 150, 100, "gemm_b"),
-                   ev(9, 200, 300, "ncclDevKernel_ReduceScatter_Sum")]
+  events = _gpu_trace(
+      {7: "Stream #7(Compute)", 9: "Stream #9(Compute)"},
+      [(7, 0, 100, "gemm_a"), (7, 100, 50, "ncclDevKernel_AllGather_RING_LL"),
+       (7, 150, 100, "gemm_b"), (9, 200, 300, "ncclDevKernel_ReduceScatter_Sum")])
   stats = []
   text = trace_summary.summarize(events, calls=1, timeline_events=0,
                                  stats=stats)
@@ -231,20 +233,13 @@ def test_trace_summary_separates_exposed_collectives_from_compute():
 def test_trace_summary_says_what_ended_each_compute_gap():
   sys.path.insert(0, str(BENCH.parent))
   from lib import trace_summary  # pylint: disable=g-import-not-at-top
-  meta = [{"ph": "M", "name": "process_name", "pid": 1,
-           "args": {"name": "/device:GPU:0"}},
-          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7,
-           "args": {"name": "Stream #7(Compute)"}},
-          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 9,
-           "args": {"name": "Stream #9(MemcpyP2P)"}}]
-  def ev(tid, ts, dur, name):
-    return {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-            "name": name}
   # gemm_b starts 4 us after the copy ends: it waited for the copy. gemm_c
   # starts 200 us after gemm_b with nothing ending near: the host. The
   # copy that ended long before gemm_c is not its cause.
-  events = meta + [ev(7, 0, 100, "gemm_a"), ev(9, 50, 146, "MemcpyP2P"),
-                   ev(7, 200, 100, "gemm_b"), ev(7, 500, 100, "gemm_c")]
+  events = _gpu_trace(
+      {7: "Stream #7(Compute)", 9: "Stream #9(MemcpyP2P)"},
+      [(7, 0, 100, "gemm_a"), (9, 50, 146, "MemcpyP2P"),
+       (7, 200, 100, "gemm_b"), (7, 500, 100, "gemm_c")])
   text = trace_summary.summarize(events, calls=1, timeline_events=0)
   lines = text.splitlines()
   i = next(k for k, l in enumerate(lines) if "gemm_a -> gemm_b" in l)
