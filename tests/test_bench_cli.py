@@ -216,7 +216,8 @@ def test_trace_summary_separates_exposed_collectives_from_compute():
   events = _gpu_trace(
       {7: "Stream #7(Compute)", 9: "Stream #9(Compute)"},
       [(7, 0, 100, "gemm_a"), (7, 100, 50, "ncclDevKernel_AllGather_RING_LL"),
-       (7, 150, 100, "gemm_b"), (9, 200, 300, "ncclDevKernel_ReduceScatter_Sum")])
+       (7, 150, 100, "gemm_b"),
+       (9, 200, 300, "ncclDevKernel_ReduceScatter_Sum")])
   stats = []
   text = trace_summary.summarize(events, calls=1, timeline_events=0,
                                  stats=stats)
@@ -243,24 +244,33 @@ def test_trace_summary_says_what_ended_each_compute_gap():
   text = trace_summary.summarize(events, calls=1, timeline_events=0)
   lines = text.splitlines()
   i = next(k for k, l in enumerate(lines) if "gemm_a -> gemm_b" in l)
-  assert "after MemcpyP2P on Stream #9(MemcpyP2P) (1/call)" in lines[i + 1], text
+  assert ("after MemcpyP2P on Stream #9(MemcpyP2P) (1/call)"
+          in lines[i + 1]), text
   i = next(k for k, l in enumerate(lines) if "gemm_b -> gemm_c" in l)
-  assert "nothing else on the GPU ending just before (host)" in lines[i + 1], text
+  assert "nothing else on this GPU ending just before" in lines[i + 1], text
 
 
 def test_step_report_reads_the_gain_against_what_xla_left_exposed():
   sys.path.insert(0, str(BENCH.parent))
   from suites import step  # pylint: disable=g-import-not-at-top
-  stats = lambda exposed, idle: {"window": 20.0, "compute_busy": 18.0,  # noqa: E731
-                                 "exposed": exposed, "collectives_off": 2.0,
-                                 "copies_off": 0.0, "idle": idle}
+
+  def stats(window, exposed, idle):
+    return {"window": window, "compute_busy": 18.0, "exposed": exposed,
+            "collectives_off": 2.0, "copies_off": 0.0, "idle": idle}
+
+  # The gain is read from the traced windows, as the bound is; the timed
+  # medians (here 0.5 ms apart) are not mixed in.
   data = {"xla_best": "xla", "variants": {
-      "xla": {"median_ms": 20.0, "profile_stats": stats(1.0, 2.0)},
-      "ficco": {"median_ms": 19.0, "profile_stats": stats(0.0, 1.5)}}}
+      "xla": {"median_ms": 21.0, "profile_stats": stats(20.0, 1.0, 2.0)},
+      "ficco": {"median_ms": 20.5, "profile_stats": stats(19.0, 0.0, 1.5)}}}
   [_, line] = step._bound_lines(data)  # pylint: disable=protected-access
   assert "3.00 ms that overlap could hide at most" in line, line
   assert "1.00 ms shorter (33% of it)" in line, line
   assert "runs 0.00 ms of collectives and idles 1.50 ms" in line, line
+  # Nothing exposed, no gaps: no share of zero.
+  data["variants"]["xla"]["profile_stats"] = stats(20.0, 0.0, 0.0)
+  [_, line] = step._bound_lines(data)  # pylint: disable=protected-access
+  assert "0.00 ms that overlap could hide" in line and "% of it" not in line
   del data["variants"]["xla"]["profile_stats"]
   assert not step._bound_lines(data)  # pylint: disable=protected-access
 
@@ -319,10 +329,15 @@ def test_gpu_monitor_reads_clocks_power_and_limits():
   lines = ["0, 1980, 650.5, 61, 0x0000000000000000",
            "0, 1755, 699.9, 66, 0x0000000000000004",
            "1, 1980, 610.0, 58, 0x0000000000000001",
-           "1, [N/A], 600.0, 58, 0x0"]  # Skipped, not a crash.
+           "1, [N/A], 600.0, 58, 0x0",  # No clock: skipped, not a crash.
+           "index, clocks.sm [MHz], power.draw [W], ...",  # A header.
+           "2, 1700, [Not Supported], 50, [N/A]"]  # Kept without power.
   s = gpu_monitor.parse(lines)
   assert s["0"]["samples"] == 2 and s["1"]["samples"] == 1
-  assert s["0"]["sm_mhz_mean"] == (1980 + 1755) / 2 and s["0"]["sm_mhz_min"] == 1755
+  assert s["2"]["power_w_max"] is None and s["2"]["limits"] == []
+  assert gpu_monitor.describe({"2": s.pop("2")}) == "1700-1700 MHz (low 1700)"
+  assert (s["0"]["sm_mhz_mean"] == (1980 + 1755) / 2
+          and s["0"]["sm_mhz_min"] == 1755)
   assert s["0"]["power_w_max"] == 699.9 and s["0"]["temp_c_max"] == 66
   assert s["0"]["limits"] == ["SW power cap"] and s["1"]["limits"] == []
   text = gpu_monitor.describe(s)

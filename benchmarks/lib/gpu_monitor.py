@@ -11,6 +11,7 @@ records nothing.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -22,8 +23,9 @@ REASON_FIELDS = ("clocks_event_reasons.active",
                  "clocks_throttle_reasons.active")
 # Bits of the reasons mask (nvml's nvmlClocksEventReason*).
 REASONS = {0x1: "idle", 0x2: "application clocks", 0x4: "SW power cap",
-           0x8: "HW slowdown", 0x20: "SW thermal", 0x40: "HW thermal",
-           0x80: "HW power brake", 0x100: "display clocks"}
+           0x8: "HW slowdown", 0x10: "sync boost", 0x20: "SW thermal",
+           0x40: "HW thermal", 0x80: "HW power brake",
+           0x100: "display clocks"}
 
 
 def decode(mask: int) -> list[str]:
@@ -31,29 +33,38 @@ def decode(mask: int) -> list[str]:
   return [name for bit, name in REASONS.items() if mask & bit]
 
 
+def _number(text: str) -> float | None:
+  """A sampled value, or None for "[N/A]", "[Not Supported]" and the like
+  (some boards do not report power, or the reasons)."""
+  try:
+    return float(int(text, 16)) if text.startswith("0x") else float(text)
+  except ValueError:
+    return None
+
+
 def parse(lines: list[str]) -> dict[str, dict]:
-  """Per GPU index, the summary of ``index, sm MHz, W, C, reasons`` lines."""
+  """Per GPU index, the summary of ``index, sm MHz, W, C, reasons`` lines;
+  a value a GPU does not report is left out of its summary (None)."""
   per: dict[str, list[tuple]] = {}
   for line in lines:
     parts = [p.strip() for p in line.split(",")]
-    if len(parts) != len(FIELDS) + 1:
-      continue
-    try:
-      idx = parts[0]
-      sm, watts, temp = float(parts[1]), float(parts[2]), float(parts[3])
-      mask = int(parts[4], 16) if parts[4].startswith("0x") else int(parts[4])
-    except ValueError:
-      continue  # "[N/A]" or a partial line.
-    per.setdefault(idx, []).append((sm, watts, temp, mask))
+    if len(parts) != len(FIELDS) + 1 or not parts[0].isdigit():
+      continue  # A header, an error line or a partial line.
+    values = tuple(_number(p) for p in parts[1:])
+    if values[0] is None:
+      continue  # No SM clock: nothing to say of this sample.
+    per.setdefault(parts[0], []).append(values)
   out = {}
   for idx, rows in sorted(per.items()):
-    sms, watts, temps, masks = zip(*rows)
-    reasons = sorted({r for m in masks for r in decode(m)} - {"idle"})
+    sms, watts, temps, masks = (
+        [r[i] for r in rows if r[i] is not None] for i in range(4))
     out[idx] = {"samples": len(rows),
                 "sm_mhz_mean": sum(sms) / len(sms), "sm_mhz_min": min(sms),
-                "power_w_mean": sum(watts) / len(watts),
-                "power_w_max": max(watts), "temp_c_max": max(temps),
-                "limits": reasons}
+                "power_w_mean": sum(watts) / len(watts) if watts else None,
+                "power_w_max": max(watts) if watts else None,
+                "temp_c_max": max(temps) if temps else None,
+                "limits": sorted({r for m in masks for r in decode(int(m))}
+                                 - {"idle"})}
   return out
 
 
@@ -68,23 +79,30 @@ class Monitor:
     self._proc = None
     self._reader = None
 
-  def _start(self, reason_field: str):
+  def _start(self, reason_field: str, ids: list[str]):
     cmd = ["nvidia-smi",
            f"--query-gpu={','.join(FIELDS + (reason_field,))}",
            "--format=csv,noheader,nounits", f"--loop-ms={self.period_ms}"]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd + ids, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
 
   def __enter__(self):
     if shutil.which("nvidia-smi") is None:
       return self
+    # nvidia-smi ignores CUDA_VISIBLE_DEVICES: sample only the GPUs this
+    # process sees (their indices or UUIDs), not idle ones beside them.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    ids = [f"--id={visible}"] if visible else []
     for field in REASON_FIELDS:
       # An unknown field makes nvidia-smi exit at once: try the old name.
-      probe = subprocess.run(
-          ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-          capture_output=True, text=True, check=False)
+      try:
+        probe = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+            capture_output=True, text=True, check=False, timeout=15)
+      except subprocess.TimeoutExpired:
+        return self  # A hung driver query: no samples rather than a stall.
       if probe.returncode == 0:
-        self._proc = self._start(field)
+        self._proc = self._start(field, ids)
         break
     if self._proc is not None:
       self._reader = threading.Thread(target=self._read, daemon=True)
@@ -103,7 +121,9 @@ class Monitor:
       self._proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
       self._proc.kill()
+      self._proc.wait()
     self._reader.join(timeout=5)
+    self._proc.stdout.close()
     self.summary = parse(self._lines) or None
     return False
 
@@ -115,9 +135,11 @@ def describe(summary: dict[str, dict] | None) -> str:
     return "n/a"
   sm = [s["sm_mhz_mean"] for s in summary.values()]
   lo = min(s["sm_mhz_min"] for s in summary.values())
-  w = [s["power_w_mean"] for s in summary.values()]
-  hi = max(s["power_w_max"] for s in summary.values())
+  w = [s["power_w_mean"] for s in summary.values()
+       if s["power_w_mean"] is not None]
+  hi = max((s["power_w_max"] for s in summary.values()
+            if s["power_w_max"] is not None), default=None)
   limits = sorted({r for s in summary.values() for r in s["limits"]})
-  return (f"{min(sm):.0f}-{max(sm):.0f} MHz (low {lo:.0f}),"
-          f" {min(w):.0f}-{max(w):.0f} W (high {hi:.0f})"
+  return (f"{min(sm):.0f}-{max(sm):.0f} MHz (low {lo:.0f})"
+          + (f", {min(w):.0f}-{max(w):.0f} W (high {hi:.0f})" if w else "")
           + (f", limits: {', '.join(limits)}" if limits else ""))

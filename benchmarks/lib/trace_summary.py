@@ -12,7 +12,8 @@ the standard library is needed, so a trace can be read on any machine:
   grouped by the event before and after each gap, which is where a step
   waits on a collective, a copy, or the host; for each, what most likely
   ended it: an event on another stream that finished just before the next
-  kernel started (`WAKE_US`), or nothing on the device (the host);
+  kernel started (`WAKE_US`), or nothing on that GPU (the host, or a
+  peer GPU's flag);
 * how much of the copies ran while the compute stream was busy (overlap);
 * the collectives' kernels (NCCL): how long they ran on the compute stream
   itself (exposed: nothing else runs on that stream meanwhile) and off it,
@@ -24,6 +25,7 @@ the standard library is needed, so a trace can be read on any machine:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import glob
 import gzip
@@ -84,22 +86,21 @@ def _short(name: str, n: int = 48) -> str:
 WAKE_US = 15.0
 
 
-def _gap_cause(others, start: float, end: float, stream_name) -> str:
+def _gap_cause(ends, others, start: float, end: float, stream_name) -> str:
   """How a compute-stream gap from ``start`` to ``end`` (us) likely ended:
-  the event on another stream of the GPU that finished last in the gap,
-  if it finished within `WAKE_US` of the gap's end; else nothing on the
-  device did, so the next kernel came late from the host (its launch, or
-  a host-side wait before it)."""
-  last = None
-  for stop, e, tid in others:  # Sorted by end.
-    if stop > end + 1.0:
-      break
-    if stop > start:
-      last = (stop, e, tid)
-  if last is not None and end - last[0] <= WAKE_US:
-    name = str(stream_name(last[2]))
-    return f"after {_short(last[1]['name'], 28)} on {name[-22:]}"
-  return "with nothing else on the GPU ending just before (host)"
+  the event on another stream of this GPU that finished last in the gap,
+  if it finished within `WAKE_US` of the gap's end; else nothing on this
+  GPU did: the next kernel came late from the host (its launch, or a
+  host-side wait before it), or waited for a flag another GPU wrote.
+  ``others``: (end, event, stream) sorted by end; ``ends`` their ends."""
+  # Up to 1 us past the gap's end: trace timestamps of two streams are not
+  # exact to the microsecond.
+  i = bisect.bisect_right(ends, end + 1.0) - 1
+  if i >= 0 and others[i][0] > start and end - others[i][0] <= WAKE_US:
+    _, e, tid = others[i]
+    return f"after {_short(e['name'], 28)} on {str(stream_name(tid))[-22:]}"
+  return ("with nothing else on this GPU ending just before (the host, or a"
+          " peer's flag)")
 
 
 def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
@@ -184,6 +185,7 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
     others = sorted(((e["ts"] + e["dur"], e, tid) for tid, es in
                      streams.items() if tid != compute for e in es),
                     key=lambda x: x[0])
+    ends = [o[0] for o in others]
     total_gap = 0.0
     for a, b in zip(comp, comp[1:]):
       g = b["ts"] - (a["ts"] + a["dur"])
@@ -192,7 +194,7 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
         gaps[key] += g
         gap_n[key] += 1
         total_gap += g
-        causes[key][_gap_cause(others, a["ts"] + a["dur"], b["ts"],
+        causes[key][_gap_cause(ends, others, a["ts"] + a["dur"], b["ts"],
                                lambda t: threads.get((pid, t), t))] += 1
     lines.append(f"  compute stream idle (gaps > {gap_us:g} us):"
                  f" {total_gap / 1e3 / calls:.3f} ms/call")
@@ -202,7 +204,7 @@ def summarize(events: list[dict], *, calls: int = 1, gap_us: float = 3.0,
           "gpu": procs[pid], "window": ms(t1 - t0),
           "compute_busy": ms(_union(comp_iv)), "exposed": ms(_union(on)),
           "collectives_off": ms(_union(off)),
-          "copies_off": ms(_union(copies)) if copies else 0.0,
+          "copies_off": ms(_union(copies)),
           "idle": ms(total_gap)})
     for key, g in gaps.most_common(8):
       lines.append(f"    {g / 1e3 / calls:.3f} ms/call in {gap_n[key] / calls:.1f}"

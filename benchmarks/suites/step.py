@@ -29,10 +29,10 @@ Timing: lib/timing.py's method; in training the state is threaded through
 the calls (`timing.time_chain`, ``--iters`` calls per round), in forward
 mode the calls are independent (`timing.time_jax`, which lengthens a round
 to ``--min_round_ms``). While a variant is timed, nvidia-smi samples the
-GPUs' SM clocks, power and clock-limit reasons (lib/gpu_monitor.py): a
-step slower when timed than when traced, or one GPU slower at every
-kernel, is a clock limit, not the program. Each variant records its warm-up losses (same
-seed, same data): the report says whether the first ones agree.
+GPUs' SM clocks, power and clock-limit reasons (lib/gpu_monitor.py): a step
+slower when timed than when traced, or one GPU slower at every kernel, is
+often a clock limit, not the program. Each variant records its warm-up
+losses (same seed, same data): the report says whether the first ones agree.
 
 Peak memory: each variant runs in a fresh subprocess of this command, so
 each device's ``peak_bytes_in_use`` is that variant's own (parameters,
@@ -103,7 +103,9 @@ flags.DEFINE_bool("step_subprocess", True, "step: each variant in a fresh"
 flags.DEFINE_integer("variant_timeout_s", 300, "step: one variant's limit.")
 flags.DEFINE_bool("memory_report", False, "step: write XLA's memory-usage"
                   " report of each variant's step program (the buffers live"
-                  " at its peak) to step_memory_<variant>.txt.")
+                  " at its peak; the largest program XLA compiled) to"
+                  " step_memory_<variant>.txt; dumping every program makes"
+                  " the compile time longer.")
 flags.DEFINE_integer("profile_steps", 0, "step: after timing, trace this many"
                      " steps and write the trace summary (with the last"
                      " step's whole timeline on the first GPU) to"
@@ -268,7 +270,7 @@ def run_variant(name: str) -> dict:
     losses.append(float(loss))
   res["warmup_losses"] = losses
   # The GPUs' clocks and power while timed: a step slower when timed than
-  # when traced, or one GPU slower at every kernel, is a clock limit.
+  # when traced, or one GPU slower at every kernel, is often a clock limit.
   with gpu_monitor.Monitor() as mon:
     if train:
       state, t = timing.time_chain(
@@ -398,6 +400,9 @@ def run() -> int:
                                        or "ficco_tuned" in FLAGS.variants):
     raise ValueError("--remat and the ficco_tuned variant are about the"
                      " training step; run them with --step_mode=train.")
+  if FLAGS.memory_report and not FLAGS.step_subprocess:
+    raise ValueError("--memory_report dumps each variant's programs from its"
+                     " own subprocess; drop --nostep_subprocess.")
   if FLAGS.step_variant:  # A subprocess: one variant, its JSON, nothing else.
     try:
       res = run_variant(FLAGS.step_variant)
@@ -466,7 +471,10 @@ def _gib(b) -> str:
 def _bound_lines(data: dict) -> list[str]:
   """What overlap could win at most, from the profiles: XLA's best step's
   collectives on its compute stream plus that stream's idle time (ms per
-  step), and the part of it ficco's step won."""
+  traced step; the idle time may have other causes, so this bounds the
+  gain from above), and the part of it ficco's traced step won. Both come
+  from the traces, whose steps may run at other clocks than the timed ones
+  (see the GPUs while timed)."""
   v = data["variants"]
   best = v.get(data.get("xla_best", ""), {})
   lines = []
@@ -476,15 +484,15 @@ def _bound_lines(data: dict) -> list[str]:
     if not xs or not fs or "error" in f:
       continue
     bound = xs["exposed"] + xs["idle"]
-    gain = best["median_ms"] - f["median_ms"]
-    lines += ["", f"Bound ({n}): {data['xla_best']}'s step runs"
+    gain = xs["window"] - fs["window"]
+    share = (f" ({100 * gain / bound:.0f}% of it)" if bound > 0 else "")
+    lines += ["", f"Bound ({n}): {data['xla_best']}'s traced step runs"
               f" {xs['exposed']:.2f} ms of collectives on its compute stream"
               f" and leaves that stream idle {xs['idle']:.2f} ms more (mean"
               f" over GPUs, per step): {bound:.2f} ms that overlap could"
-              f" hide at most. {n}'s step is {gain:.2f} ms shorter"
-              f" ({100 * gain / bound:.0f}% of it); its own compute stream"
-              f" runs {fs['exposed']:.2f} ms of collectives and idles"
-              f" {fs['idle']:.2f} ms."]
+              f" hide at most. {n}'s traced step is {gain:.2f} ms shorter"
+              f"{share}; its own compute stream runs {fs['exposed']:.2f} ms"
+              f" of collectives and idles {fs['idle']:.2f} ms."]
   return lines
 
 

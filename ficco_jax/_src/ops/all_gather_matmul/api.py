@@ -70,8 +70,8 @@ def all_gather_matmul(
   the next, as ``schedule`` says. Differentiable: the gradient's ``dx`` is a
   reduce-scatter matmul, overlapped the same way, and its ``dw`` one dot of
   the gathered ``x``, kept from the forward pass as XLA's own autodiff
-  does (the push granularity, whose pieces stay in its windows, gathers x
-  again, piece by piece).
+  does (the push granularity's copy engines copy each shard out of its
+  window as it lands).
 
   Args:
     x: the local shard, any rank >= 2: ``[..., m, ..., K]`` with ``m`` at
