@@ -236,9 +236,10 @@ def autotune(
     axis_name: the tensor-parallel axis.
     axis: ``gather_axis`` / ``scatter_axis``.
     candidates: schedules to time; default: ``"none"`` and every valid
-      dataflow x chunk count x engine (``"dma"`` only where it runs), and,
-      where ficco's Pallas kernel runs (sm_90, bf16/f16), the one- and
-      two-chunk copy-engine schedules (every granularity) with
+      dataflow x chunk count x engine (``"dma"`` only where it runs), the
+      push all-gather (``direct/c1/dma/xla/flagged``, where ``"dma"``
+      runs), and, where ficco's Pallas kernel runs (sm_90, bf16/f16), the
+      one- and two-chunk copy-engine schedules (every granularity) with
       ``compute="pallas"`` and the reduce-scatter's ``"flagged"``
       granularity.
     store: write the result into the user cache file.
