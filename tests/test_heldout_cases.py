@@ -49,3 +49,24 @@ def test_the_heldout_preset_runs_them_for_both_ops():
     # Every case splits over 2, 4 and 8 devices.
     assert all(cases.divisible(op, c, w) is None for c in built
                for w in (2, 4, 8))
+
+
+def test_choose_schedule_and_explain_agree_on_every_heldout_case():
+  # schedule=None resolves through choose_schedule's order (the op traced
+  # on the devices at hand does the same); explain must name that schedule
+  # on every case it is scored on, for both ops, every axis size and both
+  # GPU kinds with parameters.
+  import ficco_jax  # pylint: disable=g-import-not-at-top
+  cases = _cases_lib()
+  for op, name in (("ag", "all_gather_matmul"),
+                   ("rs", "matmul_reduce_scatter")):
+    for c in cases.heldout(op):
+      for w in (2, 4, 8):
+        x, wt = cases.local_shapes(op, c, w)
+        for kind in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+          kw = dict(x_shape=x, w_shape=wt, dtype="bfloat16", axis_size=w,
+                    device_kind=kind)
+          e = ficco_jax.explain(name, **kw)
+          assert e.chosen == ficco_jax.choose_schedule(name, **kw), (
+              op, c, w, kind)
+          assert e.source in ("autotune cache", "heuristic"), e.source
