@@ -396,3 +396,39 @@ def test_ops_suite_times_the_fastest_schedules_again_with_retime_top(
              if m.get("retime"))
   assert c["xla"]["shard_map"]["retime"]["median_ms"] > 0
   assert "second round-robin" in (tmp_path / "ops.md").read_text()
+
+
+def test_time_chains_interleaves_stateful_programs_and_keeps_their_states():
+  sys.path.insert(0, str(BENCH.parent))
+  from lib import timing  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  order = []
+
+  def chain(tag, inc):
+    def step(s, x):
+      order.append(tag)
+      return s + inc * x
+    return step, jnp.zeros(())
+
+  states, recs = timing.time_chains(
+      [chain("a", 1.0), chain("b", 10.0)], [(jnp.ones(()),)], warmup=2,
+      rounds=3, iters=4)
+  # Each chain: 2 warm-up calls, then per round 1 settle + 4 timed calls.
+  assert order.count("a") == order.count("b") == 2 + 3 * (1 + 4)
+  assert float(states[0]) == 17.0 and float(states[1]) == 170.0
+  assert all(r["rounds"] == 3 and r["iters"] == 4 and r["interleaved"]
+             for r in recs)
+  # Interleaved: after the warm-up, the chains' blocks alternate.
+  blocks = [t for i, t in enumerate(order[4:]) if i % 5 == 0]
+  assert sorted(blocks[:2]) == ["a", "b"] and sorted(blocks[2:4]) == ["a", "b"]
+
+
+def test_step_suite_interleaves_its_variants_in_one_process(tmp_path):
+  bench("--suite=step", "--tiny", "--variants=ficco,xla",
+        "--step_interleave", f"--out_dir={tmp_path}", timeout=240)
+  data = json.loads((tmp_path / "step.json").read_text())
+  assert data["memory_mode"].startswith("one process, the variants timed")
+  assert data["losses_match"], data
+  for name in ("ficco", "xla"):
+    r = data["variants"][name]
+    assert r["interleaved"] and r["median_ms"] > 0, r

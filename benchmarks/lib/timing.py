@@ -222,6 +222,45 @@ def time_chain(step: Callable[..., Any], state: Any,
   return state, res
 
 
+def time_chains(chains: Sequence[tuple[Callable[..., Any], Any]],
+                arg_sets: Sequence[Sequence[Any]], *, warmup: int = WARMUP,
+                rounds: int = ROUNDS, iters: int = ITERS
+                ) -> tuple[list[Any], list[dict[str, Any]]]:
+  """`time_chain` for several programs at once, interleaved: each round
+  runs ``iters`` calls of every chain ``(step, state)``, in the order
+  `round_order` gives that round, each block after one untimed call of its
+  own program (the previous block ran another). Every chain sees the
+  device in the same states over the run (its clocks, its heat), which
+  back-to-back runs of one program after another do not.
+
+  Returns:
+    (the final states, one `time_chain` record per chain).
+  """
+  import jax  # Lazy, see the module docstring.
+
+  steps = [c[0] for c in chains]
+  states = [c[1] for c in chains]
+  calls = [0] * len(chains)
+
+  def run(i, n):
+    for _ in range(n):
+      states[i] = steps[i](states[i], *arg_sets[calls[i] % len(arg_sets)])
+      calls[i] += 1
+    jax.block_until_ready(states[i])
+
+  for i in range(len(chains)):
+    run(i, max(1, warmup))
+  samples: list[list[float]] = [[] for _ in chains]
+  for r in range(rounds):
+    for i in round_order(len(chains), r):
+      run(i, 1)  # Settle: the previous block ran another program.
+      t0 = time.perf_counter()
+      run(i, iters)
+      samples[i].append((time.perf_counter() - t0) * 1e3 / iters)
+  return states, [dict(summarize(s, iters=iters), interleaved=True)
+                  for s in samples]
+
+
 def _batch_ms(fn, arg_sets, iters: int, first: int) -> float:
   """Per-call ms of ``iters`` back-to-back calls, input sets from ``first`` on.
 

@@ -31,8 +31,13 @@ mode the calls are independent (`timing.time_jax`, which lengthens a round
 to ``--min_round_ms``). While a variant is timed, nvidia-smi samples the
 GPUs' SM clocks, power and clock-limit reasons (lib/gpu_monitor.py): a step
 slower when timed than when traced, or one GPU slower at every kernel, is
-often a clock limit, not the program. Each variant records its warm-up
-losses (same seed, same data): the report says whether the first ones agree.
+often a clock limit, not the program. By default each variant is timed in
+its own process, one after the other; ``--step_interleave`` builds them all
+in one process and times them round-robin (`timing.time_chains`), as the
+ops suite does, so that each sees the same clocks and heat (peak memory is
+then cumulative: take it from a run without). Each variant records its
+warm-up losses (same seed, same data): the report says whether the first
+ones agree.
 
 Peak memory: each variant runs in a fresh subprocess of this command, so
 each device's ``peak_bytes_in_use`` is that variant's own (parameters,
@@ -46,6 +51,7 @@ peak: where a variant's extra memory goes).
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -55,6 +61,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Any
 
 from absl import flags
 
@@ -100,6 +107,10 @@ flags.DEFINE_list("tune_candidates", [
                   " there).")
 flags.DEFINE_bool("step_subprocess", True, "step: each variant in a fresh"
                   " process (clean peak memory).")
+flags.DEFINE_bool("step_interleave", False, "step: build every variant in"
+                  " one process and time them round-robin, as the ops suite"
+                  " times its programs (same clocks and heat for each;"
+                  " peaks are then cumulative).")
 flags.DEFINE_integer("variant_timeout_s", 300, "step: one variant's limit.")
 flags.DEFINE_bool("memory_report", False, "step: write XLA's memory-usage"
                   " report of each variant's step program (the buffers live"
@@ -118,6 +129,7 @@ CPU_DEVICES = "--xla_force_host_platform_device_count=8"
 # Dense bf16 peak per device (datasheet, no sparsity) for MFU.
 PEAK = {"NVIDIA H200": 989e12, "NVIDIA H100 80GB HBM3": 989e12}
 VARIANTS = ("ficco", "xla", "xla_overlap", "ficco_tuned")
+INTERLEAVED = "interleaved"  # --step_variant of --step_interleave's process.
 
 
 def sizes() -> dict:
@@ -196,8 +208,26 @@ def throughput(flops: float, tokens: int, step_s: float, num_devices: int,
           "mfu": per_device / peak if peak else None}
 
 
-def run_variant(name: str) -> dict:
-  """Builds, compiles and times one variant in this process."""
+@dataclasses.dataclass
+class _Built:
+  """One variant compiled and warmed up in this process: what timing it
+  and reporting it need (``state`` advances as it is timed)."""
+
+  name: str
+  res: dict
+  compiled: Any
+  train: bool
+  state: tuple
+  batches: list
+  cfg: Any
+  batch: int
+  devices: list
+  sz: dict
+  tpt: Any
+
+
+def _build(name: str) -> _Built:
+  """Builds, compiles and warms up one variant in this process."""
   import jax
   import jax.numpy as jnp
   sys.path.insert(0, EXAMPLES)
@@ -269,21 +299,67 @@ def run_variant(name: str) -> dict:
       loss = compiled(params, *batches[k % 2])
     losses.append(float(loss))
   res["warmup_losses"] = losses
+  return _Built(name=name, res=res, compiled=compiled, train=train,
+                state=(params, opt, loss), batches=batches, cfg=cfg,
+                batch=batch, devices=devices, sz=sz, tpt=tpt)
+
+
+def _time_alone(b: _Built) -> None:
+  """Times one variant by itself (`timing.time_chain` / `time_jax`)."""
+  compiled, sz = b.compiled, b.sz
+  params, opt, loss = b.state
   # The GPUs' clocks and power while timed: a step slower when timed than
   # when traced, or one GPU slower at every kernel, is often a clock limit.
   with gpu_monitor.Monitor() as mon:
-    if train:
-      state, t = timing.time_chain(
+    if b.train:
+      b.state, t = timing.time_chain(
           lambda s, x, y: compiled(s[0], s[1], x, y), (params, opt, loss),
-          batches, warmup=1, rounds=sz["rounds"], iters=sz["iters"])
-      res.update(t, final_loss=float(state[2]))
+          b.batches, warmup=1, rounds=sz["rounds"], iters=sz["iters"])
+      b.res.update(t, final_loss=float(b.state[2]))
     else:
-      state = (params, opt, loss)
-      t = timing.time_jax(compiled, [(params, x, y) for x, y in batches],
+      t = timing.time_jax(compiled, [(params, x, y) for x, y in b.batches],
                           warmup=1, rounds=sz["rounds"], iters=sz["iters"],
                           interleave=False)
-      res.update(t)
-  res["gpus_while_timed"] = mon.summary
+      b.res.update(t)
+  b.res["gpus_while_timed"] = mon.summary
+
+
+def _time_interleaved(built: list[_Built]) -> None:
+  """Times the variants round-robin in one process (``--step_interleave``):
+  training steps as interleaved chains (`timing.time_chains`), forward
+  passes through `timing.interleaved`."""
+  sz = built[0].sz
+  with gpu_monitor.Monitor() as mon:
+    if built[0].train:
+      def chain(b):
+        c = b.compiled
+        return (lambda s, x, y: c(s[0], s[1], x, y)), b.state
+      states, recs = timing.time_chains(
+          [chain(b) for b in built], built[0].batches, warmup=1,
+          rounds=sz["rounds"], iters=sz["iters"])
+      for b, st, rec in zip(built, states, recs):
+        b.state = st
+        b.res.update(rec, final_loss=float(st[2]))
+    else:
+      recs = []
+      with timing.interleaved():
+        for b in built:
+          params = b.state[0]
+          recs.append(timing.time_jax(
+              b.compiled, [(params, x, y) for x, y in b.batches], warmup=1,
+              rounds=sz["rounds"], iters=sz["iters"]))
+      for b, rec in zip(built, recs):
+        b.res.update(rec)
+  for b in built:
+    b.res["gpus_while_timed"] = mon.summary
+
+
+def _finish(b: _Built) -> dict:
+  """Throughput, memory after timing and the optional profile."""
+  res, compiled, batches, devices, sz = (b.res, b.compiled, b.batches,
+                                         b.devices, b.sz)
+  train, cfg, batch, tpt, name, state = (b.train, b.cfg, b.batch, b.tpt,
+                                         b.name, b.state)
   res.update(throughput(tpt.flops_per_step(cfg, batch, sz["seq"],
                                            train=train),
                         batch * sz["seq"], res["median_ms"] * 1e-3,
@@ -301,6 +377,31 @@ def run_variant(name: str) -> dict:
     res["profile"], res["profile_summary"], res["profile_stats"] = (
         _profile(one, state, name))
   return res
+
+
+def run_variant(name: str) -> dict:
+  """Builds, compiles and times one variant in this process."""
+  b = _build(name)
+  _time_alone(b)
+  return _finish(b)
+
+
+def run_interleaved(names: list[str]) -> dict[str, dict]:
+  """Every variant in this process, timed round-robin
+  (``--step_interleave``); a variant that fails to build is reported and
+  the others still run."""
+  built, out = [], {}
+  for name in names:
+    print(f"== step variant {name} (interleaved)", flush=True)
+    try:
+      built.append(_build(name))
+    except Exception:  # pylint: disable=broad-except
+      out[name] = {"variant": name, "error": traceback.format_exc()[-3000:]}
+  if built:
+    _time_interleaved(built)
+  for b in built:
+    out[b.name] = _finish(b)
+  return {n: out[n] for n in names}
 
 
 def profile_summary(text: str) -> str:
@@ -379,8 +480,11 @@ def _in_subprocess(name: str) -> dict:
       env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
     t0 = time.perf_counter()
     try:
+      # The interleaved process builds and times every variant.
+      limit = FLAGS.variant_timeout_s * (
+          len(FLAGS.variants) if name == INTERLEAVED else 1)
       proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                            timeout=FLAGS.variant_timeout_s)
+                            timeout=limit)
     except subprocess.TimeoutExpired as e:
       return {"variant": name, "error": f"timed out after {e.timeout} s",
               "log_tail": str(e.stderr or "")[-3000:]}
@@ -403,27 +507,47 @@ def run() -> int:
   if FLAGS.memory_report and not FLAGS.step_subprocess:
     raise ValueError("--memory_report dumps each variant's programs from its"
                      " own subprocess; drop --nostep_subprocess.")
-  if FLAGS.step_variant:  # A subprocess: one variant, its JSON, nothing else.
+  for name in FLAGS.variants:
+    if name not in VARIANTS:
+      raise ValueError(f"Unknown step variant {name!r} ({', '.join(VARIANTS)}).")
+  if FLAGS.step_interleave and ("ficco_tuned" in FLAGS.variants
+                                or FLAGS.memory_report):
+    # autotune_model clears JAX's caches and writes the autotune cache
+    # mid-run, and one dump would hold every variant's programs.
+    raise ValueError("--step_interleave times the variants side by side in"
+                     " one process: without ficco_tuned and --memory_report.")
+  if FLAGS.step_variant:  # A subprocess: its variant(s), its JSON, nothing else.
     try:
-      res = run_variant(FLAGS.step_variant)
+      if FLAGS.step_variant == INTERLEAVED:
+        res = {"variants": run_interleaved(list(FLAGS.variants))}
+      else:
+        res = run_variant(FLAGS.step_variant)
     except Exception:  # pylint: disable=broad-except
       res = {"variant": FLAGS.step_variant,
              "error": traceback.format_exc()[-3000:]}
     results.write_json(FLAGS.step_result_file, res)
     return 0
   variants = {}
-  for name in FLAGS.variants:
-    if name not in VARIANTS:
-      raise ValueError(f"Unknown step variant {name!r} ({', '.join(VARIANTS)}).")
-    print(f"== step variant {name}", flush=True)
+  if FLAGS.step_interleave:
+    print(f"== step variants {', '.join(FLAGS.variants)}, interleaved",
+          flush=True)
     if FLAGS.step_subprocess:
-      variants[name] = _in_subprocess(name)
+      res = _in_subprocess(INTERLEAVED)
+      variants = res.get("variants") or {
+          n: {**res, "variant": n} for n in FLAGS.variants}
     else:
-      try:
-        variants[name] = run_variant(name)
-      except Exception:  # pylint: disable=broad-except
-        variants[name] = {"variant": name,
-                          "error": traceback.format_exc()[-3000:]}
+      variants = run_interleaved(list(FLAGS.variants))
+  for name in FLAGS.variants:
+    if not FLAGS.step_interleave:
+      print(f"== step variant {name}", flush=True)
+      if FLAGS.step_subprocess:
+        variants[name] = _in_subprocess(name)
+      else:
+        try:
+          variants[name] = run_variant(name)
+        except Exception:  # pylint: disable=broad-except
+          variants[name] = {"variant": name,
+                            "error": traceback.format_exc()[-3000:]}
     r = variants[name]
     print({k: r.get(k) for k in ("median_ms", "min_ms", "compile_s",
                                  "peak_bytes_max_over_devices", "error",
@@ -436,9 +560,11 @@ def run() -> int:
   some = next(iter(ok.values()), {})
   data = {"meta": meta, "sizes": sizes(), "attention": FLAGS.attention,
           "schedule": FLAGS.schedules[0], "variants": variants,
-          "memory_mode": ("fresh subprocess per variant"
-                          if FLAGS.step_subprocess
-                          else "one process; peaks are cumulative")}
+          "memory_mode": (
+              "one process, the variants timed round-robin; peaks are"
+              " cumulative" if FLAGS.step_interleave
+              else "fresh subprocess per variant" if FLAGS.step_subprocess
+              else "one process; peaks are cumulative")}
   rtol = 1e-4 if sizes()["dtype"] == "float32" else 2e-2
   if "xla" in ok:
     b = ok["xla"]["warmup_losses"][0]
