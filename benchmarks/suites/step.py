@@ -509,14 +509,15 @@ def run() -> int:
                      " own subprocess; drop --nostep_subprocess.")
   for name in FLAGS.variants:
     if name not in VARIANTS:
-      raise ValueError(f"Unknown step variant {name!r} ({', '.join(VARIANTS)}).")
+      raise ValueError(f"Unknown step variant {name!r}"
+                       f" ({', '.join(VARIANTS)}).")
   if FLAGS.step_interleave and ("ficco_tuned" in FLAGS.variants
                                 or FLAGS.memory_report):
     # autotune_model clears JAX's caches and writes the autotune cache
     # mid-run, and one dump would hold every variant's programs.
     raise ValueError("--step_interleave times the variants side by side in"
                      " one process: without ficco_tuned and --memory_report.")
-  if FLAGS.step_variant:  # A subprocess: its variant(s), its JSON, nothing else.
+  if FLAGS.step_variant:  # A subprocess: its variants, its JSON, nothing else.
     try:
       if FLAGS.step_variant == INTERLEAVED:
         res = {"variants": run_interleaved(list(FLAGS.variants))}
