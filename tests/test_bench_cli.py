@@ -432,3 +432,14 @@ def test_step_suite_interleaves_its_variants_in_one_process(tmp_path):
   for name in ("ficco", "xla"):
     r = data["variants"][name]
     assert r["interleaved"] and r["median_ms"] > 0, r
+
+
+def test_gpu_monitor_summarises_the_ops_suites_cases():
+  sys.path.insert(0, str(BENCH.parent))
+  from lib import gpu_monitor  # pylint: disable=g-import-not-at-top
+  a = gpu_monitor.parse(["0, 1980, 600, 60, 0x0", "1, 1900, 600, 60, 0x4"])
+  b = gpu_monitor.parse(["0, 1700, 690, 70, 0x0", "1, 1750, 700, 70, 0x0"])
+  assert gpu_monitor.describe_cases([a, None, b]) == (
+      "2 timed blocks: mean SM clock 1700-1900 MHz (the slowest GPU of"
+      " each), limits: SW power cap")
+  assert gpu_monitor.describe_cases([None]) is None

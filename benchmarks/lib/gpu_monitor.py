@@ -68,6 +68,29 @@ def parse(lines: list[str]) -> dict[str, dict]:
   return out
 
 
+_field: list[str | None] = []  # The probe's answer, once per process.
+
+
+def _reason_field() -> str | None:
+  """The reasons field this driver's nvidia-smi knows (None: neither, or
+  the probe hung)."""
+  if not _field:
+    found = None
+    for field in REASON_FIELDS:
+      # An unknown field makes nvidia-smi exit at once: try the old name.
+      try:
+        probe = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+            capture_output=True, text=True, check=False, timeout=15)
+      except subprocess.TimeoutExpired:
+        break  # A hung driver query: no samples rather than a stall.
+      if probe.returncode == 0:
+        found = field
+        break
+    _field.append(found)
+  return _field[0]
+
+
 class Monitor:
   """``with Monitor() as m: ...``; then ``m.summary`` (None without
   nvidia-smi, or when it failed)."""
@@ -93,17 +116,9 @@ class Monitor:
     # process sees (their indices or UUIDs), not idle ones beside them.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     ids = [f"--id={visible}"] if visible else []
-    for field in REASON_FIELDS:
-      # An unknown field makes nvidia-smi exit at once: try the old name.
-      try:
-        probe = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-            capture_output=True, text=True, check=False, timeout=15)
-      except subprocess.TimeoutExpired:
-        return self  # A hung driver query: no samples rather than a stall.
-      if probe.returncode == 0:
-        self._proc = self._start(field, ids)
-        break
+    field = _reason_field()
+    if field is not None:
+      self._proc = self._start(field, ids)
     if self._proc is not None:
       self._reader = threading.Thread(target=self._read, daemon=True)
       self._reader.start()
@@ -143,3 +158,17 @@ def describe(summary: dict[str, dict] | None) -> str:
   return (f"{min(sm):.0f}-{max(sm):.0f} MHz (low {lo:.0f})"
           + (f", {min(w):.0f}-{max(w):.0f} W (high {hi:.0f})" if w else "")
           + (f", limits: {', '.join(limits)}" if limits else ""))
+
+
+def describe_cases(summaries: list[dict[str, dict] | None]) -> str | None:
+  """One line over several timed blocks (the ops suite's cases): the range
+  of their mean SM clocks (each block's slowest GPU) and every limit seen;
+  None when no block was sampled."""
+  seen = [s for s in summaries if s]
+  if not seen:
+    return None
+  sm = [min(g["sm_mhz_mean"] for g in s.values()) for s in seen]
+  limits = sorted({r for s in seen for g in s.values() for r in g["limits"]})
+  return (f"{len(seen)} timed blocks: mean SM clock {min(sm):.0f}-"
+          f"{max(sm):.0f} MHz (the slowest GPU of each)"
+          + (f", limits: {', '.join(limits)}" if limits else ", no limits"))

@@ -280,12 +280,14 @@ _pending: list | None = None
 
 
 @contextlib.contextmanager
-def interleaved(enabled: bool = True):
+def interleaved(enabled: bool = True, around=None):
   """Within the block, `time_jax` compiles and warms up only; on exit every
   registered function is timed round-robin and its result dict filled in.
 
   Args:
     enabled: False makes this a no-op (plain sequential timing).
+    around: a context manager entered for the round-robin alone (e.g. a
+      `gpu_monitor.Monitor`, so that compiling is not sampled).
   """
   global _pending
   if not enabled or _pending is not None:
@@ -294,7 +296,8 @@ def interleaved(enabled: bool = True):
   _pending = []
   try:
     yield
-    _time_round_robin(_pending)
+    with around if around is not None else contextlib.nullcontext():
+      _time_round_robin(_pending)
   finally:
     _pending = None
 

@@ -25,6 +25,7 @@ import os
 from absl import flags
 
 from lib import cases as cases_lib
+from lib import gpu_monitor
 from lib import jax_util
 from lib import meta as meta_lib
 from lib import mosaic
@@ -135,7 +136,9 @@ def measure_case(rec: results.Recorder, op: programs.Op, case, mesh,
   c["resolved"], c["resolved_reason"] = resolve_default(op, a_local, w_local,
                                                        w)
 
-  with timing.interleaved():
+  # The GPUs' clocks and power during the round-robin (not the compiles).
+  mon = gpu_monitor.Monitor()
+  with timing.interleaved(around=mon):
     xla = results.guarded(rec, f"{tag} xla", lambda: jax_util.measure(
         lambda cv: op.shard_mapped(mesh, op.xla_body(), cv), args=args,
         ref32=ref32, xla_err=None, tol=FLAGS.tol, tk=tk))
@@ -165,6 +168,7 @@ def measure_case(rec: results.Recorder, op: programs.Op, case, mesh,
       run_mosaic(rec, c, mesh, measure, tag)
     if c["methods"] or c["xla"]:
       rec.progress(f"{tag}: timing round-robin")
+  c["gpus_while_timed"] = mon.summary
   if FLAGS.retime_top > 0 and not rec.over_budget():
     retime(rec, op, mesh, args, c, dict(labels), tk, tag)
   return c

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from lib import gpu_monitor
 from lib import report
 
 
@@ -268,6 +269,11 @@ def markdown(data: dict, peers: dict | None = None) -> str:
         [_case_row(key, c, torch) for c in cases])
     lines += _schedule_table(cases)
     lines += _accuracy_lines(cases)
+    clocks = gpu_monitor.describe_cases(
+        [c.get("gpus_while_timed") for c in cases])
+    if clocks:
+      lines += ["", f"GPUs during the round-robins (nvidia-smi every 200 ms):"
+                f" {clocks}."]
     overlap = {c["xla"].get("overlap", {}).get("skipped") for c in cases} - {None}
     lines += [f"\nXLA overlap not timed: {r}" for r in sorted(overlap)]
     rebuilt = [c for c in cases
