@@ -187,25 +187,23 @@ def retime(rec, op, mesh, args, c, schedules, tk, tag) -> None:
     return
   xla = c["xla"].get("shard_map")
   rec.progress(f"{tag}: timing {len(picked)} schedules again")
+
+  def again(build):
+    # Checked against the reference in the first pass: timed only.
+    return jax_util.measure(build, args=args, ref32=None, xla_err=None,
+                            tol=FLAGS.tol, tk=tk)
+
   with timing.interleaved():
     for m in picked:
       sched = schedules[m["label"]]
       m["retime"] = results.guarded(
           rec, f"{tag} ficco {m['label']} (again)",
-          lambda s=sched: _timed(lambda cv: op.shard_mapped(
-              mesh, op.ficco_body(s), cv), args, tk))
+          lambda s=sched: again(lambda cv: op.shard_mapped(
+              mesh, op.ficco_body(s), cv)))
     if ops_report.timed_ok(xla):
       xla["retime"] = results.guarded(
-          rec, f"{tag} xla (again)", lambda: _timed(
-              lambda cv: op.shard_mapped(mesh, op.xla_body(), cv), args, tk))
-
-
-def _timed(build, args, tk) -> dict:
-  """Times a program already checked in the first pass (compiled again)."""
-  fn, _, compile_s, _ = jax_util.first_call(build, args[0])
-  res = timing.time_jax(fn, args, **tk)
-  res["compile_s"] = compile_s
-  return res
+          rec, f"{tag} xla (again)", lambda: again(
+              lambda cv: op.shard_mapped(mesh, op.xla_body(), cv)))
 
 
 def xla_overlap(rec, op, mesh, args, ref32, xla_err, tag) -> dict:

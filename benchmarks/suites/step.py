@@ -225,6 +225,14 @@ class _Built:
   sz: dict
   tpt: Any
 
+  def step(self, s, x, y):
+    """One training step of the threaded ``(params, opt, loss)`` state."""
+    return self.compiled(s[0], s[1], x, y)
+
+  def forward_sets(self) -> list[tuple]:
+    """The prefill's argument sets: the parameters with each batch."""
+    return [(self.state[0], x, y) for x, y in self.batches]
+
 
 def _build(name: str) -> _Built:
   """Builds, compiles and warms up one variant in this process."""
@@ -306,19 +314,18 @@ def _build(name: str) -> _Built:
 
 def _time_alone(b: _Built) -> None:
   """Times one variant by itself (`timing.time_chain` / `time_jax`)."""
-  compiled, sz = b.compiled, b.sz
-  params, opt, loss = b.state
+  sz = b.sz
   # The GPUs' clocks and power while timed: a step slower when timed than
   # when traced, or one GPU slower at every kernel, is often a clock limit.
   with gpu_monitor.Monitor() as mon:
     if b.train:
       b.state, t = timing.time_chain(
-          lambda s, x, y: compiled(s[0], s[1], x, y), (params, opt, loss),
-          b.batches, warmup=1, rounds=sz["rounds"], iters=sz["iters"])
+          b.step, b.state, b.batches, warmup=1, rounds=sz["rounds"],
+          iters=sz["iters"])
       b.res.update(t, final_loss=float(b.state[2]))
     else:
-      t = timing.time_jax(compiled, [(params, x, y) for x, y in b.batches],
-                          warmup=1, rounds=sz["rounds"], iters=sz["iters"],
+      t = timing.time_jax(b.compiled, b.forward_sets(), warmup=1,
+                          rounds=sz["rounds"], iters=sz["iters"],
                           interleave=False)
       b.res.update(t)
   b.res["gpus_while_timed"] = mon.summary
@@ -331,11 +338,8 @@ def _time_interleaved(built: list[_Built]) -> None:
   sz = built[0].sz
   with gpu_monitor.Monitor() as mon:
     if built[0].train:
-      def chain(b):
-        c = b.compiled
-        return (lambda s, x, y: c(s[0], s[1], x, y)), b.state
       states, recs = timing.time_chains(
-          [chain(b) for b in built], built[0].batches, warmup=1,
+          [(b.step, b.state) for b in built], built[0].batches, warmup=1,
           rounds=sz["rounds"], iters=sz["iters"])
       for b, st, rec in zip(built, states, recs):
         b.state = st
@@ -344,10 +348,9 @@ def _time_interleaved(built: list[_Built]) -> None:
       recs = []
       with timing.interleaved():
         for b in built:
-          params = b.state[0]
           recs.append(timing.time_jax(
-              b.compiled, [(params, x, y) for x, y in b.batches], warmup=1,
-              rounds=sz["rounds"], iters=sz["iters"]))
+              b.compiled, b.forward_sets(), warmup=1, rounds=sz["rounds"],
+              iters=sz["iters"]))
       for b, rec in zip(built, recs):
         b.res.update(rec)
   for b in built:
@@ -356,26 +359,24 @@ def _time_interleaved(built: list[_Built]) -> None:
 
 def _finish(b: _Built) -> dict:
   """Throughput, memory after timing and the optional profile."""
-  res, compiled, batches, devices, sz = (b.res, b.compiled, b.batches,
-                                         b.devices, b.sz)
-  train, cfg, batch, tpt, name, state = (b.train, b.cfg, b.batch, b.tpt,
-                                         b.name, b.state)
-  res.update(throughput(tpt.flops_per_step(cfg, batch, sz["seq"],
-                                           train=train),
-                        batch * sz["seq"], res["median_ms"] * 1e-3,
+  res, sz, devices = b.res, b.sz, b.devices
+  res.update(throughput(b.tpt.flops_per_step(b.cfg, b.batch, sz["seq"],
+                                             train=b.train),
+                        b.batch * sz["seq"], res["median_ms"] * 1e-3,
                         len(devices), devices[0].device_kind, sz["dtype"]))
   res["memory_after"] = _memory(devices)
   peaks = [m["peak_bytes_in_use"] for m in res["memory_after"]]
   res["peak_bytes_max_over_devices"] = (
       max(peaks) if all(p is not None for p in peaks) else None)
   if FLAGS.profile_steps:
-    if train:
-      one = lambda i, s: compiled(s[0], s[1], *batches[i % 2])  # noqa: E731
+    batches = b.batches
+    if b.train:
+      one = lambda i, s: b.step(s, *batches[i % 2])  # noqa: E731
     else:
       one = lambda i, s: (s[0], s[1],  # noqa: E731
-                          compiled(s[0], *batches[i % 2]))
+                          b.compiled(s[0], *batches[i % 2]))
     res["profile"], res["profile_summary"], res["profile_stats"] = (
-        _profile(one, state, name))
+        _profile(one, b.state, b.name))
   return res
 
 
