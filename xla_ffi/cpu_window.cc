@@ -342,9 +342,10 @@ void WhenSettled(int32_t device, std::vector<std::shared_ptr<Inv>> run,
   one_less(CpuEvent::kOk);  // The registrations above are done.
 }
 
-// The failure of a wait or done that found its invocation: fails it and the
-// other invocations its execution started here (their queued copies are
-// skipped) and completes once their copies have ended.
+// The failure of a wait or done that found its invocation, or of a push
+// all-gather once its pushes may be enqueued (PushGather's `drain`): fails
+// it and the other invocations its execution started here (their queued
+// copies are skipped) and completes once their copies have ended.
 ffi::Future FailSettled(int32_t device, const std::shared_ptr<Inv>& inv,
                         ffi::Error error) {
   auto run = WindowIndex<CpuBackend>::Get().FailRun(
@@ -570,9 +571,14 @@ ffi::Future PushGatherImpl(ffi::RunId run_id, int32_t device,
                            ffi::Result<ffi::AnyBuffer> gathered,
                            Attrs attrs) {
   CpuBackend backend;
+  std::shared_ptr<Inv> drain;
   auto inv = PushGather(backend, run_id.run_id, device, x, w, *out,
-                        *gathered, attrs);
-  if (!inv.has_value()) return Failed(inv.error());
+                        *gathered, attrs, &drain);
+  if (!inv.has_value()) {
+    // Its queued copies and GEMMs use XLA's buffers (FailSettled).
+    return drain ? FailSettled(device, drain, inv.error())
+                 : Failed(inv.error());
+  }
   return AwaitEvents(device, *inv, {(*inv)->staged, (*inv)->signalled},
                      "the pushes, the peers' shards and the products");
 }

@@ -290,9 +290,11 @@ ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
 }
 
-// A wait or done that fails once it has found its invocation. XLA frees the
-// execution's buffers when it sees the error, and later work on its stream
-// may reuse them while this invocation's copies still read or write them.
+// A wait or done that fails once it has found its invocation, or a push
+// all-gather that fails once its pushes may be enqueued (PushGather's
+// `drain`). XLA frees the execution's buffers when it sees the error, and
+// later work on its stream may reuse them while this invocation's copies
+// still read or write them.
 // So the invocation fails first (its issuer enqueues no more copies, and the
 // window is poisoned), XLA's stream then waits for every copy already
 // enqueued, and the watchdog releases any copy stuck on a peer's flag at the
@@ -445,9 +447,17 @@ ffi::Error PushGatherImpl(cudaStream_t stream, ffi::RunId run_id,
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
+  std::shared_ptr<Inv> drain;
   auto inv = PushGather(backend, run_id.run_id, device, x, w, *out,
-                        *gathered, attrs);
-  if (!inv.has_value()) return inv.error();
+                        *gathered, attrs, &drain);
+  if (!inv.has_value()) {
+    // Its side-stream copies may still write `gathered` and read x, and
+    // XLA's stream may be blocked on a peer's flag: drained as a failing
+    // done is, or XLA could reuse the buffers under them.
+    if (drain == nullptr) return inv.error();
+    return FailDrained(stream, device, std::move(drain), inv.error(),
+                       PushWho("all-gather", attrs.op_name, device));
+  }
   // Bounds the invocation: past its deadline the watchdog names the ranks
   // that never pushed and releases the streams waiting on them.
   Watchdog::Get().Watch(std::move(*inv));

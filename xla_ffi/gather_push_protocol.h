@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,11 +40,16 @@ namespace ficco {
 // [P m, k] of x's type: then every shard is also copied into it, rank q's
 // at rows [q m, + m) (the gradient's residual, so that dw needs no second
 // gather), on the push queue as each lands, off the compute stream.
+// A failure once the pushes may be enqueued also sets `*drain` to the
+// invocation: its queues may still read x and write out and gathered, XLA's
+// buffers, some of it behind a peer's flag, so the caller drains it before
+// the error reaches XLA, as a failing done does (cuda_window.cu,
+// FailDrained; cpu_window.cc, FailSettled).
 template <class B>
 ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     B& backend, int64_t run_id, int32_t device, ffi::AnyBuffer x,
     ffi::AnyBuffer w, ffi::AnyBuffer out, ffi::AnyBuffer gathered,
-    const Attrs& a) {
+    const Attrs& a, std::shared_ptr<WindowInvocation<B>>* drain) {
   using Inv = WindowInvocation<B>;
   auto who = [&] { return PushWho("all-gather", a.op_name, device); };
   auto failed = [](ffi::Error err) { return ffi::Unexpected(std::move(err)); };
@@ -118,8 +124,29 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   inv->epoch = e;
   inv->freed_lag = 2;  // The landing halves.
   inv->where = PushWhere("all-gather", a.op_name, *win, e);
+  // A drained failure fails the window starts of this execution with it
+  // (WindowIndex::FailRun): their waits and dones will never come.
+  inv->run_id = run_id;
   auto fail = [&](ffi::Error err) {
     inv->Fail(inv->where + ": " + std::string(err.message()));
+    return ffi::Unexpected(std::move(err));
+  };
+  // From the pushes on (`*drain`). `staged` and `signalled` are recorded
+  // again after whatever the push queue and the compute stream hold, so
+  // that waiting for every event of the invocation, and the watchdog's
+  // polling of those two, covers it all; best effort, since the queue may be
+  // what failed. Failed first: on the CPU twin the queued work is then
+  // skipped, so the queues drain at once. The issue is over (AwaitIssued).
+  auto fail_drained = [&](ffi::Error err) {
+    inv->Fail(inv->where + ": " + std::string(err.message()));
+    (void)backend.Record(inv, device, kPushQueue, inv->staged);
+    (void)backend.Record(inv, device, B::kComputeQueue, inv->signalled);
+    {
+      std::lock_guard<std::mutex> lock(inv->mu);
+      inv->issue_error = err;
+    }
+    inv->issue_state.store(kIssueFailed, std::memory_order_release);
+    *drain = inv;
     return ffi::Unexpected(std::move(err));
   };
   // The pooled window is shared by programs: pairing two of them at one
@@ -177,7 +204,9 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     }
     return backend.FlagOps(inv, device, kPushQueue, ops);
   };
-  if (ffi::Error err = push(); err.failure()) return fail(std::move(err));
+  if (ffi::Error err = push(); err.failure()) {
+    return fail_drained(std::move(err));
+  }
   HostPublish(*win, kStagedEnqueued, e);
 
   const int64_t queue = B::kComputeQueue;
@@ -189,7 +218,9 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
                                  dst + rank * m * out_row_bytes, m, k, n, n});
   };
   // The own shard needs no peer: its GEMM goes first, before any host wait.
-  if (ffi::Error err = gemm(src, me); err.failure()) return fail(std::move(err));
+  if (ffi::Error err = gemm(src, me); err.failure()) {
+    return fail_drained(std::move(err));
+  }
   if constexpr (B::kHostOrdered) {
     // The peers' pushes of epoch e, whose ready flags the compute stream is
     // about to wait on, must be enqueued.
@@ -198,7 +229,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
       if (ffi::Error err = HostWait(*win, q, kStagedEnqueued, e, a.timeout_ms,
                                     inv->where);
           err.failure()) {
-        return fail(std::move(err));
+        return fail_drained(std::move(err));
       }
     }
   }
@@ -236,14 +267,18 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     }
     return backend.Record(inv, device, kPushQueue, inv->staged);
   };
-  if (ffi::Error err = copy_out(); err.failure()) return fail(std::move(err));
+  if (ffi::Error err = copy_out(); err.failure()) {
+    return fail_drained(std::move(err));
+  }
   auto consume = [&]() -> ffi::Error {
     FICCO_RETURN_IF_FAILED(each_landed(queue, "", gemm));
     // This rank's pushes read x, which XLA may reuse after this call.
     FICCO_RETURN_IF_FAILED(backend.WaitEvent(inv, device, queue, inv->staged));
     return PushRelease(backend, inv, device, queue);
   };
-  if (ffi::Error err = consume(); err.failure()) return fail(std::move(err));
+  if (ffi::Error err = consume(); err.failure()) {
+    return fail_drained(std::move(err));
+  }
   HostPublish(*win, kAllEnqueued, e);
   return inv;
 }
