@@ -20,13 +20,15 @@ TINY_OPS = ["--suite=ops", "--tiny", "--cases=128x256x256",
             "--iters=2", "--xla_overlap=on"]
 
 
-def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def bench(*args: str, timeout: float = 120,
+          check: bool = True) -> subprocess.CompletedProcess:
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   proc = subprocess.run([sys.executable, str(BENCH), *args], cwd="/tmp",
                         env=env, capture_output=True, text=True,
                         timeout=timeout)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  if check:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return proc
 
 
@@ -125,14 +127,40 @@ def test_moe_suite_times_and_checks_the_layer(tmp_path):
 def test_kernel_suite_times_the_grouped_matmul(tmp_path):
   bench("--suite=kernel", "--kernel_mode=grouped", "--tiny",
         "--moe_models=mixtral-8x7b", "--grouped_rows=256", "--axis_size=2",
-        "--grouped_blocks=128x128x64x4x1", "--rounds=2", "--iters=2",
-        f"--out_dir={tmp_path}")
+        "--grouped_blocks=128x128x64x4x1,ws-64x128-s4-e128-wm-gn4",
+        "--rounds=2", "--iters=2", f"--out_dir={tmp_path}")
   data = json.loads((tmp_path / "kernel_grouped.json").read_text())
   assert len(data["rows"]) == 2  # Both of the layer's matmuls.
   for row in data["rows"]:
-    for name in ("dense", "ragged_dot", "grouped/128x128x64x4x1"):
+    for name in ("dense", "ragged_dot", "grouped/128x128x64x4x1",
+                 "grouped/ws-64x128-s4-e128-wm-gn4"):
       t = row["times"][name]
       assert t["ok"] and t["median_ms"] > 0 and t["tflops"] > 0, (name, t)
+
+
+def test_kernel_suite_times_the_grouped_weight_gradient(tmp_path):
+  bench("--suite=kernel", "--kernel_mode=grouped_dw", "--tiny",
+        "--moe_models=mixtral-8x7b", "--grouped_rows=256", "--axis_size=2",
+        "--grouped_jitter=5", "--rounds=2", "--iters=2",
+        f"--out_dir={tmp_path}")
+  data = json.loads((tmp_path / "kernel_grouped_dw.json").read_text())
+  assert len(data["rows"]) == 2
+  for row in data["rows"]:
+    assert row["group_sizes"] == [69, 59, 69, 59]
+    for name in ("dense", "ragged_dot"):  # The kernel is GPU-only.
+      t = row["times"][name]
+      assert t["ok"] and t["median_ms"] > 0, (name, t)
+  assert "The weight gradient dw" in (
+      tmp_path / "kernel_grouped_dw.md").read_text()
+
+
+def test_kernel_suite_refuses_a_grouped_label_it_cannot_read(tmp_path):
+  proc = bench("--suite=kernel", "--kernel_mode=grouped", "--tiny",
+               "--moe_models=mixtral-8x7b", "--grouped_rows=256",
+               "--grouped_blocks=ws-64x128", f"--out_dir={tmp_path}",
+               check=False)
+  assert proc.returncode != 0
+  assert "--grouped_blocks: 'ws-64x128' is not" in proc.stderr
 
 
 def test_step_suite_runs_scanned_layers_forward_and_reports_throughput(

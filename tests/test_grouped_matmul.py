@@ -1,13 +1,17 @@
 """The MoE ops' grouped matmul (`grouped_matmul`): its tile table, the
 portable kernel on CPU, the Hopper kernel on GPUs, and its gradient."""
 
+import dataclasses
+
 import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ficco_jax._src.pallas import grouped_hopper
 from ficco_jax._src.pallas import grouped_matmul as gm
+from ficco_jax._src.pallas.config import ChunkMatmulConfig
 
 import util
 
@@ -67,8 +71,6 @@ def test_portable_kernel_matches_the_reference(rows, sizes, dtype):
 @pytest.mark.parametrize("on_gpu", [
     False, pytest.param(True, marks=pytest.mark.gpu)])
 def test_gradient_matches_ragged_dot(on_gpu):
-  if on_gpu and not util.on_gpu():
-    pytest.skip("needs a GPU")
   rng = np.random.default_rng(3)
   sizes = jnp.asarray([70, 0, 130, 37], jnp.int32)  # 237 of 300 rows.
   dtype = jnp.bfloat16
@@ -145,22 +147,26 @@ def test_block_is_validated(kw, match):
                       jnp.asarray([8], jnp.int32), block=(128, 128))
 
 
-@pytest.mark.parametrize("k, n, want", [
-    (4096, 14336, 4),  # mixtral-8x7b's up: N a multiple of 4 x 128.
-    (14336, 4096, 4),
-    (2048, 1408, 1),   # deepseek-v2-lite: N = 11 x 128 takes one block.
-    (1408, 2048, 4),
-    (2048, 768, 2),    # qwen3-30b-a3b: N = 3 x 256.
+@pytest.mark.parametrize("k, n, cta_n", [
+    (4096, 14336, 256),  # mixtral-8x7b's up.
+    (14336, 4096, 256),
+    (2048, 1408, 128),   # deepseek-v2-lite: N = 11 x 128.
+    (1408, 2048, 256),
+    (2048, 768, 256),    # qwen3-30b-a3b: N = 3 x 256.
 ])
-def test_choose_block_takes_the_widest_grid_that_fits(k, n, want):
+def test_choose_block_takes_ficco_kernel_with_the_widest_tile_that_fits(
+    k, n, cta_n):
   b = gm.choose_block(k, n, jnp.bfloat16)
-  assert b.grid_block_n == want
+  assert isinstance(b, ChunkMatmulConfig)
+  assert b.cta_tile_n == cta_n
   assert gm.mosaic_unfit(k, n, jnp.bfloat16, b) is None
+  assert grouped_hopper.smem_bytes(b, jnp.bfloat16, jnp.bfloat16) <= (
+      227 * 1024 - 1024)
 
 
 def test_choose_block_gives_a_width_no_tile_divides_the_smallest_tile():
   # Whose error then names the misfit.
-  assert gm.choose_block(4096, 100, jnp.bfloat16) == gm.BLOCK
+  assert gm.choose_block(4096, 100, jnp.bfloat16) == gm.HOPPER_CONFIGS[-1]
   assert "N=100 is not a multiple of 128" in gm.mosaic_unfit(
       4096, 100, jnp.bfloat16)
 
@@ -169,22 +175,161 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
     monkeypatch):
   # The GPU kernel stands in as a recorder (no GPU here): block=None picks
   # tiles per call, and the gradient's dx swaps K and N (1408 = 11 x 128
-  # takes one column block, 512 takes four).
-  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu  # pylint: disable=g-import-not-at-top
+  # takes the 128-column tile, 512 the 256-column one).
   seen = []
 
-  def fake(x, w, *, group_sizes, block_m, block_n, block_k,
-           max_concurrent_steps, grid_block_n):
-    del group_sizes, block_m, block_k, max_concurrent_steps
+  def fake(x, w, table, *, config, num_sms):
+    del table, num_sms
     k, n = w.shape[1:]
-    assert n % (block_n * grid_block_n) == 0, (n, block_n, grid_block_n)
-    seen.append((k, n, grid_block_n))
+    assert grouped_hopper.unfit(k, n, x.dtype, config) is None
+    seen.append((k, n, config.cta_tile_n))
     return jnp.einsum("mk,kn->mn", x, w[0])
 
-  monkeypatch.setattr(ragged_dot_mgpu, "ragged_dot", fake)
+  monkeypatch.setattr(grouped_hopper, "grouped_into", fake)
+  # dw goes to the transposed kernel (here a recorder too).
+  monkeypatch.setattr(gm, "mosaic_dw", lambda x, ct, sizes: seen.append(
+      ("dw", x.shape, ct.shape)) or jnp.zeros((1, 512, 1408), x.dtype))
   x = jnp.ones((8, 512), jnp.bfloat16)
   w = jnp.ones((1, 512, 1408), jnp.bfloat16)
   sizes = jnp.asarray([8], jnp.int32)
-  jax.grad(lambda x: gm.grouped_matmul(x, w, sizes, on_gpu=True).astype(
-      jnp.float32).sum())(x)
-  assert seen == [(512, 1408, 1), (1408, 512, 4)]
+  jax.grad(lambda x, w: gm.grouped_matmul(x, w, sizes, on_gpu=True).astype(
+      jnp.float32).sum(), argnums=(0, 1))(x, w)
+  assert seen == [(512, 1408, 128), (1408, 512, 256),
+                  ("dw", (8, 512), (8, 1408))]
+
+
+def _mosaic_gpu_interpret_params(monkeypatch):
+  """jax's Mosaic GPU interpreter (CPU), or skip where this jax lacks it."""
+  try:
+    # pylint: disable=g-import-not-at-top
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+  except ImportError:
+    pytest.skip("this jax has no Mosaic GPU interpret mode")
+  # As in test_pallas_chunk_matmul: operands without a memory space are in
+  # GMEM.
+  is_gmem = gpu_callbacks.is_gmem_memory_space
+  monkeypatch.setattr(gpu_callbacks, "is_gmem_memory_space",
+                      lambda space: space is None or is_gmem(space))
+  return InterpretGPUParams()
+
+
+@pytest.mark.parametrize("wg, minor, sizes", [
+    # Boundaries inside both warpgroups' rows, an empty group, dead tiles
+    # at the end (232 of 256 rows routed), a band width that does not
+    # divide the tiles.
+    ("m", "m", [37, 0, 150, 45]),
+    # Warpgroups side by side: every cut tile's rows go out from both; a
+    # one-row group (the ladder's smallest store).
+    ("n", "n", [1, 127, 0, 120]),
+])
+def test_hopper_grouped_kernel_in_mosaic_gpu_interpreter(monkeypatch, wg,
+                                                         minor, sizes):
+  # ficco's grouped Hopper kernel itself (warp-specialized TMA/wgmma
+  # pipeline, tiles from the table, the ladder of row stores) under jax's
+  # Mosaic GPU interpreter on CPU.
+  params = _mosaic_gpu_interpret_params(monkeypatch)
+  cfg = ChunkMatmulConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
+                          epi_tile_m=64, epi_tile_n=64, wg_dimension=wg,
+                          grid_minor_dim=minor, grid_tile_width=3)
+  rng = np.random.default_rng(11)
+  # Rows a multiple of the tiles: the interpreter refuses the reads past
+  # the end that TMA fills with zeros on a GPU (the GPU test has them).
+  m, k, n = 256, 128, 2 * cfg.cta_tile_n
+  x = util.rand(rng, (m, k), jnp.bfloat16)
+  w = (util.rand(rng, (len(sizes), k, n), np.float32) * k ** -0.5).astype(
+      jnp.bfloat16)
+  table = gm.tile_table(jnp.asarray(sizes, jnp.int32), m, cfg.cta_tile_m)
+  out = grouped_hopper.grouped_into(x, w, table, config=cfg, num_sms=3,
+                                    interpret_params=params)
+  routed = sum(sizes)
+  ref = _reference(x, w, sizes)
+  assert util.rel_err(np.asarray(out, np.float64)[:routed],
+                      ref[:routed]) < util.tol(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("what, kw, match", [
+    ("f32", dict(dtype=np.float32), "operands are float32"),
+    ("k", dict(k=96), "K=96 is not a multiple of 64"),
+    ("n", dict(n=384), "N=384 is not a multiple of 256"),
+    ("rows", dict(m=20), "x has 20 rows; .* multiple of 8"),
+    ("smem", dict(config=ChunkMatmulConfig(tile_m=128, tile_n=256,
+                                           epi_tile_m=128, epi_tile_n=256)),
+     "bytes of shared memory"),
+])
+def test_hopper_grouped_kernel_rejects_what_it_cannot_run(what, kw, match):
+  del what
+  m, k, n = kw.get("m", 64), kw.get("k", 128), kw.get("n", 512)
+  dtype = kw.get("dtype", jnp.bfloat16)
+  x = jnp.zeros((m, k), dtype)
+  w = jnp.zeros((2, k, n), dtype)
+  table = gm.tile_table(jnp.asarray([10, 20], jnp.int32), m, 128)
+  with pytest.raises(ValueError, match=match):
+    grouped_hopper.grouped_into(x, w, table, config=kw.get("config"),
+                                num_sms=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [
+    gm.HOPPER_CONFIGS[0], gm.HOPPER_CONFIGS[1],
+    dataclasses.replace(gm.HOPPER_CONFIGS[0], grid_minor_dim="n",
+                        grid_tile_width=5),
+    gm.Block(grid_block_n=2)],
+    ids=lambda b: getattr(b, "cta_tile_n", None) and
+    f"ws{b.cta_tile_m}x{b.cta_tile_n}{b.grid_minor_dim}" or "jax")
+def test_gpu_grouped_kernels_on_random_routing(block):
+  # Compiled on the GPU: random group sizes (an empty group, boundaries
+  # anywhere), rows not a multiple of 8 and unrouted rows at the end, more
+  # tiles than SMs, many pipeline steps (K = 1984 = 31 x 64).
+  rng = np.random.default_rng(17)
+  m, k, n, g = 3001, 1984, 1024, 6
+  cuts = np.sort(rng.integers(0, 2900, g - 1))
+  sizes = np.diff(np.concatenate([[0], cuts, [2900]])).astype(np.int32)
+  sizes[2] = 0
+  sizes[3] += int(np.diff(np.concatenate([[0], cuts, [2900]]))[2])
+  x = jnp.asarray(util.rand(rng, (m, k), jnp.bfloat16))
+  w = (util.rand(rng, (g, k, n), np.float32) * k ** -0.5).astype(
+      jnp.bfloat16)
+  x = x.at[2900:].set(jnp.nan)  # Unrouted: never read into a routed row.
+  out = jax.jit(lambda x, w: gm.grouped_matmul(
+      x, w, jnp.asarray(sizes), block=block))(x, w)
+  got = np.asarray(out, np.float64)
+  assert util.rel_err(got[:2900], _reference(x[:2900], w, sizes)[:2900]) < (
+      util.tol(jnp.bfloat16))
+  assert not got[2900:].any()
+
+
+@pytest.mark.gpu
+def test_gpu_weight_gradient_kernel_on_random_routing():
+  # jax's transposed grouped kernel as the gradient runs it: random group
+  # boundaries (inside its 64-row steps), an empty group (whose tiles the
+  # kernel leaves unwritten: they must read 0), unrouted rows at the end.
+  rng = np.random.default_rng(23)
+  m, k, n, g = 1500, 384, 640, 5
+  sizes = np.asarray([301, 0, 555, 97, 400], np.int32)  # 1353 rows.
+  x = jnp.asarray(util.rand(rng, (m, k), jnp.bfloat16))
+  ct = jnp.asarray(util.rand(rng, (m, n), jnp.bfloat16))
+  ct = gm.zero_past_groups(ct, jnp.asarray(sizes))
+  assert gm.dw_unfit(k, n, x.dtype, x.dtype) is None
+  got = np.asarray(jax.jit(gm.mosaic_dw)(x, ct, jnp.asarray(sizes)),
+                   np.float64)
+  xs, cs = np.asarray(x, np.float64), np.asarray(ct, np.float64)
+  start = 0
+  for i, c in enumerate(sizes):
+    want = xs[start:start + c].T @ cs[start:start + c]
+    if c:
+      assert util.rel_err(got[i], want) < util.tol(jnp.bfloat16), i
+    else:
+      assert not got[i].any()
+    start += c
+
+
+@pytest.mark.parametrize("k, n, dtype, w_dtype, match", [
+    (256, 128, np.float32, np.float32, "operands are float32"),
+    (256, 128, jnp.bfloat16, np.float32, "w is float32, the rows bfloat16"),
+    (192, 128, jnp.bfloat16, jnp.bfloat16, "K=192 is not a multiple of 128"),
+    (256, 64, jnp.bfloat16, jnp.bfloat16, "N=64 is not a multiple of 128"),
+])
+def test_weight_gradient_kernel_says_what_it_cannot_run(k, n, dtype,
+                                                        w_dtype, match):
+  assert match in gm.dw_unfit(k, n, dtype, w_dtype)

@@ -20,9 +20,16 @@ rows): XLA's dot of all rows, W launches of one piece each, one launch of
 all pieces, and one flagged launch (bumping a completion flag per piece, as
 the flagged granularity does); interleaved.
 
+``--kernel_mode=grouped_dw``: the same shapes' weight gradient (dw of
+each group from its rows of x and of the cotangent): XLA's dense einsum
+over equal slots, XLA's transpose of ``ragged_dot`` (what the op ran before
+the GPU kernel) and jax's transposed grouped kernel, chosen and under each
+``--grouped_blocks`` tile of jax's kind.
+
 ``--kernel_mode=grouped``: the MoE ops' grouped matmul per
 ``shapes.json`` ``moe_models`` model, cut for W devices (E/W local experts),
-``--grouped_rows`` rows split evenly over them, both of the layer's matmuls
+``--grouped_rows`` rows split evenly over them (``--grouped_jitter`` moves
+the boundaries off the tiles), both of the layer's matmuls
 (``d -> f``, ``f -> d``): XLA's dense batched einsum over equal slots (the
 dense-slot baseline with nothing padded), ``lax.ragged_dot``, and the
 grouped kernel under each ``--grouped_blocks`` tile config; interleaved,
@@ -45,18 +52,29 @@ from lib import results
 from lib import timing
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("kernel_mode", "chunks", ["chunks", "pieces", "grouped"],
+flags.DEFINE_enum("kernel_mode", "chunks",
+                  ["chunks", "pieces", "grouped", "grouped_dw"],
                   "kernel: chunk kernel vs XLA, the reduce-scatter's"
-                  " one-launch and flagged kernels, or the MoE grouped"
-                  " matmul.")
+                  " one-launch and flagged kernels, the MoE grouped"
+                  " matmul, or its weight gradient.")
 flags.DEFINE_integer("grouped_rows", 8192, "kernel: grouped mode's rows.")
-flags.DEFINE_list("grouped_blocks", ["128x128x64x4x1", "128x128x64x4x2",
-                                     "128x128x64x4x4", "128x128x64x4x8",
-                                     "128x128x64x3x4", "128x128x64x5x4",
-                                     "64x256x64x4x1", "64x256x64x4x2",
-                                     "128x192x64x4x1"],
-                  "kernel: grouped mode's tile configs, block_m x block_n x"
-                  " block_k x max_concurrent_steps x grid_block_n.")
+flags.DEFINE_integer("grouped_jitter", 0,
+                     "kernel: grouped mode's groups alternate between"
+                     " slot + J and slot - J rows (same total), so that"
+                     " group boundaries cut the kernels' row tiles as real"
+                     " routing does; the dense baseline keeps equal slots.")
+flags.DEFINE_list("grouped_blocks", ["ws-64x256-s3-e256-wm-gm8",
+                                     "ws-64x256-s4-e128-wm-gm8",
+                                     "ws-64x256-s3-e256-wm-gn8",
+                                     "ws-64x256-s3-e256-wm-gm16",
+                                     "ws-128x128-s3-e128-wm-gm8",
+                                     "ws-64x128-s4-e128-wm-gm8",
+                                     "128x128x64x4x4"],
+                  "kernel: grouped mode's tile configs: ficco's kernel as"
+                  " ws-<tile_m>x<tile_n>-s<stages>-e<epilogue columns>-w"
+                  "<warpgroup split m|n>-g<walk's minor dim m|n><band"
+                  " width>, jax's as block_m x block_n x block_k x"
+                  " max_concurrent_steps x grid_block_n.")
 flags.DEFINE_list("mcs", ["512", "1024", "2048", "4096"],
                   "kernel: chunk rows mc.")
 flags.DEFINE_list("num_sms", ["132", "112", "96"], "kernel: num_sms values.")
@@ -236,14 +254,124 @@ def run_pieces(rec, cm, w: int) -> None:
     rec.save()
 
 
-def run_grouped(rec, w: int) -> None:
-  """The MoE grouped matmul against XLA's dense einsum and ragged_dot."""
+def parse_grouped_label(label: str):
+  """A ``--grouped_blocks`` label as the tiles `grouped_matmul` takes."""
+  gm = internal.grouped_matmul()
+  if label.startswith("ws-"):
+    import re
+    got = re.fullmatch(
+        r"ws-(\d+)x(\d+)-s(\d+)-e(\d+)-w([mn])-g([mn])(\d+)", label)
+    if got is None:
+      raise ValueError(f"--grouped_blocks: {label!r} is not"
+                       " ws-<tm>x<tn>-s<stages>-e<cols>-w<m|n>-g<m|n><width>.")
+    tm, tn, steps, epi = map(int, got.group(1, 2, 3, 4))
+    return internal.chunk_matmul().ChunkMatmulConfig(
+        tile_m=tm, tile_n=tn, max_concurrent_steps=steps, epi_tile_m=tm,
+        epi_tile_n=epi, wg_dimension=got.group(5),
+        grid_minor_dim=got.group(6), grid_tile_width=int(got.group(7)))
+  bm, bn, bk, steps, gbn = map(int, label.split("x"))
+  return gm.Block(block_m=bm, block_n=bn, block_k=bk,
+                  max_concurrent_steps=steps, grid_block_n=gbn)
+
+
+def grouped_label(block) -> str:
+  """`parse_grouped_label`'s label of ``block``."""
   import dataclasses
-  import json
+  if isinstance(block, internal.grouped_matmul().Block):
+    return "x".join(str(v) for v in dataclasses.astuple(block))
+  return (f"ws-{block.tile_m}x{block.tile_n}-s{block.max_concurrent_steps}"
+          f"-e{block.epi_tile_n}-w{block.wg_dimension}"
+          f"-g{block.grid_minor_dim}{block.grid_tile_width}")
+
+
+def _grouped_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
+  """The forward pass: (input sets, references by program name (None: the
+  others'), programs) for ``x [rows, k]`` in groups ``sizes`` times
+  ``w [e, k, n]``."""
   import jax
   import jax.numpy as jnp
   from jax import lax
+  rows = e * slot
+  sets = [(jax.random.normal(keys[i], (rows, k), jnp.bfloat16),
+           jax.random.normal(keys[2 + i], (e, k, n), jnp.bfloat16)
+           / k ** 0.5) for i in range(2)]
+  f32 = [a.astype(jnp.float32) for a in sets[0]]
+  # The dense baseline's slots are equal whatever the jitter.
+  refs = {None: lax.ragged_dot(*f32, sizes),
+          "dense": lax.ragged_dot(*f32, jnp.full((e,), slot, jnp.int32))}
+  programs = {
+      "dense": lambda x, wt: jnp.einsum(
+          "erk,ekn->ern", x.reshape(e, slot, k), wt).reshape(rows, n),
+      "ragged_dot": lambda x, wt: lax.ragged_dot(x, wt, sizes),
+  }
+  # What the MoE ops run: the library's choice (grouped_matmul.
+  # choose_block), then each swept tile that suits the shape.
+  chosen = gm.choose_block(k, n, jnp.bfloat16)
+  programs[f"grouped (chosen: {grouped_label(chosen)})"] = (
+      lambda x, wt: gm.grouped_matmul(x, wt, sizes))
+  for label, block in blocks.items():
+    # Off GPUs the portable kernel runs whatever the tiles.
+    why = gm.mosaic_unfit(k, n, jnp.bfloat16, block)
+    if why is not None and jax.default_backend() == "gpu":
+      skip(label, why)
+      continue
+    programs[f"grouped/{label}"] = (
+        lambda x, wt, block=block: gm.grouped_matmul(x, wt, sizes,
+                                                     block=block))
+  return sets, refs, programs
+
+
+def _grouped_dw_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
+  """The weight gradient: ``dw [e, k, n]`` of x ``[rows, k]`` and the
+  cotangent ``[rows, n]`` (as `_grouped_programs`)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  rows = e * slot
+  sets = [(jax.random.normal(keys[i], (rows, k), jnp.bfloat16),
+           jax.random.normal(keys[2 + i], (rows, n), jnp.bfloat16))
+          for i in range(2)]
+
+  def xla(x, ct, sizes=sizes):  # What the op runs off the kernel.
+    w0 = jnp.zeros((e, k, n), jnp.float32)
+    _, vjp = jax.vjp(lambda w: lax.ragged_dot(
+        x, w, sizes, preferred_element_type=jnp.float32), w0)
+    return vjp(ct.astype(jnp.float32))[0].astype(x.dtype)
+
+  f32 = [a.astype(jnp.float32) for a in sets[0]]
+  refs = {None: xla(*f32), "dense": xla(*f32, jnp.full((e,), slot,
+                                                        jnp.int32))}
+  programs = {
+      "dense": lambda x, ct: jnp.einsum(
+          "erk,ern->ekn", x.reshape(e, slot, k), ct.reshape(e, slot, n)),
+      "ragged_dot": xla,
+      "dw (chosen: " + grouped_label(
+          gm.choose_dw_block(k, n, jnp.bfloat16)) + ")": (
+              lambda x, ct: gm.mosaic_dw(x, ct, sizes)),
+  }
+  if jax.default_backend() != "gpu":
+    return sets, refs, {n_: p for n_, p in programs.items()
+                        if not n_.startswith("dw")}
+  for label, block in blocks.items():
+    why = (gm.dw_unfit(k, n, jnp.bfloat16, jnp.bfloat16, block)
+           if isinstance(block, gm.Block) else "not a dw tile")
+    if why is not None:
+      skip(label, why)
+      continue
+    programs[f"dw/{label}"] = (
+        lambda x, ct, block=block: gm.mosaic_dw(x, ct, sizes, block))
+  return sets, refs, programs
+
+
+def run_grouped(rec, w: int, dw: bool = False) -> None:
+  """The MoE grouped matmul (or, ``dw``, its weight gradient) against
+  XLA's dense einsum and ragged_dot."""
+  import json
+  import jax
+  import jax.numpy as jnp
   gm = internal.grouped_matmul()
+  blocks = {label: parse_grouped_label(label)
+            for label in FLAGS.grouped_blocks}  # Bad labels fail first.
   with open(FLAGS.shapes) as f:
     models = json.load(f)["moe_models"]
   tk = options.timing_kwargs()
@@ -255,47 +383,28 @@ def run_grouped(rec, w: int) -> None:
       h, f_ = cases_lib.tiny_dim(h), cases_lib.tiny_dim(f_)
     rows = FLAGS.grouped_rows // e * e
     slot = rows // e
-    sizes = jnp.full((e,), slot, jnp.int32)
+    jitter = [FLAGS.grouped_jitter * (-1) ** i for i in range(e)]
+    jitter[-1] -= sum(jitter)  # The same rows in all.
+    if not 0 <= FLAGS.grouped_jitter <= slot // 2:
+      raise ValueError(f"--grouped_jitter={FLAGS.grouped_jitter} must be in"
+                       f" [0, {slot // 2}] ({model}: {slot} rows per group).")
+    sizes = jnp.asarray([slot + j for j in jitter], jnp.int32)
     for k, n in ((h, f_), (f_, h)):
       what = f"{model} E_l={e} rows={rows} K={k} N={n}"
       if rec.over_budget():
         rec.skip(what, "time budget")
         continue
       keys = jax.random.split(jax.random.key(k + n), 4)
-      sets = [(jax.random.normal(keys[i], (rows, k), jnp.bfloat16),
-               jax.random.normal(keys[2 + i], (e, k, n), jnp.bfloat16)
-               / k ** 0.5) for i in range(2)]
-      ref = lax.ragged_dot(sets[0][0].astype(jnp.float32),
-                           sets[0][1].astype(jnp.float32), sizes)
-      programs = {
-          "dense": lambda x, wt: jnp.einsum(
-              "erk,ekn->ern", x.reshape(e, slot, k), wt).reshape(rows, n),
-          "ragged_dot": lambda x, wt: lax.ragged_dot(x, wt, sizes),
-      }
-      # What the MoE ops run: the library's choice (grouped_matmul.
-      # choose_block), then each swept tile that suits the shape.
-      chosen = gm.choose_block(k, n, jnp.bfloat16)
-      programs["grouped (chosen: " + "x".join(
-          str(v) for v in dataclasses.astuple(chosen)) + ")"] = (
-              lambda x, wt: gm.grouped_matmul(x, wt, sizes))
-      for label in FLAGS.grouped_blocks:
-        bm, bn, bk, steps, gbn = map(int, label.split("x"))
-        block = gm.Block(block_m=bm, block_n=bn, block_k=bk,
-                         max_concurrent_steps=steps, grid_block_n=gbn)
-        # Off GPUs the portable kernel runs whatever the tiles.
-        why = gm.mosaic_unfit(k, n, jnp.bfloat16, block)
-        if why is not None and jax.default_backend() == "gpu":
-          rec.skip(f"{what} grouped/{label}", why)
-          continue
-        programs[f"grouped/{label}"] = (
-            lambda x, wt, block=block: gm.grouped_matmul(x, wt, sizes,
-                                                         block=block))
+      build = _grouped_dw_programs if dw else _grouped_programs
+      sets, refs, programs = build(gm, blocks, keys, e, slot, sizes, k, n,
+                                   skip=lambda label, why: rec.skip(
+                                       f"{what} grouped/{label}", why))
       row = {"model": model, "E_l": e, "rows": rows, "K": k, "N": n,
-             "times": {}}
+             "group_sizes": [int(v) for v in sizes], "times": {}}
       flops = 2.0 * rows * k * n
       with timing.interleaved():
         for name, fn in programs.items():
-          def timed(fn=fn):
+          def timed(fn=fn, ref=refs.get(name, refs[None])):
             fn = jax.jit(fn)
             got = fn(*sets[0]).astype(jnp.float32)
             rel = float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref))
@@ -323,8 +432,8 @@ def run() -> int:
   rec = results.Recorder(f"kernel_{FLAGS.kernel_mode}",
                          results.out_dir(meta["device_kind"], 1), data,
                          markdown)
-  if FLAGS.kernel_mode == "grouped":
-    run_grouped(rec, w)
+  if FLAGS.kernel_mode in ("grouped", "grouped_dw"):
+    run_grouped(rec, w, dw=FLAGS.kernel_mode == "grouped_dw")
   else:
     cm = internal.chunk_matmul()
     (run_chunks if FLAGS.kernel_mode == "chunks" else run_pieces)(rec, cm, w)
@@ -333,8 +442,11 @@ def run() -> int:
 
 
 def markdown(data: dict) -> str:
-  lines = [f"# Pallas chunk kernel vs XLA ({data['mode']}, shapes cut for"
-           f" W={data['axis_size']})", ""]
+  what = {"grouped": "MoE grouped matmul",
+          "grouped_dw": "MoE grouped matmul's weight gradient"}.get(
+              data["mode"], f"Pallas chunk kernel ({data['mode']})")
+  lines = [f"# {what} vs XLA, one GPU, shapes cut for W={data['axis_size']}",
+           ""]
   lines += report.provenance(data["meta"]) + [""]
   if data["mode"] == "chunks":
     lines += ["Per chunk: median us (min), TFLOP/s, and speed against XLA's"
@@ -356,9 +468,12 @@ def markdown(data: dict) -> str:
     lines += report.table(["model", "op", "mc", "K", "n", "program",
                            "us (min)", "TFLOP/s", "vs dot", "vs dot+DUS",
                            "check"], rows)
-  elif data["mode"] == "grouped":
+  elif data["mode"] in ("grouped", "grouped_dw"):
     lines += ["Per call: median ms (min), TFLOP/s, speed against the dense"
-              " einsum (> 1: faster), relative error against f32.", ""]
+              " einsum (> 1: faster), relative error against f32."
+              + (" The weight gradient dw [E_l, K, N] of x [rows, K] and"
+                 " the cotangent [rows, N]." if data["mode"] == "grouped_dw"
+                 else ""), ""]
     rows = []
     for r in data["rows"]:
       for name, t in r["times"].items():

@@ -64,6 +64,7 @@ def _renderers(folder: str):
       ("kernel_chunks", kernel.markdown),
       ("kernel_pieces", kernel.markdown),
       ("kernel_grouped", kernel.markdown),
+      ("kernel_grouped_dw", kernel.markdown),
       ("characterize", _characterize_md),
       ("heuristic", heuristic_report.markdown),
       ("autotune", autotune.markdown),

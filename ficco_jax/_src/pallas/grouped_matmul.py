@@ -6,20 +6,27 @@ matrix and masks (measured on H200: a grouped matmul of E_l groups costs
 about E_l times its flops), so the MoE layer's experts dominate the step.
 A grouped kernel multiplies each row once.
 
-Two kernels, one contract (rows past ``sum(group_sizes)`` are 0):
+Three kernels, one contract (rows past ``sum(group_sizes)`` are 0):
 
-* GPUs: jax's Mosaic GPU grouped matmul
-  (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu``, Hopper wgmma + TMA),
-  called as shipped with jax; bf16/f16 operands, K and N multiples of
-  `BLOCK`'s tile, rows padded here to a multiple of 8 (its TMA tiling).
-  Its rows past the groups are left unwritten, so they are masked here.
+* GPUs: ficco's warp-specialized Hopper kernel (`grouped_hopper`, one TMA
+  warpgroup and two wgmma warpgroups per CTA, tiles read from `tile_table`)
+  with a `ChunkMatmulConfig`, the default where it fits; or jax's Mosaic
+  GPU grouped matmul (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu``,
+  one warpgroup per CTA), called as shipped with jax, with a `Block`.
+  Both take bf16/f16 operands, K and N multiples of their tiles, rows
+  padded here to a multiple of 8 (their TMA tiling). Their rows past the
+  groups are left unwritten, so they are masked here.
 * Off GPUs: the portable kernel below, a ``pl.pallas_call`` under
   ``interpret=True``: one program per (row tile, column block) of the
   groups' tiles, read from a tile table computed in XLA
   (`tile_table`), so the grouping logic is tested on CPU.
 
-The gradient: ``dx`` is the same kernel on ``w`` transposed; ``dw`` is
-XLA's transpose of ``ragged_dot`` (not on a kernel yet).
+The gradient: ``dx`` is the same kernel on ``w`` transposed; ``dw`` on GPUs
+is jax's transposed grouped matmul (``transposed_ragged_dot_mgpu``: per
+group, its rows of x transposed times its rows of the cotangent) where it
+fits (`dw_unfit`), else XLA's transpose of ``ragged_dot``, which, like
+``ragged_dot`` itself, costs about as many times the flops as there are
+groups on XLA:GPU.
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ficco_jax._src import vma
+from ficco_jax._src.pallas import grouped_hopper
 from ficco_jax._src.pallas import out_types
 from ficco_jax._src.pallas import portable
+from ficco_jax._src.pallas.config import ChunkMatmulConfig
 from ficco_jax._src.pallas.config import MGPU_DTYPES
 
 
@@ -61,22 +70,41 @@ class Block:
 
 
 BLOCK = Block()
-# The tiles `choose_block` tries, first fitting wins. Measured on H200
-# (``--suite=kernel --kernel_mode=grouped``, benchmarks/results/
-# nvidia_h200_w2/kernel_grouped.json): four column blocks per grid step
-# (grid_block_n=4) took 10-12% less time than one on the mixtral widths,
-# two took 12% less at qwen3-30b-a3b's N = 768; `BLOCK` takes every width
-# that is a multiple of 128.
-BLOCKS = (Block(grid_block_n=4), Block(grid_block_n=2), BLOCK)
+# ficco's kernel's tiles, the ones `choose_block` tries (first fitting
+# wins): its default 128x256 CTA tile, then 128x128 for widths that are not
+# a multiple of 256 (deepseek-v2-lite's 1408). Together they take every
+# shape jax's kernel takes (K a multiple of 64, N of 128), and on an H200
+# they ran 1.07-1.47x as fast as jax's best tiles on the balanced benchmark
+# shapes (``--suite=kernel --kernel_mode=grouped``, benchmarks/results/
+# nvidia_h200_w1/kernel_grouped.json), so jax's kernel runs only when a
+# `Block` is asked for.
+HOPPER_CONFIGS = (
+    grouped_hopper.DEFAULT_CONFIG,
+    dataclasses.replace(grouped_hopper.DEFAULT_CONFIG, tile_n=128),
+)
+# The weight gradient's kernel's tiles (jax's transposed_ragged_dot_mgpu),
+# first fitting wins: 128x128 tiles of dw[g], 64 rows of the group per
+# step, two column blocks per grid step where N allows (on an H200 as fast
+# or up to 25% faster than one on the MoE benchmark shapes, ``--suite=kernel
+# --kernel_mode=grouped_dw``), else one.
+DW_BLOCKS = (Block(block_m=128, block_n=128, block_k=64,
+                   max_concurrent_steps=4, grid_block_n=2),
+             Block(block_m=128, block_n=128, block_k=64,
+                   max_concurrent_steps=4, grid_block_n=1))
 # The portable kernel's row tile: small, so the tests' few rows still span
 # several tiles and group boundaries inside them.
 PORTABLE_BLOCK_M = 8
 
 
-def mosaic_unfit(k: int, n: int, dtype, block: Block = BLOCK) -> str | None:
+def mosaic_unfit(k: int, n: int, dtype,
+                 block: Block | ChunkMatmulConfig = HOPPER_CONFIGS[-1]
+                 ) -> str | None:
   """Why ``[., k] @ [k, n]`` in ``dtype`` does not suit the GPU kernel with
-  ``block``'s tiles, or None (the forward pass needs it for (K, N), the
-  gradient for (N, K))."""
+  ``block``'s tiles (a `ChunkMatmulConfig`: ficco's kernel; a `Block`:
+  jax's), or None (the forward pass needs it for (K, N), the gradient for
+  (N, K))."""
+  if isinstance(block, ChunkMatmulConfig):
+    return grouped_hopper.unfit(k, n, dtype, block)
   if jnp.dtype(dtype) not in MGPU_DTYPES:
     return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
   for name, v, tile in (("K", k, block.block_k),
@@ -86,13 +114,56 @@ def mosaic_unfit(k: int, n: int, dtype, block: Block = BLOCK) -> str | None:
   return None
 
 
-def choose_block(k: int, n: int, dtype) -> Block:
-  """The first of `BLOCKS` that suits ``[., k] @ [k, n]`` (`mosaic_unfit`),
-  else `BLOCK` (whose error then names the misfit)."""
-  for b in BLOCKS:
+def choose_block(k: int, n: int, dtype) -> ChunkMatmulConfig:
+  """The first of `HOPPER_CONFIGS` that suits ``[., k] @ [k, n]``
+  (`mosaic_unfit`), else the last (whose error then names the misfit)."""
+  for b in HOPPER_CONFIGS:
     if mosaic_unfit(k, n, dtype, b) is None:
       return b
-  return BLOCK
+  return HOPPER_CONFIGS[-1]
+
+
+def dw_unfit(k: int, n: int, dtype, w_dtype,
+             block: Block = DW_BLOCKS[-1]) -> str | None:
+  """Why the weight gradient ``dw [G, k, n]`` of bf16/f16 rows cannot run
+  on the GPU kernel with ``block``, or None."""
+  if jnp.dtype(dtype) not in MGPU_DTYPES:
+    return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
+  if jnp.dtype(w_dtype) != jnp.dtype(dtype):
+    # The kernel's dw is in the operands' dtype.
+    return f"w is {jnp.dtype(w_dtype)}, the rows {jnp.dtype(dtype)}"
+  for name, v, tile in (("K", k, block.block_m),
+                        ("N", n, block.block_n * block.grid_block_n)):
+    if v % tile:
+      return f"{name}={v} is not a multiple of {tile}"
+  return None
+
+
+def choose_dw_block(k: int, n: int, dtype) -> Block:
+  """The first of `DW_BLOCKS` that suits ``dw [., k, n]`` (`dw_unfit`), else
+  the last (whose error then names the misfit)."""
+  for b in DW_BLOCKS:
+    if dw_unfit(k, n, dtype, dtype, b) is None:
+      return b
+  return DW_BLOCKS[-1]
+
+
+def mosaic_dw(x: jax.Array, ct: jax.Array, group_sizes: jax.Array,
+              block: Block | None = None) -> jax.Array:
+  """``[G, K, N]``: per group g, ``x[rows of g].T @ ct[rows of g]`` on jax's
+  transposed grouped matmul (GPU; `dw_unfit` must be None; ``block`` None:
+  `choose_dw_block`)."""
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
+  block = block or choose_dw_block(x.shape[1], ct.shape[1], x.dtype)
+  # Its TMA tiles the rows it steps over: a whole number of steps (the pad
+  # rows are past every group, so nothing multiplies them).
+  pad = ((0, -x.shape[0] % block.block_k), (0, 0))
+  dw = transposed_ragged_dot_mgpu.transposed_ragged_dot(
+      jnp.pad(x, pad), jnp.pad(ct.astype(x.dtype), pad),
+      group_sizes=group_sizes.astype(jnp.int32), **dataclasses.asdict(block))
+  # The kernel skips empty groups and leaves their tiles unwritten.
+  return jnp.where((group_sizes > 0)[:, None, None], dw, jnp.zeros((), dw.dtype))
 
 
 def tile_table(group_sizes: jax.Array, rows: int, block_m: int) -> jax.Array:
@@ -114,7 +185,11 @@ def tile_table(group_sizes: jax.Array, rows: int, block_m: int) -> jax.Array:
   before = jnp.cumsum(count) - count  # Tiles of earlier groups.
   tiles = -(-rows // block_m) + g - 1
   t = jnp.arange(tiles, dtype=jnp.int32)
-  grp = jnp.clip(jnp.searchsorted(before + count, t, side="right"), 0, g - 1)
+  # compare_all: one fused compare of tiles x groups, where the default
+  # binary search is a loop of small kernels on GPUs, which the grouped
+  # Hopper kernel would wait for on every call.
+  grp = jnp.clip(jnp.searchsorted(before + count, t, side="right",
+                                  method="compare_all"), 0, g - 1)
   live = t < (before + count)[-1]
   block = first[grp] + (t - before[grp])
   row = block * block_m
@@ -187,12 +262,18 @@ def _mosaic(x, w, group_sizes, out_dtype, block):
     raise ValueError(f"compute='pallas': the grouped matmul's GPU kernel"
                      f" cannot run x {tuple(x.shape)} @ w {tuple(w.shape)}:"
                      f" {why}. Use Schedule(compute='xla').")
-  # pylint: disable-next=g-import-not-at-top
-  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
-  # Its TMA transfers tile the rows by 8: pad them to a multiple (the pad
+  # Their TMA transfers tile the rows by 8: pad them to a multiple (the pad
   # rows are past every group, so nothing multiplies them).
   m = x.shape[0]
   x = jnp.pad(x, ((0, -m % 8), (0, 0)))
+  if isinstance(block, ChunkMatmulConfig):
+    # pylint: disable-next=g-import-not-at-top
+    from ficco_jax._src.pallas import hopper
+    table = tile_table(group_sizes, x.shape[0], block.cta_tile_m)
+    return grouped_hopper.grouped_into(
+        x, w, table, config=block, num_sms=hopper.device_num_sms())[:m]
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
   return ragged_dot_mgpu.ragged_dot(
       x, w.astype(x.dtype), group_sizes=group_sizes.astype(jnp.int32),
       **dataclasses.asdict(block))[:m]
@@ -232,6 +313,12 @@ def _grouped_bwd(out_dtype, on_gpu, block, res, ct):
   # w, since the kernel's transposed-operand form is not in every jax).
   dx = _impl(ct.astype(x.dtype), jnp.swapaxes(w, 1, 2).astype(x.dtype),
              group_sizes, x.dtype, on_gpu, block)
+  if on_gpu and dw_unfit(x.shape[1], w.shape[2], x.dtype, w.dtype) is None:
+    # (The smallest of DW_BLOCKS: choose_dw_block takes a wider one where
+    # it fits.)
+    # On the GPU path the result, and so ct, is in the operands' dtype: the
+    # kernel rounds nothing the XLA path below would keep.
+    return dx, mosaic_dw(x, ct, group_sizes).astype(w.dtype), None
   # dw from the unrounded cotangent, in f32.
   _, vjp_w = jax.vjp(
       lambda w: lax.ragged_dot(x, w, group_sizes,
@@ -257,7 +344,8 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
     out_dtype: the result's dtype (default ``x``'s).
     on_gpu: the Mosaic GPU kernel (True) or the portable one under the
       interpreter (False); None: by ``jax.default_backend()``.
-    block: the GPU kernel's tiles (None: `choose_block` per matmul, the
+    block: the GPU kernel and its tiles: a `ChunkMatmulConfig` runs
+      ficco's kernel, a `Block` jax's (None: `choose_block` per matmul, the
       gradient's included; the ``kernel`` suite's ``--kernel_mode=grouped``
       times others).
 
@@ -280,6 +368,7 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
   if on_gpu is None:
     on_gpu = jax.default_backend() == "gpu"
   out_dtype = jnp.dtype(out_dtype or x.dtype)
-  if block is not None and not isinstance(block, Block):
-    raise TypeError(f"block must be a grouped_matmul.Block, got {block!r}.")
+  if block is not None and not isinstance(block, (Block, ChunkMatmulConfig)):
+    raise TypeError(f"block must be a grouped_matmul.Block or a"
+                    f" ChunkMatmulConfig, got {block!r}.")
   return _grouped(x, w, group_sizes, out_dtype, bool(on_gpu), block)

@@ -44,7 +44,9 @@ from ficco_jax._src.pallas.config import padded_k
 from ficco_jax._src.pallas.offsets import ByRank
 
 
-def _device_num_sms() -> int:
+def device_num_sms() -> int:
+  """SMs of the device being traced for: the abstract mesh's, else the
+  first device's (1 where it reports none)."""
   try:
     abstract_device = jax.sharding.get_abstract_mesh().abstract_device
     if abstract_device is not None:
@@ -336,7 +338,7 @@ def mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
     raise TypeError(
         f"x.dtype={x.dtype}: the Hopper kernel takes bfloat16 or float16"
         " operands (wgmma from shared memory); use compute='xla' for float32.")
-  device_sms = _device_num_sms()
+  device_sms = device_num_sms()
   sms = min(num_sms, device_sms) if num_sms is not None else device_sms
   if mosaic_interpret and num_sms is not None:
     # The interpreter simulates as many SMs as asked for; the CPU device

@@ -68,8 +68,8 @@ def kernel_unfit(*, w_shape, dtype, w_dtype=None, out_dtype=None,
             f" in the operands' dtype, {dtype}")
   if precision is not None:
     return f"precision={precision!r} applies to XLA's ragged_dot"
-  b = grouped_matmul.BLOCK
-  step = math.lcm(b.block_k, b.block_n * b.grid_block_n)
+  b = grouped_matmul.HOPPER_CONFIGS[-1]  # The kernel's smallest tiles.
+  step = math.lcm(b.tile_k, b.cta_tile_n)
   for name, v in (("d", w_shape[1]), ("f", w_shape[2])):
     if v % step:
       return (f"{name}={v} (w {tuple(w_shape)}) is not a multiple of"

@@ -1,0 +1,251 @@
+"""The warp-specialized Hopper grouped matmul (Mosaic GPU: wgmma + TMA).
+
+``x [M, K]`` rows in consecutive groups, group g times ``w[g] [K, N]``: the
+experts' compute of the MoE ops on H100/H200.
+
+Why a kernel of our own beside jax's ``ragged_dot_mgpu``: that kernel runs
+one warpgroup per CTA that both issues the TMA loads and waits on each
+``wgmma``, so the tensor cores idle between steps; on an H200 it reached
+83-93% of cuBLAS's dense batched matmul on the MoE benchmark shapes (the
+``kernel`` suite, ``--kernel_mode=grouped``). This kernel is `hopper.py`'s
+structure -- one memory warpgroup issuing TMA loads, two compute
+warpgroups each owning a ``tile_m x tile_n`` accumulator, a persistent loop
+over the output tiles -- with the tiles read from a table:
+
+* The row tiles come from `grouped_matmul.tile_table` (computed in XLA):
+  per tile its group, first row (a multiple of the CTA tile's rows) and the
+  span ``[lo, hi)`` of its rows that are the group's. A tile that a group
+  boundary cuts is computed once per group; tiles past the last group are
+  skipped, so dead rows cost nothing.
+* The epilogue stores only the group's rows of a tile. TMA stores need a
+  static row count, so the rows go out as a ladder of power-of-two TMA
+  stores (the trick jax's ``ragged_dot_mgpu`` uses) from an unswizzled
+  shared-memory tile: one store per epilogue column block of a whole tile,
+  at most ``log2(tile_m) + 1`` for a cut one. Rows of ``out`` that no group covers are left unwritten
+  (`grouped_matmul` zeroes them).
+
+Mosaic GPU is imported inside the functions, so this module imports on a
+jaxlib without it; the tests run the kernel on CPU under jax's Mosaic GPU
+interpreter (``interpret_params``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from ficco_jax._src.pallas import out_types
+from ficco_jax._src.pallas.config import ChunkMatmulConfig
+from ficco_jax._src.pallas.config import MGPU_DTYPES
+from ficco_jax._src.pallas.config import SMEM_BUDGET
+
+# The tiles used when the caller names none: `hopper.py`'s best chunk tile
+# (a 128x256 CTA tile, two 64x256 warpgroup tiles), four pipeline stages
+# beside a 64x128 unswizzled epilogue tile per warpgroup (224 KiB in all),
+# and a snake over bands of 8 row tiles so that the CTAs in flight share a
+# few row tiles of x and a few column blocks of w[g]. On an H200 (the
+# ``kernel`` suite, ``--kernel_mode=grouped``, benchmarks/results/
+# nvidia_h200_w1/kernel_grouped.json) it was the fastest or within 4% of the
+# fastest of the tiles swept on the mixtral widths, ahead of three stages
+# with a whole 64x256 epilogue tile by 1-9%.
+DEFAULT_CONFIG = ChunkMatmulConfig(
+    tile_m=64, tile_n=256, tile_k=64, max_concurrent_steps=4, epi_tile_m=64,
+    epi_tile_n=128, wg_dimension="m", grid_minor_dim="m", grid_tile_width=8)
+
+
+def smem_bytes(config: ChunkMatmulConfig, in_dtype, out_dtype) -> int:
+  """Shared memory one CTA of this kernel allocates: the pipeline's stages
+  and each compute warpgroup's unswizzled ``tile_m x epi_tile_n`` tile."""
+  isz, osz = jnp.dtype(in_dtype).itemsize, jnp.dtype(out_dtype).itemsize
+  stage = (config.cta_tile_m + config.cta_tile_n) * config.tile_k * isz
+  return (config.max_concurrent_steps * stage
+          + 2 * config.tile_m * config.epi_tile_n * osz)
+
+
+def unfit(k: int, n: int, dtype, config: ChunkMatmulConfig = DEFAULT_CONFIG,
+          out_dtype=None) -> str | None:
+  """Why ``[., k] @ [k, n]`` in ``dtype`` does not suit this kernel with
+  ``config``, or None."""
+  if jnp.dtype(dtype) not in MGPU_DTYPES:
+    return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
+  if k % config.tile_k:
+    return f"K={k} is not a multiple of {config.tile_k}"
+  if n % config.cta_tile_n:
+    return f"N={n} is not a multiple of {config.cta_tile_n}"
+  if config.tile_n % config.epi_tile_n:
+    return (f"epi_tile_n={config.epi_tile_n} does not divide"
+            f" tile_n={config.tile_n}")
+  used = smem_bytes(config, dtype, out_dtype or dtype)
+  if used > SMEM_BUDGET:
+    return (f"its tiles take {used} bytes of shared memory, more than"
+            f" {SMEM_BUDGET}")
+  return None
+
+
+def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
+            tiles):
+  # table_gmem: (4 * tiles,) int32 GMEM, tile_table flattened: group, first
+  #             row, lo, hi of each row tile.
+  # x_gmem:     (M, K) GMEM; a tile's rows past M read as zeros (TMA).
+  # w_gmem:     (G, K, N) GMEM.
+  # out_gmem:   (M, N) GMEM, fresh: only the groups' rows are written.
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
+
+  c = config
+  dtype, out_dtype = x_gmem.dtype, out_gmem.dtype
+  tile_m, tile_n, tile_k = c.tile_m, c.tile_n, c.tile_k
+  cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
+  epi_n = c.epi_tile_n
+  n_iters = w_gmem.shape[2] // cta_tile_n
+
+  swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
+  swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
+  transforms = (plgpu.TilingTransform((8, swizzle_elems)),
+                plgpu.SwizzleTransform(swizzle))
+  minor = 0 if c.grid_minor_dim == "m" else 1
+
+  def get_pipeline(pipeline_body, compute_context):
+    return plgpu.emit_pipeline_warp_specialized(
+        pipeline_body,
+        grid=(k_iters,),
+        memory_registers=40,
+        in_specs=[
+            plgpu.BlockSpec((cta_tile_m, tile_k), lambda kk: (0, kk),
+                            transforms=transforms, memory_space=plgpu.SMEM),
+            plgpu.BlockSpec((tile_k, cta_tile_n), lambda kk: (kk, 0),
+                            transforms=transforms, memory_space=plgpu.SMEM),
+        ],
+        wg_axis="wg",
+        num_compute_wgs=2,
+        max_concurrent_steps=c.max_concurrent_steps,
+        compute_context=compute_context,
+    )
+
+  ignore = lambda *_, **__: None  # The bodies don't change the allocations.
+
+  @functools.partial(
+      pl.run_scoped,
+      pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(
+          x_gmem, w_gmem.at[0]),
+      # Unswizzled: the ladder's stores start at any row of the tile.
+      out_smem=plgpu.SMEM((2, tile_m, epi_n), out_dtype),
+      collective_axes="wg",
+  )
+  def _scope(pipeline_allocs, out_smem):
+    wg_idx = lax.axis_index("wg")
+
+    @plgpu.nd_loop((tiles * n_iters,), collective_axes="sm")
+    def _mn_loop(info):
+      (lin_idx,) = getattr(info, "index", info)
+      t_idx, n_idx = plgpu.planar_snake(lin_idx, (tiles, n_iters), minor,
+                                        c.grid_tile_width)
+      grp = table_gmem[t_idx]
+      row = pl.multiple_of(table_gmem[tiles + t_idx], 8)
+      lo = table_gmem[2 * tiles + t_idx]
+      hi = table_gmem[3 * tiles + t_idx]
+      # This warpgroup's rows and columns of the CTA tile.
+      if c.wg_dimension == "m":
+        wg_row, wg_col = wg_idx * tile_m, 0
+        wg_m_slice, wg_n_slice = pl.ds(wg_idx * tile_m, tile_m), slice(None)
+      else:
+        wg_row, wg_col = 0, wg_idx * tile_n
+        wg_m_slice, wg_n_slice = slice(None), pl.ds(wg_idx * tile_n, tile_n)
+      mine_lo = jnp.clip(lo - wg_row, 0, tile_m)
+      mine_hi = jnp.clip(hi - wg_row, 0, tile_m)
+      size = mine_hi - mine_lo
+
+      def compute_context(eval_pipeline):
+        @functools.partial(
+            pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
+        def _acc_scope(acc_ref):
+          eval_pipeline(acc_ref)
+          acc = acc_ref[...].astype(out_dtype)
+          col0 = n_idx * cta_tile_n + wg_col
+          for epi_ni in range(tile_n // epi_n):
+            # The previous stores out of out_smem must have read it.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            out_smem[wg_idx] = acc[:, epi_ni * epi_n:(epi_ni + 1) * epi_n]
+            plgpu.commit_smem()
+            # Rows [mine_lo, mine_hi) as power-of-two TMA stores, largest
+            # first: the set bits of their count.
+            start = mine_lo
+            step = tile_m
+            while step:
+              @pl.when((size & step) != 0)
+              def _store(start=start, step=step):
+                plgpu.copy_smem_to_gmem(
+                    out_smem.at[wg_idx, pl.ds(start, step)],
+                    out_gmem.at[pl.ds(row + wg_row + start, step),
+                                pl.ds(col0 + epi_ni * epi_n, epi_n)])
+              start = start + (size & step)
+              step //= 2
+
+      def mma_body(_, x_smem, w_smem, acc_ref):
+        plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
+        plgpu.wgmma_wait(0)
+        return acc_ref
+
+      @pl.when(hi > lo)  # Tiles past the last group: nothing to compute.
+      def _tile():
+        get_pipeline(mma_body, compute_context)(
+            x_gmem.at[pl.ds(row, cta_tile_m), :],
+            w_gmem.at[grp].at[:, pl.ds(n_idx * cta_tile_n, cta_tile_n)],
+            allocations=pipeline_allocs,
+        )
+
+  # Await all stores before the kernel exits.
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
+                 config: ChunkMatmulConfig | None = None,
+                 num_sms: int, interpret_params=None) -> jax.Array:
+  """``[M, N]``: row tile t of `table` (``grouped_matmul.tile_table`` with
+  ``block_m = config.cta_tile_m``) times ``w[table[0, t]]``, its rows
+  ``[lo, hi)`` stored; other rows are left unwritten.
+
+  Args:
+    x: ``[M, K]`` bf16/f16 rows, M a multiple of 8 (TMA's row tiling).
+    w: ``[G, K, N]`` in x's dtype.
+    table: ``[4, tiles]`` int32 from ``tile_table(sizes, M, cta_tile_m)``.
+    config: the tiles (None: `DEFAULT_CONFIG`).
+    num_sms: CTAs of the persistent grid (at most the tiles).
+    interpret_params: tests only: jax's Mosaic GPU interpreter parameters,
+      which run this very kernel on CPU.
+
+  Returns:
+    ``[M, N]`` in x's dtype.
+  """
+  config = config or DEFAULT_CONFIG
+  if not isinstance(config, ChunkMatmulConfig):
+    raise TypeError(f"config must be a ChunkMatmulConfig, got {config!r}.")
+  m, k = x.shape
+  n = w.shape[2]
+  why = unfit(k, n, x.dtype, config)
+  if why is not None:
+    raise ValueError(f"The grouped Hopper kernel cannot run x {tuple(x.shape)}"
+                     f" @ w {tuple(w.shape)} with {config}: {why}.")
+  if m % 8:
+    raise ValueError(f"x has {m} rows; the grouped Hopper kernel needs a"
+                     " multiple of 8 (pad them).")
+  if table.shape[0] != 4:
+    raise ValueError(f"table must be [4, tiles], got {tuple(table.shape)}.")
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
+  tiles = table.shape[1]
+  grid = max(1, min(num_sms, tiles * (n // config.cta_tile_n)))
+  kernel = pl.kernel(
+      functools.partial(_kernel, config=config, k_iters=k // config.tile_k,
+                        tiles=tiles),
+      out_type=out_types.out_type((m, n), x.dtype, like=(x, w, table)),
+      mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",), num_threads=3,
+                      thread_name="wg"),
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      name="ficco_grouped_matmul_hopper",
+      interpret=interpret_params or False,
+  )
+  return kernel(table.reshape(-1), x, w.astype(x.dtype))
