@@ -124,6 +124,23 @@ def test_moe_suite_times_and_checks_the_layer(tmp_path):
   assert "| ficco direct |" in (tmp_path / "moe.md").read_text()
 
 
+def test_moe_suite_times_and_checks_the_training_pass(tmp_path):
+  bench("--suite=moe", "--tiny", "--moe_models=qwen3-30b-a3b",
+        "--moe_tokens=2048", "--routings=balanced", "--moe_pass=train",
+        "--moe_schedules=default,none,direct", "--rounds=2", "--iters=2",
+        f"--out_dir={tmp_path}")
+  data = json.loads((tmp_path / "moe_train.json").read_text())
+  assert data["pass"] == "train"
+  [case] = data["cases"]
+  for name in ("ficco default", "ficco none", "ficco direct", "xla_dense"):
+    r = case["programs"][name]
+    # rel_err is the worst of dx, dw1 and dw2 against the f32 gradients.
+    assert r["ok"] and 0 < r["rel_err"] < 2e-2 and r["median_ms"] > 0, (
+        name, r)
+  assert case["baselines"]["exchange"]["median_ms"] > 0
+  assert "training pass" in (tmp_path / "moe_train.md").read_text()
+
+
 def test_kernel_suite_times_the_grouped_matmul(tmp_path):
   bench("--suite=kernel", "--kernel_mode=grouped", "--tiny",
         "--moe_models=mixtral-8x7b", "--grouped_rows=256", "--axis_size=2",

@@ -6,7 +6,9 @@ E experts, top_k), tokens per device (``--moe_tokens``) and routing
 expert i drawn with weight 1 / (i + 1)^1.2, the same hot experts on every
 device), one forward pass of the layer on each device's ``T * top_k``
 routed rows: ``all_to_all_matmul`` (through ``w1 [E, H, F]``), GELU,
-``matmul_all_to_all`` (through ``w2 [E, F, H]``), bf16.
+``matmul_all_to_all`` (through ``w2 [E, F, H]``), bf16. With
+``--moe_pass=train`` every program and baseline is its training pass
+instead, the gradients for x, w1 and w2 (``moe_train.json``).
 
 Programs, timed interleaved and each checked once against an f32
 reference (every expert on every device, ``lax.ragged_dot`` alone):
@@ -69,6 +71,12 @@ flags.DEFINE_list("moe_schedules", ["default", "none", "direct",
                   " dataflow (none, direct) or"
                   " a Schedule label (direct/c1/dma: the copy engines;"
                   " .../pallas: ficco's grouped matmul).")
+
+flags.DEFINE_enum("moe_pass", "forward", ["forward", "train"],
+                  "moe: time the layer's forward pass, or its training"
+                  " pass (forward and backward: the gradients of"
+                  " 0.5 * sum(y^2) for x, w1 and w2, every program and"
+                  " baseline alike, checked against the f32 reference's).")
 
 ZIPF_S = 1.2
 # XLA's own programs: ragged_all_to_all + ragged_dot, GShard-style slots +
@@ -208,6 +216,21 @@ def _programs(mesh, p, e_local, rows, capacity, piece, slot):
   return progs, sm(reference), computes, sm(exchange_alone)
 
 
+def _train(fn):
+  """``fn(x, w1, w2, gs) -> y`` as its training pass: the gradients of
+  ``0.5 * sum(y^2)`` (so the cotangent is y itself) for x, w1 and w2."""
+  import jax
+  import jax.numpy as jnp
+
+  @jax.jit
+  def step(x, w1, w2, gs):
+    def loss(x, w1, w2):
+      y = fn(x, w1, w2, gs).astype(jnp.float32)
+      return 0.5 * jnp.sum(y * y)
+    return jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2)
+  return step
+
+
 def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
   import jax
   import jax.numpy as jnp
@@ -248,6 +271,10 @@ def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
                 for a in s) for s in sets]
   progs, ref_fn, computes, exchange_fn = _programs(
       mesh, p, e_local, rows, capacity, piece, slot)
+  if FLAGS.moe_pass == "train":
+    progs = {n: _train(f) for n, f in progs.items()}
+    computes = {n: _train(f) for n, f in computes.items()}
+    ref_fn, exchange_fn = _train(ref_fn), _train(exchange_fn)
   tk = options.timing_kwargs()
   for bname, fn in (*computes.items(), ("exchange", exchange_fn)):
     c["baselines"][bname] = results.guarded(
@@ -292,9 +319,11 @@ def run() -> int:
   tokens = [int(t) for t in (FLAGS.moe_tokens or
                              shapes["moe_tokens_per_device"])]
   data = {"meta": meta, "timing": options.configure_timing(), "axis_size": w,
-          "cases": []}
-  rec = results.Recorder("moe", results.out_dir(meta["device_kind"], w),
-                         data, markdown)
+          "pass": FLAGS.moe_pass, "cases": []}
+  rec = results.Recorder("moe" if FLAGS.moe_pass == "forward" else
+                         "moe_train",
+                         results.out_dir(meta["device_kind"], w), data,
+                         markdown)
   mesh = jax_util.mesh_of(w)
   seed = 0
   for name in models:
@@ -320,8 +349,10 @@ def run() -> int:
 
 def markdown(data: dict) -> str:
   import math
-  lines = [f"# MoE layer: dispatch + experts + combine, W={data['axis_size']}",
-           ""]
+  train = data.get("pass") == "train"
+  lines = [f"# MoE layer{' training pass' if train else ''}: dispatch +"
+           f" experts + combine{', forward and backward' if train else ''},"
+           f" W={data['axis_size']}", ""]
   lines += report.provenance(data["meta"]) + [
       "", "ms per call, median over rounds (min), interleaved; speedup over"
       " xla_best (the fastest correct of `xla_ragged`, `xla_dense` and"

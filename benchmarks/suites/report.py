@@ -60,6 +60,7 @@ def _renderers(folder: str):
       ("peers", peers.markdown),
       ("step", step.markdown),
       ("moe", moe.markdown),
+      ("moe_train", moe.markdown),
       ("host_floor", host_floor.markdown),
       ("kernel_chunks", kernel.markdown),
       ("kernel_pieces", kernel.markdown),
