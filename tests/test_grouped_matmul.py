@@ -198,22 +198,6 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
                   ("dw", (8, 512), (8, 1408))]
 
 
-def _mosaic_gpu_interpret_params(monkeypatch):
-  """jax's Mosaic GPU interpreter (CPU), or skip where this jax lacks it."""
-  try:
-    # pylint: disable=g-import-not-at-top
-    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-  except ImportError:
-    pytest.skip("this jax has no Mosaic GPU interpret mode")
-  # As in test_pallas_chunk_matmul: operands without a memory space are in
-  # GMEM.
-  is_gmem = gpu_callbacks.is_gmem_memory_space
-  monkeypatch.setattr(gpu_callbacks, "is_gmem_memory_space",
-                      lambda space: space is None or is_gmem(space))
-  return InterpretGPUParams()
-
-
 @pytest.mark.parametrize("wg, minor, sizes", [
     # Boundaries inside both warpgroups' rows, an empty group, dead tiles
     # at the end (232 of 256 rows routed), a band width that does not
@@ -228,7 +212,7 @@ def test_hopper_grouped_kernel_in_mosaic_gpu_interpreter(monkeypatch, wg,
   # ficco's grouped Hopper kernel itself (warp-specialized TMA/wgmma
   # pipeline, tiles from the table, the ladder of row stores) under jax's
   # Mosaic GPU interpreter on CPU.
-  params = _mosaic_gpu_interpret_params(monkeypatch)
+  params = util.mosaic_gpu_interpret_params(monkeypatch)
   cfg = ChunkMatmulConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
                           epi_tile_m=64, epi_tile_n=64, wg_dimension=wg,
                           grid_minor_dim=minor, grid_tile_width=3)

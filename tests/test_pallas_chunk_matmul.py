@@ -20,6 +20,8 @@ from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.pallas import hopper
 from ficco_jax._src.pallas import offsets
 
+import util
+
 POISON = -12345.0  # Exactly representable in bf16, f16 and f32.
 # On a GPU host the interpreter's f32 dots run on the GPU, as tf32.
 _F32 = 1e-5 if jax.default_backend() == "cpu" else 1e-3
@@ -230,22 +232,6 @@ def test_default_config_rejects_unaligned_shapes():
 # ------------------------------------------------- Hopper kernel, on CPU
 
 
-def _mosaic_gpu_interpret_params(monkeypatch):
-  """jax's Mosaic GPU interpreter (CPU), or skip where this jax lacks it."""
-  try:
-    # pylint: disable=g-import-not-at-top
-    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-  except ImportError:
-    pytest.skip("this jax has no Mosaic GPU interpret mode")
-  # The interpreter (jax 0.10.2) gives the aliased Ref operand no memory
-  # space; it is in GMEM like every other kernel operand.
-  is_gmem = gpu_callbacks.is_gmem_memory_space
-  monkeypatch.setattr(gpu_callbacks, "is_gmem_memory_space",
-                      lambda space: space is None or is_gmem(space))
-  return InterpretGPUParams()
-
-
 @pytest.mark.parametrize(
     "tile_m,tile_n,wg,num_sms",
     [(64, 256, "m", 3),   # the default 128x256 CTA tile; 4 tiles on 3 CTAs
@@ -257,7 +243,7 @@ def test_hopper_kernel_in_mosaic_gpu_interpreter(monkeypatch, tile_m, tile_n,
   # Runs the Hopper kernel itself (warp-specialized TMA/wgmma pipeline,
   # persistent loop over tiles, TMA stores at a run-time row offset) under
   # jax's Mosaic GPU interpreter on CPU.
-  params = _mosaic_gpu_interpret_params(monkeypatch)
+  params = util.mosaic_gpu_interpret_params(monkeypatch)
   cfg = cm.ChunkMatmulConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg,
                              max_concurrent_steps=2)
   mc, k, n = 2 * cfg.cta_tile_m, 128, 2 * cfg.cta_tile_n
@@ -383,7 +369,7 @@ def test_hopper_kernel_reads_rows_in_place_in_mosaic_gpu_interpreter(
   # The reduce-scatter's use: rows [x_row, x_row + rows) of a taller operand,
   # TMA-loaded at a run-time row, into a fresh output (every tile written);
   # tile_k=32: 64-byte swizzled steps, for K not a multiple of 64.
-  params = _mosaic_gpu_interpret_params(monkeypatch)
+  params = util.mosaic_gpu_interpret_params(monkeypatch)
   cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=128, tile_k=tile_k,
                              max_concurrent_steps=2)
   rows, n = 2 * cfg.cta_tile_m, 2 * cfg.cta_tile_n
@@ -469,7 +455,7 @@ def test_hopper_kernel_pieces_in_mosaic_gpu_interpreter(monkeypatch, into):
   # x (the reduce-scatter's step) into a fresh output, or written at
   # scattered rows of an aliased out (the all-gather's step); on 3 CTAs, so
   # CTAs cross piece boundaries in their tile loop.
-  params = _mosaic_gpu_interpret_params(monkeypatch)
+  params = util.mosaic_gpu_interpret_params(monkeypatch)
   cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=128, max_concurrent_steps=2)
   rows, k, n = 2 * cfg.cta_tile_m, 128, cfg.cta_tile_n
   rng = np.random.default_rng(33)
@@ -531,7 +517,7 @@ def test_hopper_kernel_by_rank_offsets_in_mosaic_gpu_interpreter(monkeypatch,
   # The Hopper kernel with ByRank offsets: the table is compiled in and the
   # one run-time operand is the rank, so ranks 0 and 2 of one compiled
   # kernel must read (and write) their own rows.
-  params = _mosaic_gpu_interpret_params(monkeypatch)
+  params = util.mosaic_gpu_interpret_params(monkeypatch)
   cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=128, max_concurrent_steps=2)
   rows, k, n = cfg.cta_tile_m, 128, cfg.cta_tile_n
   rng = np.random.default_rng(34)
@@ -574,7 +560,7 @@ def test_hopper_kernel_flags_count_each_piece_in_mosaic_gpu_interpreter(
   # (2 x min(tiles, CTAs)), "tile" once per tile and warpgroup. The
   # interpreter counts per (CTA, warpgroup) (no atomics there) and poisons
   # a flag that one of them bumped twice under "piece_end".
-  params = _mosaic_gpu_interpret_params(monkeypatch)
+  params = util.mosaic_gpu_interpret_params(monkeypatch)
   cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
                              grid_minor_dim=walk[0], grid_tile_width=walk[1])
   rows, k, n = 2 * cfg.cta_tile_m, 128, n_tiles * cfg.cta_tile_n
@@ -649,7 +635,7 @@ def test_hopper_kernel_adds_addends_in_mosaic_gpu_interpreter(monkeypatch,
   # The epilogue loads each addend's tile from GMEM into registers and adds
   # it to the f32 accumulator before rounding: a fresh result placed at a
   # row (the other rows unwritten), then a second piece written into it.
-  params = _mosaic_gpu_interpret_params(monkeypatch)
+  params = util.mosaic_gpu_interpret_params(monkeypatch)
   cfg = cm.ChunkMatmulConfig(tile_m=64, tile_n=128, max_concurrent_steps=2)
   rows, k, n = 2 * cfg.cta_tile_m, 128, cfg.cta_tile_n
   rng = np.random.default_rng(35)

@@ -44,6 +44,23 @@ def tp_mesh(max_size: int = 4, name: str = "x"):
   return mesh((max(n, 2),), (name,))
 
 
+def mosaic_gpu_interpret_params(monkeypatch):
+  """jax's Mosaic GPU interpreter (CPU), which runs ficco's Hopper kernels
+  themselves, or skip where this jax lacks it."""
+  try:
+    # pylint: disable=g-import-not-at-top
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+  except ImportError:
+    pytest.skip("this jax has no Mosaic GPU interpret mode")
+  # The interpreter (jax 0.10.2) gives operands such as an aliased Ref no
+  # memory space; they are in GMEM like every other kernel operand.
+  is_gmem = gpu_callbacks.is_gmem_memory_space
+  monkeypatch.setattr(gpu_callbacks, "is_gmem_memory_space",
+                      lambda space: space is None or is_gmem(space))
+  return InterpretGPUParams()
+
+
 def rand(rng, shape, dtype):
   return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 

@@ -38,6 +38,7 @@ from jax import lax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ficco_jax._src.pallas import hopper
 from ficco_jax._src.pallas import out_types
 from ficco_jax._src.pallas.config import ChunkMatmulConfig
 from ficco_jax._src.pallas.config import MGPU_DTYPES
@@ -97,33 +98,13 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
 
   c = config
   dtype, out_dtype = x_gmem.dtype, out_gmem.dtype
-  tile_m, tile_n, tile_k = c.tile_m, c.tile_n, c.tile_k
+  tile_m, tile_n = c.tile_m, c.tile_n
   cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
   epi_n = c.epi_tile_n
   n_iters = w_gmem.shape[2] // cta_tile_n
 
-  swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
-  swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
-  transforms = (plgpu.TilingTransform((8, swizzle_elems)),
-                plgpu.SwizzleTransform(swizzle))
   minor = 0 if c.grid_minor_dim == "m" else 1
-
-  def get_pipeline(pipeline_body, compute_context):
-    return plgpu.emit_pipeline_warp_specialized(
-        pipeline_body,
-        grid=(k_iters,),
-        memory_registers=40,
-        in_specs=[
-            plgpu.BlockSpec((cta_tile_m, tile_k), lambda kk: (0, kk),
-                            transforms=transforms, memory_space=plgpu.SMEM),
-            plgpu.BlockSpec((tile_k, cta_tile_n), lambda kk: (kk, 0),
-                            transforms=transforms, memory_space=plgpu.SMEM),
-        ],
-        wg_axis="wg",
-        num_compute_wgs=2,
-        max_concurrent_steps=c.max_concurrent_steps,
-        compute_context=compute_context,
-    )
+  get_pipeline = hopper.operand_pipeline(c, k_iters, dtype)
 
   ignore = lambda *_, **__: None  # The bodies don't change the allocations.
 

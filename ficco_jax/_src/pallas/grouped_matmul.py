@@ -114,13 +114,16 @@ def mosaic_unfit(k: int, n: int, dtype,
   return None
 
 
+def _first_fitting(candidates, unfit):
+  """The first candidate ``unfit`` passes (None), else the last."""
+  return next((b for b in candidates if unfit(b) is None), candidates[-1])
+
+
 def choose_block(k: int, n: int, dtype) -> ChunkMatmulConfig:
   """The first of `HOPPER_CONFIGS` that suits ``[., k] @ [k, n]``
   (`mosaic_unfit`), else the last (whose error then names the misfit)."""
-  for b in HOPPER_CONFIGS:
-    if mosaic_unfit(k, n, dtype, b) is None:
-      return b
-  return HOPPER_CONFIGS[-1]
+  return _first_fitting(HOPPER_CONFIGS,
+                        lambda b: mosaic_unfit(k, n, dtype, b))
 
 
 def dw_unfit(k: int, n: int, dtype, w_dtype,
@@ -142,10 +145,7 @@ def dw_unfit(k: int, n: int, dtype, w_dtype,
 def choose_dw_block(k: int, n: int, dtype) -> Block:
   """The first of `DW_BLOCKS` that suits ``dw [., k, n]`` (`dw_unfit`), else
   the last (whose error then names the misfit)."""
-  for b in DW_BLOCKS:
-    if dw_unfit(k, n, dtype, dtype, b) is None:
-      return b
-  return DW_BLOCKS[-1]
+  return _first_fitting(DW_BLOCKS, lambda b: dw_unfit(k, n, dtype, dtype, b))
 
 
 def mosaic_dw(x: jax.Array, ct: jax.Array, group_sizes: jax.Array,

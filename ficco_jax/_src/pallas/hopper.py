@@ -56,6 +56,39 @@ def device_num_sms() -> int:
   return getattr(jax.devices()[0], "core_count", None) or 1
 
 
+def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype):
+  """``get(body, compute_context)``: the warp-specialized pipeline of
+  ficco's Hopper kernels (this one and `grouped_hopper`): one memory
+  warpgroup TMA-loads a CTA's ``(cta_tile_m, tile_k)`` block of x and
+  ``(tile_k, cta_tile_n)`` block of w per step into swizzled shared memory,
+  ``max_concurrent_steps`` deep, for two compute warpgroups; called on
+  x's rows and w's columns of the CTA's tile, over ``k_iters`` steps."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
+  c = config
+  swizzle = plgpu.find_swizzle(c.tile_k * jnp.dtype(dtype).itemsize * 8)
+  swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
+  transforms = (plgpu.TilingTransform((8, swizzle_elems)),
+                plgpu.SwizzleTransform(swizzle))
+
+  def get(pipeline_body, compute_context):
+    return plgpu.emit_pipeline_warp_specialized(
+        pipeline_body,
+        grid=(k_iters,),
+        memory_registers=40,
+        in_specs=[
+            plgpu.BlockSpec((c.cta_tile_m, c.tile_k), lambda kk: (0, kk),
+                            transforms=transforms, memory_space=plgpu.SMEM),
+            plgpu.BlockSpec((c.tile_k, c.cta_tile_n), lambda kk: (kk, 0),
+                            transforms=transforms, memory_space=plgpu.SMEM),
+        ],
+        wg_axis="wg",
+        num_compute_wgs=2,
+        max_concurrent_steps=c.max_concurrent_steps,
+        compute_context=compute_context,
+    )
+  return get
+
+
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
                  pieces, rank_table=None, addend_rows=(), interpreted=False,
                  flagged=False, num_ctas=1, flag_walk="piece",
@@ -122,16 +155,12 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   out_dtype = out_gmem.dtype
   n = w_gmem.shape[1]
   c = config
-  tile_m, tile_n, tile_k = c.tile_m, c.tile_n, c.tile_k
+  tile_m, tile_n = c.tile_m, c.tile_n
   cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
   m_iters, n_iters = mc // cta_tile_m, n // cta_tile_n
   epi_tile_m, epi_tile_n = c.epi_tile_m, c.epi_tile_n
   tiles_per_piece = m_iters // pieces
 
-  swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
-  swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
-  transforms = (plgpu.TilingTransform((8, swizzle_elems)),
-                plgpu.SwizzleTransform(swizzle))
   # One epilogue slot suffices when a warpgroup has a single epilogue tile.
   num_out_slots = min(2, (tile_m * tile_n) // (epi_tile_m * epi_tile_n))
   out_swizzle = plgpu.find_swizzle(epi_tile_n * jnp.dtype(out_dtype).itemsize * 8)
@@ -139,23 +168,7 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   out_transforms = (plgpu.TilingTransform((8, out_swizzle_elems)),
                     plgpu.SwizzleTransform(out_swizzle))
   minor = 0 if c.grid_minor_dim == "m" else 1
-
-  def get_pipeline(pipeline_body, compute_context):
-    return plgpu.emit_pipeline_warp_specialized(
-        pipeline_body,
-        grid=(k_iters,),
-        memory_registers=40,
-        in_specs=[
-            plgpu.BlockSpec((cta_tile_m, tile_k), lambda kk: (0, kk),
-                            transforms=transforms, memory_space=plgpu.SMEM),
-            plgpu.BlockSpec((tile_k, cta_tile_n), lambda kk: (kk, 0),
-                            transforms=transforms, memory_space=plgpu.SMEM),
-        ],
-        wg_axis="wg",
-        num_compute_wgs=2,
-        max_concurrent_steps=c.max_concurrent_steps,
-        compute_context=compute_context,
-    )
+  get_pipeline = operand_pipeline(c, k_iters, dtype)
 
   # The bodies don't influence the allocations the pipeline needs.
   ignore = lambda *_, **__: None
