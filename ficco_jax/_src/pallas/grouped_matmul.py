@@ -152,18 +152,24 @@ def mosaic_dw(x: jax.Array, ct: jax.Array, group_sizes: jax.Array,
               block: Block | None = None) -> jax.Array:
   """``[G, K, N]``: per group g, ``x[rows of g].T @ ct[rows of g]`` on jax's
   transposed grouped matmul (GPU; `dw_unfit` must be None; ``block`` None:
-  `choose_dw_block`)."""
+  `choose_dw_block`). ``ct``'s rows past the groups must be zeros."""
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
   block = block or choose_dw_block(x.shape[1], ct.shape[1], x.dtype)
-  # Its TMA tiles the rows it steps over: a whole number of steps (the pad
-  # rows are past every group, so nothing multiplies them).
+  # The kernel drops the rows of a neighbouring group in a group's first and
+  # last step by multiplying them by 0, and 0 * NaN is NaN: rows past the
+  # groups, which the contract ignores, must be zeros here (the cotangent's
+  # are, `zero_past_groups`). Its TMA tiles the rows it steps over: pad
+  # them to a whole number of steps (past every group too).
+  x = zero_past_groups(x, group_sizes)
   pad = ((0, -x.shape[0] % block.block_k), (0, 0))
   dw = transposed_ragged_dot_mgpu.transposed_ragged_dot(
       jnp.pad(x, pad), jnp.pad(ct.astype(x.dtype), pad),
       group_sizes=group_sizes.astype(jnp.int32), **dataclasses.asdict(block))
-  # The kernel skips empty groups and leaves their tiles unwritten.
-  return jnp.where((group_sizes > 0)[:, None, None], dw, jnp.zeros((), dw.dtype))
+  # An empty group's tiles are stored too, from an accumulator that starts
+  # at zero (the GPU test checks they read 0). Its result is typed
+  # invariant; under shard_map its rows are the operands' (vma).
+  return vma.vary_like(dw, x, ct, group_sizes)
 
 
 def tile_table(group_sizes: jax.Array, rows: int, block_m: int) -> jax.Array:
@@ -332,7 +338,7 @@ _grouped.defvjp(_grouped_fwd, _grouped_bwd)
 
 def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
                    out_dtype=None, on_gpu: bool | None = None,
-                   block: Block | None = None) -> jax.Array:
+                   block: Block | ChunkMatmulConfig | None = None) -> jax.Array:
   """``x [M, K]`` in groups (``group_sizes [G]`` consecutive rows each) times
   ``w [G, K, N]``; rows past ``sum(group_sizes)`` are 0. Differentiable in
   ``x`` and ``w``.
