@@ -342,10 +342,11 @@ void WhenSettled(int32_t device, std::vector<std::shared_ptr<Inv>> run,
   one_less(CpuEvent::kOk);  // The registrations above are done.
 }
 
-// The failure of a wait or done that found its invocation, or of a push
-// all-gather once its pushes may be enqueued (PushGather's `drain`): fails
-// it and the other invocations its execution started here (their queued
-// copies are skipped) and completes once their copies have ended.
+// The failure of a wait or done that found its invocation, of a push
+// all-gather once its pushes may be enqueued, or of a push finish once it
+// holds its start's invocation (their `drain`): fails it and the other
+// invocations its execution started here (their queued copies are skipped)
+// and completes once their copies have ended.
 ffi::Future FailSettled(int32_t device, const std::shared_ptr<Inv>& inv,
                         ffi::Error error) {
   auto run = WindowIndex<CpuBackend>::Get().FailRun(
@@ -356,6 +357,29 @@ ffi::Future FailSettled(int32_t device, const std::shared_ptr<Inv>& inv,
     promise.SetError(error);
   });
   return future;
+}
+
+// FailSettled for the push start, whose handler returns no future: the
+// same failure, waited for on the handler's thread, as the rendezvous start
+// does (DrainFailedRun). It waits only for the events, which this device's
+// queues set (skipping a failed invocation's copies), for at most twice the
+// timeout, as WhenSettled; not through the completion thread, as
+// FailSettled's future does, since XLA may run this handler on it.
+ffi::Error FailSettledNow(const std::shared_ptr<Inv>& inv, ffi::Error error) {
+  auto run = WindowIndex<CpuBackend>::Get().FailRun(
+      inv, inv->where + ": " + std::string(error.message()));
+  int64_t timeout_ms = 0;
+  for (const auto& r : run) {
+    timeout_ms = std::max(timeout_ms, r->plan.timeout_ms);
+  }
+  const auto deadline = DeadlineAfter(2 * timeout_ms);
+  CpuBackend backend;
+  for (const auto& r : run) {
+    for (CpuEvent* e : r->AllEvents()) {
+      if (e != nullptr) backend.DrainWait(e, deadline);
+    }
+  }
+  return error;
 }
 
 // Completes once every event is set, with an error if one failed or the
@@ -551,7 +575,15 @@ ffi::Error PushStartImpl(ffi::RunId run_id, int32_t device,
     return ffi::Error::Internal("ficco push start: flags not aliased");
   }
   CpuBackend backend;
-  return PushStart(backend, run_id.run_id, device, parts, flags, attrs);
+  std::shared_ptr<Inv> drain;
+  ffi::Error err =
+      PushStart(backend, run_id.run_id, device, parts, flags, attrs, &drain);
+  // Its queued pushes read parts (FailSettledNow). The twin's queue
+  // operations never fail to enqueue, so this guards a backend change.
+  if (err.failure() && drain != nullptr) {
+    return FailSettledNow(drain, std::move(err));
+  }
+  return err;
 }
 
 ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
@@ -559,8 +591,14 @@ ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
                            ffi::Result<ffi::AnyBuffer> out,
                            Attrs attrs) {
   CpuBackend backend;
-  auto inv = PushFinish(backend, device, parts, *out, attrs);
-  if (!inv.has_value()) return Failed(inv.error());
+  std::shared_ptr<Inv> drain;
+  auto inv = PushFinish(backend, device, parts, *out, attrs, &drain);
+  if (!inv.has_value()) {
+    // The start's queued pushes read parts, and its sum may be queued too
+    // (FailSettled).
+    return drain ? FailSettled(device, drain, inv.error())
+                 : Failed(inv.error());
+  }
   return AwaitEvents(device, *inv, {(*inv)->signalled},
                      "the peers' pieces and the sum");
 }

@@ -290,11 +290,12 @@ ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
 }
 
-// A wait or done that fails once it has found its invocation, or a push
-// all-gather that fails once its pushes may be enqueued (PushGather's
-// `drain`). XLA frees the execution's buffers when it sees the error, and
-// later work on its stream may reuse them while this invocation's copies
-// still read or write them.
+// A wait or done that fails once it has found its invocation, a push
+// all-gather or push start that fails once its pushes may be enqueued, or a
+// push finish once it holds its start's invocation (their `drain`). XLA
+// frees the execution's buffers when it sees the error, and later work on
+// its stream may reuse them while this invocation's copies still read or
+// write them.
 // So the invocation fails first (its issuer enqueues no more copies, and the
 // window is poisoned), XLA's stream then waits for every copy already
 // enqueued, and the watchdog releases any copy stuck on a peer's flag at the
@@ -420,7 +421,17 @@ ffi::Error PushStartImpl(cudaStream_t stream, ffi::RunId run_id,
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
-  return PushStart(backend, run_id.run_id, device, parts, flags, attrs);
+  std::shared_ptr<Inv> drain;
+  ffi::Error err =
+      PushStart(backend, run_id.run_id, device, parts, flags, attrs, &drain);
+  // Its side-stream pushes may still read parts, behind the kernel's and
+  // the peers' flags: drained as a failing done is, or XLA could reuse
+  // parts under them.
+  if (err.failure() && drain != nullptr) {
+    return FailDrained(stream, device, std::move(drain), std::move(err),
+                       PushWho("start", attrs.op_name, device));
+  }
+  return err;
 }
 
 ffi::Error PushFinishImpl(cudaStream_t stream, int32_t device,
@@ -430,8 +441,16 @@ ffi::Error PushFinishImpl(cudaStream_t stream, int32_t device,
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
-  auto inv = PushFinish(backend, device, parts, *out, attrs);
-  if (!inv.has_value()) return inv.error();
+  std::shared_ptr<Inv> drain;
+  auto inv = PushFinish(backend, device, parts, *out, attrs, &drain);
+  if (!inv.has_value()) {
+    // The start's pushes may still read parts, and XLA's stream may be
+    // blocked on a peer's ready flag, which only the watchdog releases:
+    // drained (and watched) as a failing done is.
+    if (drain == nullptr) return inv.error();
+    return FailDrained(stream, device, std::move(drain), inv.error(),
+                       PushWho("finish", attrs.op_name, device));
+  }
   // Bounds the invocation: past its deadline the watchdog names the ranks
   // that never pushed and releases the streams waiting on them.
   Watchdog::Get().Watch(std::move(*inv));

@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -131,23 +130,13 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     inv->Fail(inv->where + ": " + std::string(err.message()));
     return ffi::Unexpected(std::move(err));
   };
-  // From the pushes on (`*drain`). `staged` and `signalled` are recorded
-  // again after whatever the push queue and the compute stream hold, so
-  // that waiting for every event of the invocation, and the watchdog's
-  // polling of those two, covers it all; best effort, since the queue may be
-  // what failed. Failed first: on the CPU twin the queued work is then
-  // skipped, so the queues drain at once. The issue is over (AwaitIssued).
+  // From the pushes on (`*drain`): `staged` too is recorded again, since
+  // the push queue may have stopped short of this invocation's own record.
   auto fail_drained = [&](ffi::Error err) {
-    inv->Fail(inv->where + ": " + std::string(err.message()));
-    (void)backend.Record(inv, device, kPushQueue, inv->staged);
-    (void)backend.Record(inv, device, B::kComputeQueue, inv->signalled);
-    {
-      std::lock_guard<std::mutex> lock(inv->mu);
-      inv->issue_error = err;
-    }
-    inv->issue_state.store(kIssueFailed, std::memory_order_release);
     *drain = inv;
-    return ffi::Unexpected(std::move(err));
+    return ffi::Unexpected(PushFailDrained(backend, inv, device,
+                                           std::move(err),
+                                           /*restage=*/true));
   };
   // The pooled window is shared by programs: pairing two of them at one
   // epoch would multiply one's shards into the other's result.

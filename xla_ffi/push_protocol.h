@@ -181,6 +181,33 @@ ffi::Error PushRelease(B& backend,
   return backend.Record(inv, device, queue, inv->signalled);
 }
 
+// A push invocation that fails once its copies may be enqueued: its queues
+// may still read XLA's buffers and write the peers' windows and its result,
+// some of it behind a peer's flag, so the caller drains it before the error
+// reaches XLA, as a failing done does (cuda_window.cu, FailDrained;
+// cpu_window.cc, FailSettled). Failed first: on the CPU twin the queued
+// work is then skipped, so the queues drain at once. `signalled` is
+// recorded again after whatever the compute stream holds, and, with
+// `restage` (the pushes may have stopped short of their own record of it),
+// `staged` after whatever the push queue holds, so that waiting for every
+// event of the invocation, and the watchdog's polling of those two, covers
+// it all; best effort, since the queue may be what failed. The issue is
+// over (AwaitIssued). Returns `err`.
+template <class B>
+ffi::Error PushFailDrained(B& backend,
+                           const std::shared_ptr<WindowInvocation<B>>& inv,
+                           int32_t device, ffi::Error err, bool restage) {
+  inv->Fail(inv->where + ": " + std::string(err.message()));
+  if (restage) (void)backend.Record(inv, device, kPushQueue, inv->staged);
+  (void)backend.Record(inv, device, B::kComputeQueue, inv->signalled);
+  {
+    std::lock_guard<std::mutex> lock(inv->mu);
+    inv->issue_error = err;
+  }
+  inv->issue_state.store(kIssueFailed, std::memory_order_release);
+  return err;
+}
+
 // ficco_push_arm: zero the flags, write the rank, record the event after
 // which the flags are zero, for this window's next start on this device.
 template <class B>
@@ -217,10 +244,15 @@ ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
 // Piece i (attrs' copy table): rows [src_row[i], + rows[i]) of the kernel's
 // result go to rank (rank + shift[i]) % P, at row dst_row[i] of its landing
 // half (half_bytes), once flags[src_flag[i]] >= flag_target.
+// A failure once the pushes may be enqueued also sets `*drain` to the
+// invocation: they may still read parts, XLA's buffer, behind the kernel's
+// flags and the peers' freed flags, so the caller drains it before the
+// error reaches XLA (PushFailDrained).
 template <class B>
 ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
                      ffi::AnyBuffer parts, ffi::AnyBuffer flags,
-                     const Attrs& a) {
+                     const Attrs& a,
+                     std::shared_ptr<WindowInvocation<B>>* drain) {
   using Inv = WindowInvocation<B>;
   auto who = [&] { return PushWho("start", a.op_name, device); };
   auto found = UsableWindow<B>(a.window, device, who, kFaultWait);
@@ -303,6 +335,10 @@ ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
   inv->epoch = e;
   inv->freed_lag = 2;  // The landing halves.
   inv->where = PushWhere("start", a.op_name, *win, e);
+  // A drained failure, of this start or of its finish, fails the window
+  // starts of this execution with it (WindowIndex::FailRun): their waits
+  // and dones will never come.
+  inv->run_id = run_id;
   // The pooled window is shared by programs: pairing two of them at one
   // epoch would add one's partials to the other's result.
   FICCO_RETURN_IF_FAILED(
@@ -376,7 +412,11 @@ ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
     FICCO_RETURN_IF_FAILED(flush());
     return backend.Record(inv, device, kPushQueue, inv->staged);
   };
-  if (auto err = run(); err.failure()) return fail(std::move(err));
+  if (auto err = run(); err.failure()) {
+    *drain = inv;
+    return PushFailDrained(backend, inv, device, std::move(err),
+                           /*restage=*/true);
+  }
   HostPublish(*win, kStagedEnqueued, e);
   PushStates<B>::Get().PutStarted(a.window, device, inv);
   return ffi::Error::Success();
@@ -387,13 +427,35 @@ ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
 // freed flags; returns the invocation (the caller awaits or watches it).
 // Its result: rows [own_row, + num_chunks * chunk_rows) of the kernel's
 // result plus the landed pieces, chunk-major, P - 1 per chunk in shift order.
+// A failure once it holds its start's invocation also sets `*drain` to it:
+// the start's pushes may still read parts, and this rank's sum write out,
+// XLA's buffers, behind the kernel's and the peers' flags, so the caller
+// drains it before the error reaches XLA (PushFailDrained).
 template <class B>
 ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
     B& backend, int32_t device, ffi::AnyBuffer parts, ffi::AnyBuffer out,
-    const Attrs& a) {
+    const Attrs& a, std::shared_ptr<WindowInvocation<B>>* drain) {
+  using Inv = WindowInvocation<B>;
   auto who = [&] { return PushWho("finish", a.op_name, device); };
+  // `staged` is not recorded again: the start recorded it after all of its
+  // pushes, and the push queue is the device's, so a record now would also
+  // follow later ops' pushes, behind flags that this invocation's watchdog
+  // does not release.
+  auto drained = [&](std::shared_ptr<Inv> inv, ffi::Error err) {
+    *drain = inv;
+    return ffi::Unexpected(PushFailDrained(backend, inv, device,
+                                           std::move(err),
+                                           /*restage=*/false));
+  };
   auto found = UsableWindow<B>(a.window, device, who, kFaultDone);
-  if (!found.has_value()) return ffi::Unexpected(found.error());
+  if (!found.has_value()) {
+    // A poisoned window (its start's own copies may be what failed) or the
+    // fault hook: the start's pushes, if it ran, are queued all the same.
+    if (auto started = PushStates<B>::Get().TakeStarted(a.window, device)) {
+      return drained(std::move(started), found.error());
+    }
+    return ffi::Unexpected(found.error());
+  }
   std::shared_ptr<Window> win = *found;
   auto inv = PushStates<B>::Get().TakeStarted(a.window, device);
   if (inv == nullptr) {
@@ -403,9 +465,9 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
         " device"));
   }
   auto in = ShapeOf(parts);
-  if (!in.has_value()) return ffi::Unexpected(in.error());
+  if (!in.has_value()) return drained(inv, in.error());
   auto res = ShapeOf(out);
-  if (!res.has_value()) return ffi::Unexpected(res.error());
+  if (!res.has_value()) return drained(inv, res.error());
   const int64_t rb = in->row_bytes, size = win->size, me = win->rank;
   const int64_t own_rows = a.num_chunks * a.chunk_rows;
   const int64_t elem = static_cast<int64_t>(ffi::ByteWidth(parts.element_type()));
@@ -414,7 +476,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
       a.own_row < 0 || a.own_row + own_rows > in->rows ||
       (size - 1) * own_rows * rb > a.half_bytes || elem == 0 ||
       rb % elem != 0) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
+    return drained(inv, ffi::Error::InvalidArgument(
         who() + ": the result (" + std::to_string(res->rows) + " rows of " +
         std::to_string(res->row_bytes) + " bytes) must be rows [" +
         std::to_string(a.own_row) + ", +" + std::to_string(own_rows) +
@@ -433,8 +495,9 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
       if (ffi::Error err = HostWait(*win, q, kStagedEnqueued, e, a.timeout_ms,
                                     inv->where);
           err.failure()) {
+        // It names the invocation: kept over PushFailDrained's message.
         inv->Fail(std::string(err.message()));
-        return ffi::Unexpected(std::move(err));
+        return drained(inv, std::move(err));
       }
     }
   }
@@ -459,10 +522,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
         a.chunk_rows * rb / elem));
     return PushRelease(backend, inv, device, queue);
   };
-  if (auto err = run(); err.failure()) {
-    inv->Fail(inv->where + ": " + std::string(err.message()));
-    return ffi::Unexpected(std::move(err));
-  }
+  if (auto err = run(); err.failure()) return drained(inv, std::move(err));
   HostPublish(*win, kAllEnqueued, e);
   return inv;
 }
