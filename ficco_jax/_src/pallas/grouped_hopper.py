@@ -1,17 +1,18 @@
 """The warp-specialized Hopper grouped matmul (Mosaic GPU: wgmma + TMA).
 
 ``x [M, K]`` rows in consecutive groups, group g times ``w[g] [K, N]``: the
-experts' compute of the MoE ops on H100/H200.
+experts' compute of the MoE ops on Hopper GPUs.
 
 Why a kernel of our own beside jax's ``ragged_dot_mgpu``: that kernel runs
 one warpgroup per CTA that both issues the TMA loads and waits on each
-``wgmma``, so the tensor cores idle between steps; on an H200 it ran at
+``wgmma``, so the tensor cores idle between steps. On an H200 it ran at
 0.80-0.88x the speed of cuBLAS's dense batched matmul on the mixtral
-widths and 0.45-0.56x on the many-expert ones (the ``kernel`` suite,
-``--kernel_mode=grouped``), this kernel at 0.90-0.99x and 0.67-0.74x. This kernel is `hopper.py`'s
-structure -- one memory warpgroup issuing TMA loads, two compute
-warpgroups each owning a ``tile_m x tile_n`` accumulator, a persistent loop
-over the output tiles -- with the tiles read from a table:
+widths and 0.45-0.56x on the many-expert ones, this kernel at 0.90-0.99x
+and 0.67-0.74x (the ``kernel`` suite, ``--kernel_mode=grouped``). This
+kernel has `hopper.py`'s structure -- one memory warpgroup issuing TMA
+loads, two compute warpgroups each owning a ``tile_m x tile_n``
+accumulator, a persistent loop over the output tiles -- with the tiles
+read from a table:
 
 * The row tiles come from `grouped_matmul.tile_table` (computed in XLA):
   per tile its group, first row (a multiple of the CTA tile's rows) and the
@@ -22,8 +23,8 @@ over the output tiles -- with the tiles read from a table:
   static row count, so the rows go out as a ladder of power-of-two TMA
   stores (the trick jax's ``ragged_dot_mgpu`` uses) from an unswizzled
   shared-memory tile: one store per epilogue column block of a whole tile,
-  at most ``log2(tile_m) + 1`` for a cut one. Rows of ``out`` that no group covers are left unwritten
-  (`grouped_matmul` zeroes them).
+  at most ``log2(tile_m) + 1`` for a cut one. Rows of ``out`` that no
+  group covers are left unwritten (`grouped_matmul` zeroes them).
 
 Mosaic GPU is imported inside the functions, so this module imports on a
 jaxlib without it; the tests run the kernel on CPU under jax's Mosaic GPU
@@ -51,9 +52,9 @@ from ficco_jax._src.pallas.config import SMEM_BUDGET
 # and a snake over bands of 8 row tiles so that the CTAs in flight share a
 # few row tiles of x and a few column blocks of w[g]. On an H200 (the
 # ``kernel`` suite, ``--kernel_mode=grouped``, benchmarks/results/
-# nvidia_h200_w1/kernel_grouped.json) it was the fastest or within 4% of the
-# fastest of the tiles swept on the mixtral widths, ahead of three stages
-# with a whole 64x256 epilogue tile by 1-9%.
+# nvidia_h200_w1/kernel_grouped.json) it was the fastest of the tiles swept
+# on the mixtral widths and within 4% of the fastest on the others, ahead
+# of three stages with a whole 64x256 epilogue tile by 1-9%.
 DEFAULT_CONFIG = ChunkMatmulConfig(
     tile_m=64, tile_n=256, tile_k=64, max_concurrent_steps=4, epi_tile_m=64,
     epi_tile_n=128, wg_dimension="m", grid_minor_dim="m", grid_tile_width=8)
