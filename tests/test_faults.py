@@ -2,13 +2,14 @@
 
 The library's fault hook makes one device's handlers of one protocol step
 fail at once, as a rank that raises there would: the start (rendezvous and
-window start, push arm), the wait (the rendezvous sync that waits for
-landing buffers, window wait, push start) or the done (the rendezvous sync
-that ends invocations, window done, push finish). Whatever the step, the call must end within
-the op's ``timeout_s`` (plus slack) with an error that names the failing
-rank or the hook, never hang; the library must keep nothing registered
-for it; and the program must work again afterwards, at most after the one
-``jax.clear_caches()`` that a poisoned window asks for.
+window start, push arm, push all-gather), the wait (the rendezvous sync
+that waits for landing buffers, window wait, push start, push all-gather
+once its pushes are queued) or the done (the rendezvous sync that ends
+invocations, window done, push finish). Whatever the step, the call must
+end within the op's ``timeout_s`` (plus slack) with an error that names
+the failing rank or the hook, never hang; the library must keep nothing
+registered for it; and the program must work again afterwards, at most
+after the one ``jax.clear_caches()`` that a poisoned window asks for.
 """
 
 import functools
@@ -38,8 +39,9 @@ CASES = {
     "window": ("ag", "direct/c2/dma/xla/window", ("start", "wait", "done")),
     "push": ("rs", "direct/c1/dma/pallas/flagged/push",
              ("start", "wait", "done")),
-    # The push all-gather is one call: its rank never arrives.
-    "push-ag": ("ag", "direct/c1/dma/xla/flagged/push", ("start",)),
+    # The push all-gather is one call: at "start" its rank never arrives;
+    # at "wait" it fails once its pushes are queued, which it drains.
+    "push-ag": ("ag", "direct/c1/dma/xla/flagged/push", ("start", "wait")),
 }
 
 

@@ -197,6 +197,13 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     return fail_drained(std::move(err));
   }
   HostPublish(*win, kStagedEnqueued, e);
+  // The fault hook's wait step: a rank that fails once its pushes are
+  // queued, so that a test reaches fail_drained (tests/test_faults.py).
+  if (Faults(device, kFaultWait)) {
+    return fail_drained(ffi::Error(
+        ffi::ErrorCode::kUnavailable,
+        who() + ": refused by the fault test hook (wait)"));
+  }
 
   const int64_t queue = B::kComputeQueue;
   char* dst = static_cast<char*>(out.untyped_data());

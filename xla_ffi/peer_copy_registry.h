@@ -83,9 +83,10 @@ inline Clock::time_point DeadlineAfter(int64_t ms) {
 
 // Test hooks (diagnostics.cc), so that failure paths can be exercised: a
 // protocol step of one device fails at once. The steps, per transport:
-//   kFaultStart: rendezvous start, window start, push arm;
+//   kFaultStart: rendezvous start, window start, push arm, push all-gather;
 //   kFaultWait:  rendezvous sync that waits for landing buffers, window
-//                wait, push start;
+//                wait, push start, push all-gather after its pushes are
+//                queued;
 //   kFaultDone:  rendezvous sync that ends invocations, window done, push
 //                finish.
 // The rendezvous transport's waits and dones are one handler, sync, which
