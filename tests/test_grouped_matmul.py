@@ -178,7 +178,7 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
   # takes the 128-column tile, 512 the 256-column one).
   seen = []
 
-  def fake(x, w, table, *, config, num_sms):
+  def fake(x, w, table, *, config, num_sms=None):
     del table, num_sms
     k, n = w.shape[1:]
     assert grouped_hopper.unfit(k, n, x.dtype, config) is None

@@ -345,13 +345,12 @@ def _grouped_dw_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
       "dense": lambda x, ct: jnp.einsum(
           "erk,ern->ekn", x.reshape(e, slot, k), ct.reshape(e, slot, n)),
       "ragged_dot": xla,
-      "dw (chosen: " + grouped_label(
-          gm.choose_dw_block(k, n, jnp.bfloat16)) + ")": (
-              lambda x, ct: gm.mosaic_dw(x, ct, sizes)),
   }
-  if jax.default_backend() != "gpu":
-    return sets, refs, {n_: p for n_, p in programs.items()
-                        if not n_.startswith("dw")}
+  if jax.default_backend() != "gpu":  # The kernel is GPU-only.
+    return sets, refs, programs
+  chosen = gm.choose_dw_block(k, n, jnp.bfloat16)
+  programs[f"dw (chosen: {grouped_label(chosen)})"] = (
+      lambda x, ct: gm.mosaic_dw(x, ct, sizes))
   for label, block in blocks.items():
     why = (gm.dw_unfit(k, n, jnp.bfloat16, jnp.bfloat16, block)
            if isinstance(block, gm.Block) else "not a dw tile")

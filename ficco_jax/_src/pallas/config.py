@@ -27,6 +27,18 @@ SMEM_BUDGET = 227 * 1024 - 1024
 Dim = Literal["m", "n"]
 
 
+def grouped_operands_unfit(dtype, *dims: tuple[str, int, int]) -> str | None:
+  """Why the grouped kernels (`grouped_hopper` and jax's) cannot take
+  operands of ``dtype`` with each ``(name, size, tile)`` of ``dims``, or
+  None: the dtype first, then the first size its tile does not divide."""
+  if jnp.dtype(dtype) not in MGPU_DTYPES:
+    return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
+  for name, size, tile in dims:
+    if size % tile:
+      return f"{name}={size} is not a multiple of {tile}"
+  return None
+
+
 def hopper_kernel_runs(device, dtype) -> bool:
   """Whether ficco's Mosaic GPU kernels (wgmma) run on ``device`` with
   ``dtype`` operands: a Hopper (sm_90) GPU and 2-byte operands."""

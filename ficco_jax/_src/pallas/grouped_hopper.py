@@ -43,7 +43,7 @@ from jax.experimental import pallas as pl
 from ficco_jax._src.pallas import hopper
 from ficco_jax._src.pallas import out_types
 from ficco_jax._src.pallas.config import ChunkMatmulConfig
-from ficco_jax._src.pallas.config import MGPU_DTYPES
+from ficco_jax._src.pallas.config import grouped_operands_unfit
 from ficco_jax._src.pallas.config import SMEM_BUDGET
 
 # The tiles used when the caller names none: `hopper.py`'s best chunk tile
@@ -73,12 +73,10 @@ def unfit(k: int, n: int, dtype, config: ChunkMatmulConfig = DEFAULT_CONFIG,
           out_dtype=None) -> str | None:
   """Why ``[., k] @ [k, n]`` in ``dtype`` does not suit this kernel with
   ``config``, or None."""
-  if jnp.dtype(dtype) not in MGPU_DTYPES:
-    return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
-  if k % config.tile_k:
-    return f"K={k} is not a multiple of {config.tile_k}"
-  if n % config.cta_tile_n:
-    return f"N={n} is not a multiple of {config.cta_tile_n}"
+  why = grouped_operands_unfit(dtype, ("K", k, config.tile_k),
+                              ("N", n, config.cta_tile_n))
+  if why is not None:
+    return why
   if config.tile_n % config.epi_tile_n:
     return (f"epi_tile_n={config.epi_tile_n} does not divide"
             f" tile_n={config.tile_n}")
@@ -193,7 +191,8 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
 
 def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
                  config: ChunkMatmulConfig | None = None,
-                 num_sms: int, interpret_params=None) -> jax.Array:
+                 num_sms: int | None = None,
+                 interpret_params=None) -> jax.Array:
   """``[M, N]``: row tile t of `table` (``grouped_matmul.tile_table`` with
   ``block_m = config.cta_tile_m``) times ``w[table[0, t]]``, its rows
   ``[lo, hi)`` stored; other rows are left unwritten.
@@ -203,7 +202,8 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
     w: ``[G, K, N]`` in x's dtype.
     table: ``[4, tiles]`` int32 from ``tile_table(sizes, M, cta_tile_m)``.
     config: the tiles (None: `DEFAULT_CONFIG`).
-    num_sms: CTAs of the persistent grid (at most the tiles).
+    num_sms: CTAs of the persistent grid, at most the tiles (None: the
+      device's SMs).
     interpret_params: tests only: jax's Mosaic GPU interpreter parameters,
       which run this very kernel on CPU.
 
@@ -226,6 +226,7 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
     raise ValueError(f"table must be [4, tiles], got {tuple(table.shape)}.")
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
   tiles = table.shape[1]
+  num_sms = hopper.device_num_sms() if num_sms is None else num_sms
   grid = max(1, min(num_sms, tiles * (n // config.cta_tile_n)))
   kernel = pl.kernel(
       functools.partial(_kernel, config=config, k_iters=k // config.tile_k,

@@ -44,6 +44,7 @@ from ficco_jax._src.pallas import grouped_hopper
 from ficco_jax._src.pallas import out_types
 from ficco_jax._src.pallas import portable
 from ficco_jax._src.pallas.config import ChunkMatmulConfig
+from ficco_jax._src.pallas.config import grouped_operands_unfit
 from ficco_jax._src.pallas.config import MGPU_DTYPES
 
 
@@ -105,13 +106,9 @@ def mosaic_unfit(k: int, n: int, dtype,
   (N, K))."""
   if isinstance(block, ChunkMatmulConfig):
     return grouped_hopper.unfit(k, n, dtype, block)
-  if jnp.dtype(dtype) not in MGPU_DTYPES:
-    return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
-  for name, v, tile in (("K", k, block.block_k),
-                        ("N", n, block.block_n * block.grid_block_n)):
-    if v % tile:
-      return f"{name}={v} is not a multiple of {tile}"
-  return None
+  return grouped_operands_unfit(
+      dtype, ("K", k, block.block_k),
+      ("N", n, block.block_n * block.grid_block_n))
 
 
 def _first_fitting(candidates, unfit):
@@ -130,16 +127,13 @@ def dw_unfit(k: int, n: int, dtype, w_dtype,
              block: Block = DW_BLOCKS[-1]) -> str | None:
   """Why the weight gradient ``dw [G, k, n]`` of bf16/f16 rows cannot run
   on the GPU kernel with ``block``, or None."""
-  if jnp.dtype(dtype) not in MGPU_DTYPES:
-    return f"operands are {jnp.dtype(dtype)}, the kernel takes bf16 or f16"
-  if jnp.dtype(w_dtype) != jnp.dtype(dtype):
+  if (jnp.dtype(dtype) in MGPU_DTYPES
+      and jnp.dtype(w_dtype) != jnp.dtype(dtype)):
     # The kernel's dw is in the operands' dtype.
     return f"w is {jnp.dtype(w_dtype)}, the rows {jnp.dtype(dtype)}"
-  for name, v, tile in (("K", k, block.block_m),
-                        ("N", n, block.block_n * block.grid_block_n)):
-    if v % tile:
-      return f"{name}={v} is not a multiple of {tile}"
-  return None
+  return grouped_operands_unfit(
+      dtype, ("K", k, block.block_m),
+      ("N", n, block.block_n * block.grid_block_n))
 
 
 def choose_dw_block(k: int, n: int, dtype) -> Block:
@@ -273,11 +267,8 @@ def _mosaic(x, w, group_sizes, out_dtype, block):
   m = x.shape[0]
   x = jnp.pad(x, ((0, -m % 8), (0, 0)))
   if isinstance(block, ChunkMatmulConfig):
-    # pylint: disable-next=g-import-not-at-top
-    from ficco_jax._src.pallas import hopper
     table = tile_table(group_sizes, x.shape[0], block.cta_tile_m)
-    return grouped_hopper.grouped_into(
-        x, w, table, config=block, num_sms=hopper.device_num_sms())[:m]
+    return grouped_hopper.grouped_into(x, w, table, config=block)[:m]
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
   return ragged_dot_mgpu.ragged_dot(
@@ -320,10 +311,9 @@ def _grouped_bwd(out_dtype, on_gpu, block, res, ct):
   dx = _impl(ct.astype(x.dtype), jnp.swapaxes(w, 1, 2).astype(x.dtype),
              group_sizes, x.dtype, on_gpu, block)
   if on_gpu and dw_unfit(x.shape[1], w.shape[2], x.dtype, w.dtype) is None:
-    # (The smallest of DW_BLOCKS: choose_dw_block takes a wider one where
-    # it fits.)
-    # On the GPU path the result, and so ct, is in the operands' dtype: the
-    # kernel rounds nothing the XLA path below would keep.
+    # Fits the smallest of DW_BLOCKS (mosaic_dw takes a wider one where it
+    # fits). On the GPU path the result, and so ct, is in the operands'
+    # dtype: the kernel rounds nothing the XLA path below would keep.
     return dx, mosaic_dw(x, ct, group_sizes).astype(w.dtype), None
   # dw from the unrounded cotangent, in f32.
   _, vjp_w = jax.vjp(
