@@ -277,6 +277,20 @@ ffi::Future Failed(ffi::Error error) {
   return future;
 }
 
+// Every event of the invocations of `run`, and the longest of their
+// timeouts (a failed run is settled once they are all set, or by twice it).
+std::vector<CpuEvent*> RunEvents(const std::vector<std::shared_ptr<Inv>>& run,
+                                 int64_t* timeout_ms) {
+  std::vector<CpuEvent*> events;
+  for (const auto& inv : run) {
+    *timeout_ms = std::max(*timeout_ms, inv->plan.timeout_ms);
+    for (CpuEvent* e : inv->AllEvents()) {
+      if (e != nullptr) events.push_back(e);
+    }
+  }
+  return events;
+}
+
 // Runs `then` on the device's completion thread once every event of the
 // invocations in `run` is set, or after twice their op's timeout. A wait or
 // done that fails hands its error to XLA, which then frees the execution's
@@ -295,14 +309,8 @@ void WhenSettled(int32_t device, std::vector<std::shared_ptr<Inv>> run,
   };
   auto st = std::make_shared<Settle>();
   st->then = std::move(then);
-  std::vector<CpuEvent*> events;
   int64_t timeout_ms = 0;
-  for (const auto& inv : run) {
-    timeout_ms = std::max(timeout_ms, inv->plan.timeout_ms);
-    for (CpuEvent* e : inv->AllEvents()) {
-      if (e != nullptr) events.push_back(e);
-    }
-  }
+  std::vector<CpuEvent*> events = RunEvents(run, &timeout_ms);
   st->run = std::move(run);
   auto fire = [st, device] {
     std::function<void()> then;
@@ -369,16 +377,10 @@ ffi::Error FailSettledNow(const std::shared_ptr<Inv>& inv, ffi::Error error) {
   auto run = WindowIndex<CpuBackend>::Get().FailRun(
       inv, inv->where + ": " + std::string(error.message()));
   int64_t timeout_ms = 0;
-  for (const auto& r : run) {
-    timeout_ms = std::max(timeout_ms, r->plan.timeout_ms);
-  }
+  const std::vector<CpuEvent*> events = RunEvents(run, &timeout_ms);
   const auto deadline = DeadlineAfter(2 * timeout_ms);
   CpuBackend backend;
-  for (const auto& r : run) {
-    for (CpuEvent* e : r->AllEvents()) {
-      if (e != nullptr) backend.DrainWait(e, deadline);
-    }
-  }
+  for (CpuEvent* e : events) backend.DrainWait(e, deadline);
   return error;
 }
 
