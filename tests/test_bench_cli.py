@@ -145,12 +145,14 @@ def test_kernel_suite_times_the_grouped_matmul(tmp_path):
   bench("--suite=kernel", "--kernel_mode=grouped", "--tiny",
         "--moe_models=mixtral-8x7b", "--grouped_rows=256", "--axis_size=2",
         "--grouped_blocks=128x128x64x4x1,ws-64x128-s4-e128-wm-gn4",
-        "--rounds=2", "--iters=2", f"--out_dir={tmp_path}")
+        "--grouped_zero_pass", "--rounds=2", "--iters=2",
+        f"--out_dir={tmp_path}")
   data = json.loads((tmp_path / "kernel_grouped.json").read_text())
   assert len(data["rows"]) == 2  # Both of the layer's matmuls.
   for row in data["rows"]:
     for name in ("dense", "ragged_dot", "grouped/128x128x64x4x1",
-                 "grouped/ws-64x128-s4-e128-wm-gn4"):
+                 "grouped/ws-64x128-s4-e128-wm-gn4",
+                 "grouped (chosen) + XLA zero pass"):
       t = row["times"][name]
       assert t["ok"] and t["median_ms"] > 0 and t["tflops"] > 0, (name, t)
 
@@ -332,8 +334,12 @@ def test_tests_suite_counts_a_run_cut_before_its_summary():
   assert s["counts"] == {"passed": 4 + 64 + 4, "skipped": 4, "failed": 1,
                          "errors": 1}, s["counts"]
   md = tests_suite.markdown({"meta": {}, "pytest_command": "pytest",
-                             "returncode": -2, "seconds": 9.0, "summary": s})
+                             "returncode": -2, "seconds": 9.0, "summary": s,
+                             "stopped_at_limit": True})
   assert "stopped before pytest's summary" in md and "1 failed" in md
+  quiet = tests_suite.markdown({"meta": {}, "pytest_command": "pytest",
+                                "returncode": 1, "seconds": 9.0, "summary": s})
+  assert "no summary line" in quiet and "time limit" not in quiet
   done = "\n".join([
       "..F" + " [100%]",
       "=" * 10 + " FAILURES " + "=" * 10,

@@ -206,12 +206,16 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
     # Warpgroups side by side: every cut tile's rows go out from both; a
     # one-row group (the ladder's smallest store).
     ("n", "n", [1, 127, 0, 120]),
+    # Most rows past the groups: zeros stored over two row blocks, one of
+    # them shared with the last group.
+    ("m", "n", [10, 0, 5, 20]),
 ])
 def test_hopper_grouped_kernel_in_mosaic_gpu_interpreter(monkeypatch, wg,
                                                          minor, sizes):
   # ficco's grouped Hopper kernel itself (warp-specialized TMA/wgmma
-  # pipeline, tiles from the table, the ladder of row stores) under jax's
-  # Mosaic GPU interpreter on CPU.
+  # pipeline, tiles from the table, the ladder of row stores, the zeros
+  # past the groups) under jax's Mosaic GPU interpreter on CPU, whose fresh
+  # buffers hold NaN.
   params = util.mosaic_gpu_interpret_params(monkeypatch)
   cfg = ChunkMatmulConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
                           epi_tile_m=64, epi_tile_n=64, wg_dimension=wg,
@@ -230,6 +234,7 @@ def test_hopper_grouped_kernel_in_mosaic_gpu_interpreter(monkeypatch, wg,
   ref = _reference(x, w, sizes)
   assert util.rel_err(np.asarray(out, np.float64)[:routed],
                       ref[:routed]) < util.tol(jnp.bfloat16)
+  assert not np.asarray(out, np.float64)[routed:].any()
 
 
 @pytest.mark.parametrize("what, kw, match", [
@@ -307,8 +312,8 @@ def _check_rows(out, ref, routed):
 @pytest.mark.parametrize("m", [40, 1000])
 def test_gpu_grouped_kernel_runs_many_tiles_per_cta(config, m):
   # Seven CTAs for dozens of tiles: each CTA reuses its epilogue tile and
-  # restarts the pipeline after skipped tiles; 40 rows are fewer than one
-  # CTA tile (reads past the end of x).
+  # restarts the pipeline, and stores the zeros past the groups; 40 rows
+  # are fewer than one CTA tile (reads past the end of x).
   rng = np.random.default_rng(29)
   k, n = 320, 4 * config.cta_tile_n
   sizes = np.asarray([m // 3, 0, 1, m // 2], np.int32)
@@ -320,7 +325,6 @@ def test_gpu_grouped_kernel_runs_many_tiles_per_cta(config, m):
   table = gm.tile_table(jnp.asarray(sizes), m, config.cta_tile_m)
   out = jax.jit(lambda x, w, t: grouped_hopper.grouped_into(
       x, w, t, config=config, num_sms=7))(x, w, table)
-  out = gm.zero_past_groups(out, jnp.asarray(sizes))
   _check_rows(out, _reference(x[:routed], w, sizes), routed)
 
 

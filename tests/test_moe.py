@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import ficco_jax
 from ficco_jax import Schedule
+from ficco_jax._src import devices
 
 import util
 
@@ -526,7 +527,8 @@ def test_explicit_pallas_experts_name_what_the_gpu_kernel_cannot_take(
     monkeypatch):
   mesh = util.tp_mesh(4, "ep")
   p = mesh.devices.size
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  # Traced as for a Hopper GPU (the mesh itself is of CPUs).
+  monkeypatch.setattr(devices, "platform", lambda: "gpu")
   monkeypatch.setattr(jax, "devices", lambda *a: [_FakeGpu("9.0")])
   x = jnp.zeros((16, 128), jnp.bfloat16)
   w = jnp.zeros((1, 128, 192), jnp.bfloat16)

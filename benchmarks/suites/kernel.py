@@ -63,6 +63,10 @@ flags.DEFINE_integer("grouped_jitter", 0,
                      " slot + J and slot - J rows (same total), so that"
                      " group boundaries cut the kernels' row tiles as real"
                      " routing does; the dense baseline keeps equal slots.")
+flags.DEFINE_bool("grouped_zero_pass", False,
+                  "kernel: grouped mode also times the chosen tiles followed"
+                  " by XLA's pass that zeroes the rows past the groups (what"
+                  " the kernel's own zero stores replace).")
 flags.DEFINE_list("grouped_blocks", ["ws-64x256-s3-e256-wm-gm8",
                                      "ws-64x256-s4-e128-wm-gm8",
                                      "ws-64x256-s3-e256-wm-gn8",
@@ -309,6 +313,13 @@ def _grouped_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
   chosen = gm.choose_block(k, n, jnp.bfloat16)
   programs[f"grouped (chosen: {grouped_label(chosen)})"] = (
       lambda x, wt: gm.grouped_matmul(x, wt, sizes))
+  if FLAGS.grouped_zero_pass:
+    # What the zero stores of ficco's kernel replace: XLA's pass over the
+    # result that zeroes the rows past the groups (the sizes behind a
+    # barrier, as a layer's routing is: not folded away).
+    programs["grouped (chosen) + XLA zero pass"] = (
+        lambda x, wt: gm.zero_past_groups(gm.grouped_matmul(x, wt, sizes),
+                                          lax.optimization_barrier(sizes)))
   for label, block in blocks.items():
     # Off GPUs the portable kernel runs whatever the tiles.
     why = gm.mosaic_unfit(k, n, jnp.bfloat16, block)

@@ -60,8 +60,8 @@ def summarize(log: str) -> dict:
   for n, what in _COUNT.findall(closing or ""):
     counts["errors" if what.startswith("error") else what] = int(n)
   if closing is None:
-    # Stopped before pytest's summary (a time limit): what the progress
-    # marks say ran, so that a cut run still counts.
+    # No summary (a time limit, or -qq): what the progress marks say ran,
+    # so that a cut run still counts.
     for l in lines:
       m = _PROGRESS.match(l.strip())
       if m:
@@ -95,8 +95,10 @@ def markdown(data: dict) -> str:
     lines.append(f"**{s['closing_line']}{cut}**")
   else:
     marks = ", ".join(f"{n} {what}" for what, n in s["counts"].items())
-    lines.append("**stopped before pytest's summary (time limit); its"
-                 f" progress marks: {marks or 'none'}**")
+    why = ("stopped before pytest's summary (time limit)"
+           if data.get("stopped_at_limit") else
+           "pytest printed no summary line (-qq?)")
+    lines.append(f"**{why}; its progress marks: {marks or 'none'}**")
   if s["failures"]:
     lines += ["", "Failed:", ""] + [f"- `{f}`" for f in s["failures"]]
   if s.get("soak"):

@@ -24,6 +24,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from ficco_jax._src import devices
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import autotune_cache
@@ -56,9 +57,9 @@ def target(device_kind: str | None = None) -> Target:
   plans for the devices at hand (their platform and this install's
   libraries); any other kind is planned for as a GPU of that kind with the
   copy-engine library available."""
-  here = heuristics.default_device_kind()
+  here = devices.device_kind()
   if device_kind is None or device_kind == here:
-    return Target(device_kind=here, platform=jax.default_backend(),
+    return Target(device_kind=here, platform=devices.platform(),
                   assume_dma=False)
   return Target(device_kind=device_kind, platform="gpu", assume_dma=True)
 
@@ -91,7 +92,8 @@ def moe_hopper(tgt: Target) -> bool:
   device at hand's compute capability, or another kind's name."""
   if tgt.assume_dma:  # Another kind: planned for as a GPU of that kind.
     return moe_heuristic.kind_is_hopper(tgt.device_kind)
-  return pallas_config.hopper_kernel_runs(jax.devices()[0], np.float16)
+  return pallas_config.hopper_kernel_runs(devices.local_device(),
+                                          np.float16)
 
 
 def moe_default(op: str, *, x_shape, w_shape, dtype, axis_size: int,

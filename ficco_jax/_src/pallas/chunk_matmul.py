@@ -34,6 +34,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from ficco_jax._src import devices
 from ficco_jax._src.pallas import hopper
 from ficco_jax._src.pallas import portable
 from ficco_jax._src.pallas.config import ChunkMatmulConfig as ChunkMatmulConfig
@@ -178,17 +179,17 @@ def _check_piece_rows(name, offsets, rows, shape):
 
 def _hopper_offset(row_offset) -> int | None:
   """Checks that the Hopper kernel can run here; the offset if static."""
-  if jax.default_backend() != "gpu":
+  if devices.platform() != "gpu":
     raise ValueError(
-        f"interpret=False needs a GPU backend (Hopper); the default backend is"
-        f" {jax.default_backend()!r}. Use interpret=None or True.")
+        f"interpret=False needs a GPU (Hopper); this is traced for"
+        f" {devices.platform()!r} devices. Use interpret=None or True.")
   return (int(row_offset) if isinstance(row_offset, (int, np.integer))
           else None)
 
 
 def _resolve_interpret(interpret: bool | None) -> bool:
   if interpret is None:
-    return jax.default_backend() == "cpu"
+    return devices.platform() == "cpu"
   return bool(interpret)
 
 

@@ -5,10 +5,10 @@ experts' compute of the MoE ops on Hopper GPUs.
 
 Why a kernel of our own beside jax's ``ragged_dot_mgpu``: that kernel runs
 one warpgroup per CTA that both issues the TMA loads and waits on each
-``wgmma``, so the tensor cores idle between steps. On an H200 it ran at
-0.80-0.88x the speed of cuBLAS's dense batched matmul on the mixtral
-widths and 0.45-0.56x on the many-expert ones, this kernel at 0.90-0.99x
-and 0.67-0.74x (the ``kernel`` suite, ``--kernel_mode=grouped``). This
+``wgmma``, so the tensor cores idle between steps. On an H200 it runs at
+0.78-0.88x the speed of cuBLAS's dense batched matmul on the mixtral
+widths and 0.45-0.57x on the many-expert ones, this kernel at 0.96-1.03x
+and 0.74-0.84x (the ``kernel`` suite, ``--kernel_mode=grouped``). This
 kernel has `hopper.py`'s structure -- one memory warpgroup issuing TMA
 loads, two compute warpgroups each owning a ``tile_m x tile_n``
 accumulator, a persistent loop over the output tiles -- with the tiles
@@ -23,8 +23,9 @@ read from a table:
   static row count, so the rows go out as a ladder of power-of-two TMA
   stores (the trick jax's ``ragged_dot_mgpu`` uses) from an unswizzled
   shared-memory tile: one store per epilogue column block of a whole tile,
-  at most ``log2(tile_m) + 1`` for a cut one. Rows of ``out`` that no
-  group covers are left unwritten (`grouped_matmul` zeroes them).
+  at most ``log2(tile_m) + 1`` for a cut one. Rows of ``out`` past the
+  groups get zeros by the same ladder, after the live tiles, so no XLA pass
+  over the result zeroes them.
 
 Mosaic GPU is imported inside the functions, so this module imports on a
 jaxlib without it; the tests run the kernel on CPU under jax's Mosaic GPU
@@ -40,6 +41,7 @@ from jax import lax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ficco_jax._src import devices
 from ficco_jax._src.pallas import hopper
 from ficco_jax._src.pallas import out_types
 from ficco_jax._src.pallas.config import ChunkMatmulConfig
@@ -51,10 +53,11 @@ from ficco_jax._src.pallas.config import SMEM_BUDGET
 # beside a 64x128 unswizzled epilogue tile per warpgroup (224 KiB in all),
 # and a snake over bands of 8 row tiles so that the CTAs in flight share a
 # few row tiles of x and a few column blocks of w[g]. On an H200 (the
-# ``kernel`` suite, ``--kernel_mode=grouped``, benchmarks/results/
-# nvidia_h200_w1/kernel_grouped.json) it was the fastest of the tiles swept
-# on the mixtral widths and within 4% of the fastest on the others, ahead
-# of three stages with a whole 64x256 epilogue tile by 1-9%.
+# ``kernel`` suite, ``--kernel_mode=grouped``) it was the fastest of the
+# tiles swept on the mixtral widths and within 4% of the fastest on the
+# others, ahead of three stages with a whole 64x256 epilogue tile by 1-9%
+# (that sweep is in the git history of benchmarks/results/nvidia_h200_w1/
+# kernel_grouped.json; the file now holds it against the 128x128 tile).
 DEFAULT_CONFIG = ChunkMatmulConfig(
     tile_m=64, tile_n=256, tile_k=64, max_concurrent_steps=4, epi_tile_m=64,
     epi_tile_n=128, wg_dimension="m", grid_minor_dim="m", grid_tile_width=8)
@@ -96,11 +99,13 @@ def unfit(k: int, n: int, dtype, config: ChunkMatmulConfig = DEFAULT_CONFIG,
 
 def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
             tiles):
-  # table_gmem: (4 * tiles,) int32 GMEM, tile_table flattened: group, first
-  #             row, lo, hi of each row tile.
+  # table_gmem: (4 * tiles + 2,) int32 GMEM, tile_table flattened (group,
+  #             first row, lo, hi of each row tile; the live tiles are a
+  #             prefix), then the live tiles' count and the groups' rows.
   # x_gmem:     (M, K) GMEM; a tile's rows past M read as zeros (TMA).
   # w_gmem:     (G, K, N) GMEM.
-  # out_gmem:   (M, N) GMEM, fresh: only the groups' rows are written.
+  # out_gmem:   (M, N) GMEM, fresh: every row is written, the groups' rows
+  #             with their product, the rest with zeros.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
   c = config
@@ -109,6 +114,7 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
   cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
   epi_n = c.epi_tile_n
   n_iters = w_gmem.shape[2] // cta_tile_n
+  m_out = out_gmem.shape[0]
 
   minor = 0 if c.grid_minor_dim == "m" else 1
   get_pipeline = hopper.operand_pipeline(c, k_iters, dtype)
@@ -125,16 +131,33 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
   )
   def _scope(pipeline_allocs, out_smem):
     wg_idx = lax.axis_index("wg")
+    # The walk: the live tiles (the snake), then the row blocks from the
+    # one holding the groups' last row on, whose rows past the groups are
+    # stored as zeros (no XLA pass over the result to zero them).
+    live = table_gmem[4 * tiles]
+    total = table_gmem[4 * tiles + 1]
+    zero_blocks = jnp.where(total < m_out,
+                            pl.cdiv(m_out, cta_tile_m) - total // cta_tile_m,
+                            0)
+    live_steps = live * n_iters
 
-    @plgpu.nd_loop((tiles * n_iters,), collective_axes="sm")
+    @plgpu.nd_loop(((live + zero_blocks) * n_iters,), collective_axes="sm")
     def _mn_loop(info):
-      (lin_idx,) = getattr(info, "index", info)
-      t_idx, n_idx = plgpu.planar_snake(lin_idx, (tiles, n_iters), minor,
-                                        c.grid_tile_width)
+      (lin_idx,) = info.index
+      is_live = lin_idx < live_steps
+      t_idx, n_live = plgpu.planar_snake(
+          jnp.where(is_live, lin_idx, 0), (jnp.maximum(live, 1), n_iters),
+          minor, c.grid_tile_width)
+      z = lin_idx - live_steps
+      row_z = (total // cta_tile_m + z // n_iters) * cta_tile_m
       grp = table_gmem[t_idx]
-      row = pl.multiple_of(table_gmem[tiles + t_idx], 8)
-      lo = table_gmem[2 * tiles + t_idx]
-      hi = table_gmem[3 * tiles + t_idx]
+      row = pl.multiple_of(
+          jnp.where(is_live, table_gmem[tiles + t_idx], row_z), 8)
+      lo = jnp.where(is_live, table_gmem[2 * tiles + t_idx],
+                     jnp.maximum(total - row_z, 0))
+      hi = jnp.where(is_live, table_gmem[3 * tiles + t_idx],
+                     jnp.minimum(m_out - row_z, cta_tile_m))
+      n_idx = jnp.where(is_live, n_live, lax.rem(z, jnp.int32(n_iters)))
       # This warpgroup's rows and columns of the CTA tile.
       if c.wg_dimension == "m":
         wg_row, wg_col = wg_idx * tile_m, 0
@@ -145,6 +168,29 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
       mine_lo = jnp.clip(lo - wg_row, 0, tile_m)
       mine_hi = jnp.clip(hi - wg_row, 0, tile_m)
       size = mine_hi - mine_lo
+      col0 = n_idx * cta_tile_n + wg_col
+
+      def store(block):
+        # block(j): this warpgroup's (tile_m, epi_n) values of epilogue
+        # column block j.
+        for epi_ni in range(tile_n // epi_n):
+          # The previous stores out of out_smem must have read it.
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          out_smem[wg_idx] = block(epi_ni)
+          plgpu.commit_smem()
+          # Rows [mine_lo, mine_hi) as power-of-two TMA stores, largest
+          # first: the set bits of their count.
+          start = mine_lo
+          step = tile_m
+          while step:
+            @pl.when((size & step) != 0)
+            def _store(start=start, step=step):
+              plgpu.copy_smem_to_gmem(
+                  out_smem.at[wg_idx, pl.ds(start, step)],
+                  out_gmem.at[pl.ds(row + wg_row + start, step),
+                              pl.ds(col0 + epi_ni * epi_n, epi_n)])
+            start = start + (size & step)
+            step //= 2
 
       def compute_context(eval_pipeline):
         @functools.partial(
@@ -152,38 +198,25 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
         def _acc_scope(acc_ref):
           eval_pipeline(acc_ref)
           acc = acc_ref[...].astype(out_dtype)
-          col0 = n_idx * cta_tile_n + wg_col
-          for epi_ni in range(tile_n // epi_n):
-            # The previous stores out of out_smem must have read it.
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            out_smem[wg_idx] = acc[:, epi_ni * epi_n:(epi_ni + 1) * epi_n]
-            plgpu.commit_smem()
-            # Rows [mine_lo, mine_hi) as power-of-two TMA stores, largest
-            # first: the set bits of their count.
-            start = mine_lo
-            step = tile_m
-            while step:
-              @pl.when((size & step) != 0)
-              def _store(start=start, step=step):
-                plgpu.copy_smem_to_gmem(
-                    out_smem.at[wg_idx, pl.ds(start, step)],
-                    out_gmem.at[pl.ds(row + wg_row + start, step),
-                                pl.ds(col0 + epi_ni * epi_n, epi_n)])
-              start = start + (size & step)
-              step //= 2
+          store(lambda j: acc[:, j * epi_n:(j + 1) * epi_n])
 
       def mma_body(_, x_smem, w_smem, acc_ref):
         plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
         plgpu.wgmma_wait(0)
         return acc_ref
 
-      @pl.when(hi > lo)  # Tiles past the last group: nothing to compute.
+      @pl.when(is_live)
       def _tile():
         get_pipeline(mma_body, compute_context)(
             x_gmem.at[pl.ds(row, cta_tile_m), :],
             w_gmem.at[grp].at[:, pl.ds(n_idx * cta_tile_n, cta_tile_n)],
             allocations=pipeline_allocs,
         )
+
+      # Rows past the groups: the compute warpgroups store zeros.
+      @pl.when(jnp.logical_not(is_live) & (wg_idx < 2))
+      def _zeros():
+        store(lambda _: jnp.zeros((tile_m, epi_n), out_dtype))
 
   # Await all stores before the kernel exits.
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -195,7 +228,7 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
                  interpret_params=None) -> jax.Array:
   """``[M, N]``: row tile t of `table` (``grouped_matmul.tile_table`` with
   ``block_m = config.cta_tile_m``) times ``w[table[0, t]]``, its rows
-  ``[lo, hi)`` stored; other rows are left unwritten.
+  ``[lo, hi)`` stored; the rows past the groups are zeros.
 
   Args:
     x: ``[M, K]`` bf16/f16 rows, M a multiple of 8 (TMA's row tiling).
@@ -226,7 +259,7 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
     raise ValueError(f"table must be [4, tiles], got {tuple(table.shape)}.")
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
   tiles = table.shape[1]
-  num_sms = hopper.device_num_sms() if num_sms is None else num_sms
+  num_sms = devices.num_sms() if num_sms is None else num_sms
   grid = max(1, min(num_sms, tiles * (n // config.cta_tile_n)))
   kernel = pl.kernel(
       functools.partial(_kernel, config=config, k_iters=k // config.tile_k,
@@ -239,4 +272,7 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
       name="ficco_grouped_matmul_hopper",
       interpret=interpret_params or False,
   )
-  return kernel(table.reshape(-1), x, w.astype(x.dtype))
+  live = jnp.sum(table[3] > table[2], dtype=jnp.int32)
+  total = jnp.max(table[1] + table[3])  # The groups' rows.
+  return kernel(jnp.concatenate([table.reshape(-1), live[None], total[None]]),
+                x, w.astype(x.dtype))

@@ -39,6 +39,7 @@ from jax import lax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ficco_jax._src import devices
 from ficco_jax._src import vma
 from ficco_jax._src.pallas import grouped_hopper
 from ficco_jax._src.pallas import out_types
@@ -267,13 +268,14 @@ def _mosaic(x, w, group_sizes, out_dtype, block):
   m = x.shape[0]
   x = jnp.pad(x, ((0, -m % 8), (0, 0)))
   if isinstance(block, ChunkMatmulConfig):
+    # The kernel stores zeros past the groups itself.
     table = tile_table(group_sizes, x.shape[0], block.cta_tile_m)
     return grouped_hopper.grouped_into(x, w, table, config=block)[:m]
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
-  return ragged_dot_mgpu.ragged_dot(
+  return zero_past_groups(ragged_dot_mgpu.ragged_dot(
       x, w.astype(x.dtype), group_sizes=group_sizes.astype(jnp.int32),
-      **dataclasses.asdict(block))[:m]
+      **dataclasses.asdict(block))[:m], group_sizes)
 
 
 def zero_past_groups(a: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -284,9 +286,10 @@ def zero_past_groups(a: jax.Array, group_sizes: jax.Array) -> jax.Array:
 
 
 def _impl(x, w, group_sizes, out_dtype, on_gpu, block):
-  out = (_mosaic if on_gpu else _portable)(x, w, group_sizes, out_dtype,
-                                           block)
-  return zero_past_groups(out, group_sizes)
+  # Both give zeros past the groups: the portable kernel's result starts as
+  # zeros, ficco's Hopper kernel stores them, jax's is followed by a pass.
+  return (_mosaic if on_gpu else _portable)(x, w, group_sizes, out_dtype,
+                                            block)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -339,7 +342,7 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
     group_sizes: ``[G]`` int rows per group (their sum at most M).
     out_dtype: the result's dtype (default ``x``'s).
     on_gpu: the Mosaic GPU kernel (True) or the portable one under the
-      interpreter (False); None: by ``jax.default_backend()``.
+      interpreter (False); None: by the traced devices' platform.
     block: the GPU kernel and its tiles: a `ChunkMatmulConfig` runs
       ficco's kernel, a `Block` jax's (None: `choose_block` per matmul, the
       gradient's included; the ``kernel`` suite's ``--kernel_mode=grouped``
@@ -362,7 +365,7 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
                      f" {getattr(group_sizes, 'dtype', type(group_sizes))}"
                      f"{tuple(getattr(group_sizes, 'shape', ()))}.")
   if on_gpu is None:
-    on_gpu = jax.default_backend() == "gpu"
+    on_gpu = devices.platform() == "gpu"
   out_dtype = jnp.dtype(out_dtype or x.dtype)
   if block is not None and not isinstance(block, (Block, ChunkMatmulConfig)):
     raise TypeError(f"block must be a grouped_matmul.Block or a"

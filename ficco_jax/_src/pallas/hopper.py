@@ -35,6 +35,7 @@ from jax import lax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ficco_jax._src import devices
 from ficco_jax._src.pallas import out_types
 from ficco_jax._src.pallas.config import ChunkMatmulConfig
 from ficco_jax._src.pallas.config import default_config
@@ -42,18 +43,6 @@ from ficco_jax._src.pallas.config import flag_target
 from ficco_jax._src.pallas.config import MGPU_DTYPES
 from ficco_jax._src.pallas.config import padded_k
 from ficco_jax._src.pallas.offsets import ByRank
-
-
-def device_num_sms() -> int:
-  """SMs of the device being traced for: the abstract mesh's, else the
-  first device's (1 where it reports none)."""
-  try:
-    abstract_device = jax.sharding.get_abstract_mesh().abstract_device
-    if abstract_device is not None:
-      return abstract_device.num_cores
-  except AttributeError:
-    pass
-  return getattr(jax.devices()[0], "core_count", None) or 1
 
 
 def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype):
@@ -351,7 +340,7 @@ def mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
     raise TypeError(
         f"x.dtype={x.dtype}: the Hopper kernel takes bfloat16 or float16"
         " operands (wgmma from shared memory); use compute='xla' for float32.")
-  device_sms = device_num_sms()
+  device_sms = devices.num_sms()
   sms = min(num_sms, device_sms) if num_sms is not None else device_sms
   if mosaic_interpret and num_sms is not None:
     # The interpreter simulates as many SMs as asked for; the CPU device

@@ -15,10 +15,10 @@ import functools
 import logging
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ficco_jax._src import devices
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src.tuning import cost_model
 from ficco_jax._src.tuning import device_params
@@ -60,16 +60,6 @@ def dma_available(platform: str) -> bool:
 def warn_once(message: str) -> None:
   """Logs ``message`` as a warning the first time it is seen."""
   log.warning(message)
-
-
-def default_device_kind() -> str:
-  """The device kind ``schedule=None`` plans for.
-
-  Inside ``shard_map`` tracing no concrete device is at hand, so this is the
-  kind of the first device of the default backend: it assumes the mesh is
-  made of that backend's devices, all of one kind.
-  """
-  return jax.devices()[0].device_kind
 
 
 def gate(op: str, *, x_shape, dtype, axis_size: int, axis: int,
@@ -233,8 +223,8 @@ def heuristic_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     dtype: element type of the first operand.
     axis_size: devices along the axis.
     axis: ``gather_axis`` or ``scatter_axis``.
-    platform: ``jax.default_backend()`` when None.
-    device_kind: the GPU to plan for; `default_device_kind` when None.
+    platform: the traced devices' platform when None.
+    device_kind: the GPU to plan for; the traced devices' kind when None.
     params: cost-model constants; `device_params.params_for(device_kind)`
       when None.
 
@@ -244,9 +234,9 @@ def heuristic_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   """
   if op not in cost_model.OPS:
     raise ValueError(f"Unknown {op=}.")
-  platform = platform or jax.default_backend()
+  platform = platform or devices.platform()
   params = params or device_params.params_for(
-      device_kind or default_device_kind())
+      device_kind or devices.device_kind())
   return decide(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
                 axis_size=axis_size, axis=axis, platform=platform,
                 params=params)[0]

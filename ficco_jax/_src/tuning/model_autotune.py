@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ficco_jax._src import devices
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src.tuning import autotune as autotune_lib
 from ficco_jax._src.tuning import autotune_cache
@@ -379,6 +380,6 @@ def autotune_model(
 
 def _key(site: sites_lib.Site) -> autotune_cache.Key:
   return autotune_cache.Key.of(
-      site.op, device_kind=heuristics.default_device_kind(),
+      site.op, device_kind=devices.device_kind(),
       axis_size=site.axis_size, x_shape=site.x_shape, w_shape=site.w_shape,
       axis=site.axis, dtype=site.dtype, processes=jax.process_count())

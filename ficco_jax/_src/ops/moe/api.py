@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ficco_jax._src import devices
 from ficco_jax._src import matmul
 from ficco_jax._src import resolve
 from ficco_jax._src import schedule as schedule_lib
@@ -94,7 +95,7 @@ def _check_compute(op: str, sched: schedule_lib.Schedule, a, w,
                      " ragged_dot; Schedule(compute='pallas') multiplies in"
                      " the operands' dtype with f32 accumulation. Pass"
                      " precision=None or use compute='xla'.")
-  if jax.default_backend() != "gpu":
+  if devices.platform() != "gpu":
     return  # The portable kernel (interpreter) takes any shape and dtype.
   why = _kernel_unfit(a, w, precision, out_dtype)
   if why is not None:

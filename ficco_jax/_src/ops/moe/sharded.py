@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
+from ficco_jax._src import devices
 from ficco_jax._src import sharded as sharded_lib
 from ficco_jax._src.ops.moe import api
 
@@ -27,7 +28,7 @@ def _call(op, fn, a, w, group_sizes, mesh, axis_name, **kwargs):
   # Off GPUs compute="pallas" runs Pallas's interpreter, whose grid indices
   # shard_map's varying-axes check rejects (grouped_matmul._portable).
   interpreted = (getattr(sched, "compute", None) == "pallas"
-                 and jax.default_backend() != "gpu")
+                 and devices.mesh_platform(mesh) != "gpu")
   f = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec),
                     out_specs=spec, check_vma=not interpreted)
   place = lambda x: sharded_lib._place(x, mesh, spec)  # pylint: disable=protected-access
