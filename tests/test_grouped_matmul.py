@@ -178,11 +178,13 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
   # takes the 128-column tile, 512 the 256-column one).
   seen = []
 
-  def fake(x, w, table, *, config, num_sms=None):
+  def fake(x, w, table, *, config, num_sms=None, transpose_w=False):
     del table, num_sms
+    if transpose_w:  # dx reads w where it lies, [G, N, K].
+      w = jnp.swapaxes(w, 1, 2)
     k, n = w.shape[1:]
     assert grouped_hopper.unfit(k, n, x.dtype, config) is None
-    seen.append((k, n, config.cta_tile_n))
+    seen.append((k, n, config.cta_tile_n, transpose_w))
     return jnp.einsum("mk,kn->mn", x, w[0])
 
   monkeypatch.setattr(grouped_hopper, "grouped_into", fake)
@@ -194,7 +196,7 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
   sizes = jnp.asarray([8], jnp.int32)
   jax.grad(lambda x, w: gm.grouped_matmul(x, w, sizes, on_gpu=True).astype(
       jnp.float32).sum(), argnums=(0, 1))(x, w)
-  assert seen == [(512, 1408, 128), (1408, 512, 256),
+  assert seen == [(512, 1408, 128, False), (1408, 512, 256, True),
                   ("dw", (8, 512), (8, 1408))]
 
 
@@ -209,6 +211,10 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
     # Most rows past the groups: zeros stored over two row blocks, one of
     # them shared with the last group.
     ("m", "n", [10, 0, 5, 20]),
+    # w read transposed where it lies (the gradient's dx) is GPU-only
+    # (test_gpu_gradient_dx_reads_w_transposed): the interpreter of jax
+    # 0.10.2 takes no transposed refs (a worker raises and the others wait
+    # at a barrier for ever).
 ])
 def test_hopper_grouped_kernel_in_mosaic_gpu_interpreter(monkeypatch, wg,
                                                          minor, sizes):
@@ -326,6 +332,33 @@ def test_gpu_grouped_kernel_runs_many_tiles_per_cta(config, m):
   out = jax.jit(lambda x, w, t: grouped_hopper.grouped_into(
       x, w, t, config=config, num_sms=7))(x, w, table)
   _check_rows(out, _reference(x[:routed], w, sizes), routed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [
+    gm.HOPPER_CONFIGS[0], gm.HOPPER_CONFIGS[-1],
+    ChunkMatmulConfig(tile_m=64, tile_n=128, epi_tile_m=64, epi_tile_n=64,
+                      wg_dimension="n", grid_minor_dim="n",
+                      grid_tile_width=3),
+    gm.Block(grid_block_n=2)],
+    ids=["default", "n128", "wg_n", "jax"])
+def test_gpu_gradient_dx_reads_w_transposed(block):
+  # The backward pass's dx = ct @ w[g].T with w as it lies ([G, K, N]):
+  # every routed row of dx against its f64 reference, the rest 0, with NaN
+  # in the cotangent's rows past the groups.
+  rng = np.random.default_rng(41)
+  m, k, n = 1000, 512, 768
+  sizes = np.asarray([300, 0, 1, 421, 150], np.int32)
+  routed = int(sizes.sum())
+  w = (util.rand(rng, (5, k, n), np.float32) * n ** -0.5).astype(
+      jnp.bfloat16)
+  ct = jnp.asarray(util.rand(rng, (m, n), jnp.bfloat16))
+  ct = ct.at[routed:].set(jnp.nan)
+  dx = jax.jit(lambda ct, w: gm._impl(  # pylint: disable=protected-access
+      ct, w, jnp.asarray(sizes), jnp.bfloat16, True, block,
+      transpose_w=True))(ct, w)
+  _check_rows(dx, _reference(ct[:routed], np.swapaxes(np.asarray(
+      w, np.float32), 1, 2), sizes), routed)
 
 
 @pytest.mark.gpu

@@ -24,7 +24,9 @@ the flagged granularity does); interleaved.
 each group from its rows of x and of the cotangent): XLA's dense einsum
 over equal slots, XLA's transpose of ``ragged_dot`` (what the op ran before
 the GPU kernel) and jax's transposed grouped kernel, chosen and under each
-``--grouped_blocks`` tile of jax's kind.
+``--grouped_blocks`` tile of jax's kind; ``--grouped_dx`` adds the input
+gradient ``ct @ w[g].T`` on ficco's kernel, reading w transposed where it
+lies and from a transposed copy.
 
 ``--kernel_mode=grouped``: the MoE ops' grouped matmul per
 ``shapes.json`` ``moe_models`` model, cut for W devices (E/W local experts),
@@ -67,6 +69,10 @@ flags.DEFINE_bool("grouped_zero_pass", False,
                   "kernel: grouped mode also times the chosen tiles followed"
                   " by XLA's pass that zeroes the rows past the groups (what"
                   " the kernel's own zero stores replace).")
+flags.DEFINE_bool("grouped_dx", False,
+                  "kernel: grouped_dw mode also times the input gradient"
+                  " dx = ct @ w[g].T, with ficco's kernel reading w"
+                  " transposed where it lies and from a transposed copy.")
 flags.DEFINE_list("grouped_blocks", ["ws-64x256-s3-e256-wm-gm8",
                                      "ws-64x256-s4-e128-wm-gm8",
                                      "ws-64x256-s3-e256-wm-gn8",
@@ -334,26 +340,30 @@ def _grouped_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
 
 def _grouped_dw_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
   """The weight gradient: ``dw [e, k, n]`` of x ``[rows, k]`` and the
-  cotangent ``[rows, n]`` (as `_grouped_programs`)."""
+  cotangent ``[rows, n]`` (as `_grouped_programs`); with
+  ``--grouped_dx``, also the input gradient ``ct @ w[g].T`` (w
+  ``[e, k, n]``), read in place and from a transposed copy."""
   import jax
   import jax.numpy as jnp
   from jax import lax
   rows = e * slot
   sets = [(jax.random.normal(keys[i], (rows, k), jnp.bfloat16),
-           jax.random.normal(keys[2 + i], (rows, n), jnp.bfloat16))
+           jax.random.normal(keys[2 + i], (rows, n), jnp.bfloat16),
+           jax.random.normal(keys[i], (e, k, n), jnp.bfloat16) / n ** 0.5)
           for i in range(2)]
 
-  def xla(x, ct, sizes=sizes):  # What the op runs off the kernel.
+  def xla(x, ct, w=None, sizes=sizes):  # What the op runs off the kernel.
+    del w
     w0 = jnp.zeros((e, k, n), jnp.float32)
     _, vjp = jax.vjp(lambda w: lax.ragged_dot(
         x, w, sizes, preferred_element_type=jnp.float32), w0)
     return vjp(ct.astype(jnp.float32))[0].astype(x.dtype)
 
   f32 = [a.astype(jnp.float32) for a in sets[0]]
-  refs = {None: xla(*f32), "dense": xla(*f32, jnp.full((e,), slot,
-                                                        jnp.int32))}
+  refs = {None: xla(*f32), "dense": xla(*f32, sizes=jnp.full(
+      (e,), slot, jnp.int32))}
   programs = {
-      "dense": lambda x, ct: jnp.einsum(
+      "dense": lambda x, ct, w: jnp.einsum(
           "erk,ern->ekn", x.reshape(e, slot, k), ct.reshape(e, slot, n)),
       "ragged_dot": xla,
   }
@@ -361,7 +371,18 @@ def _grouped_dw_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
     return sets, refs, programs
   chosen = gm.choose_dw_block(k, n, jnp.bfloat16)
   programs[f"dw (chosen: {grouped_label(chosen)})"] = (
-      lambda x, ct: gm.mosaic_dw(x, ct, sizes))
+      lambda x, ct, w: gm.mosaic_dw(x, ct, sizes))
+  if FLAGS.grouped_dx:
+    # pylint: disable=protected-access
+    dx = lambda ct, w, transposed: gm._impl(
+        ct, w, sizes, jnp.bfloat16, True, None, transpose_w=transposed)
+    programs["dx, w read transposed"] = (
+        lambda x, ct, w: dx(ct, w, True))
+    programs["dx, from a transposed copy of w"] = (
+        lambda x, ct, w: dx(ct, jnp.swapaxes(w, 1, 2), False))
+    ref_dx = lax.ragged_dot(f32[1], jnp.swapaxes(f32[2], 1, 2), sizes)
+    refs["dx, w read transposed"] = ref_dx
+    refs["dx, from a transposed copy of w"] = ref_dx
   for label, block in blocks.items():
     why = (gm.dw_unfit(k, n, jnp.bfloat16, jnp.bfloat16, block)
            if isinstance(block, gm.Block) else "not a dw tile")
@@ -369,7 +390,7 @@ def _grouped_dw_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
       skip(label, why)
       continue
     programs[f"dw/{label}"] = (
-        lambda x, ct, block=block: gm.mosaic_dw(x, ct, sizes, block))
+        lambda x, ct, w, block=block: gm.mosaic_dw(x, ct, sizes, block))
   return sets, refs, programs
 
 
@@ -482,8 +503,9 @@ def markdown(data: dict) -> str:
     lines += ["Per call: median ms (min), TFLOP/s, speed against the dense"
               " einsum (> 1: faster), relative error against f32."
               + (" The weight gradient dw [E_l, K, N] of x [rows, K] and"
-                 " the cotangent [rows, N]." if data["mode"] == "grouped_dw"
-                 else ""), ""]
+                 " the cotangent [rows, N]; the dx rows: the input"
+                 " gradient ct @ w[g].T [rows, K] (its flops are dw's)."
+                 if data["mode"] == "grouped_dw" else ""), ""]
     rows = []
     for r in data["rows"]:
       for name, t in r["times"].items():

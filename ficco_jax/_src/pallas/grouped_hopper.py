@@ -98,12 +98,12 @@ def unfit(k: int, n: int, dtype, config: ChunkMatmulConfig = DEFAULT_CONFIG,
 
 
 def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
-            tiles):
+            tiles, transpose_w):
   # table_gmem: (4 * tiles + 2,) int32 GMEM, tile_table flattened (group,
   #             first row, lo, hi of each row tile; the live tiles are a
   #             prefix), then the live tiles' count and the groups' rows.
   # x_gmem:     (M, K) GMEM; a tile's rows past M read as zeros (TMA).
-  # w_gmem:     (G, K, N) GMEM.
+  # w_gmem:     (G, K, N) GMEM; (G, N, K) with transpose_w.
   # out_gmem:   (M, N) GMEM, fresh: every row is written, the groups' rows
   #             with their product, the rest with zeros.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
@@ -113,11 +113,11 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
   tile_m, tile_n = c.tile_m, c.tile_n
   cta_tile_m, cta_tile_n = c.cta_tile_m, c.cta_tile_n
   epi_n = c.epi_tile_n
-  n_iters = w_gmem.shape[2] // cta_tile_n
+  n_iters = w_gmem.shape[1 if transpose_w else 2] // cta_tile_n
   m_out = out_gmem.shape[0]
 
   minor = 0 if c.grid_minor_dim == "m" else 1
-  get_pipeline = hopper.operand_pipeline(c, k_iters, dtype)
+  get_pipeline = hopper.operand_pipeline(c, k_iters, dtype, transpose_w)
 
   ignore = lambda *_, **__: None  # The bodies don't change the allocations.
 
@@ -201,15 +201,24 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
           store(lambda j: acc[:, j * epi_n:(j + 1) * epi_n])
 
       def mma_body(_, x_smem, w_smem, acc_ref):
-        plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_smem.at[:, wg_n_slice])
+        if transpose_w:
+          # plgpu.transpose_ref is what ran on an H200 under jax 0.11.2,
+          # which deprecates it for ref.transpose (not yet run on a GPU).
+          w_tile = plgpu.transpose_ref(w_smem.at[wg_n_slice, :], (1, 0))
+        else:
+          w_tile = w_smem.at[:, wg_n_slice]
+        plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_tile)
         plgpu.wgmma_wait(0)
         return acc_ref
+
+      cols = pl.ds(n_idx * cta_tile_n, cta_tile_n)
 
       @pl.when(is_live)
       def _tile():
         get_pipeline(mma_body, compute_context)(
             x_gmem.at[pl.ds(row, cta_tile_m), :],
-            w_gmem.at[grp].at[:, pl.ds(n_idx * cta_tile_n, cta_tile_n)],
+            w_gmem.at[grp].at[cols, :] if transpose_w else
+            w_gmem.at[grp].at[:, cols],
             allocations=pipeline_allocs,
         )
 
@@ -225,6 +234,7 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
 def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
                  config: ChunkMatmulConfig | None = None,
                  num_sms: int | None = None,
+                 transpose_w: bool = False,
                  interpret_params=None) -> jax.Array:
   """``[M, N]``: row tile t of `table` (``grouped_matmul.tile_table`` with
   ``block_m = config.cta_tile_m``) times ``w[table[0, t]]``, its rows
@@ -232,11 +242,13 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
 
   Args:
     x: ``[M, K]`` bf16/f16 rows, M a multiple of 8 (TMA's row tiling).
-    w: ``[G, K, N]`` in x's dtype.
+    w: ``[G, K, N]`` in x's dtype; ``[G, N, K]`` with ``transpose_w``.
     table: ``[4, tiles]`` int32 from ``tile_table(sizes, M, cta_tile_m)``.
     config: the tiles (None: `DEFAULT_CONFIG`).
     num_sms: CTAs of the persistent grid, at most the tiles (None: the
       device's SMs).
+    transpose_w: multiply by each ``w[g].T`` as stored (the backward pass's
+      ``dx = ct @ w[g].T``), without a transposed copy of w.
     interpret_params: tests only: jax's Mosaic GPU interpreter parameters,
       which run this very kernel on CPU.
 
@@ -247,7 +259,12 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
   if not isinstance(config, ChunkMatmulConfig):
     raise TypeError(f"config must be a ChunkMatmulConfig, got {config!r}.")
   m, k = x.shape
-  n = w.shape[2]
+  w_k, n = (w.shape[2], w.shape[1]) if transpose_w else w.shape[1:]
+  if w_k != k:
+    layout = "[G, N, K]" if transpose_w else "[G, K, N]"
+    raise ValueError(f"w {tuple(w.shape)} does not fit x {tuple(x.shape)}:"
+                     f" with transpose_w={transpose_w} w is {layout}, K ="
+                     f" {k}.")
   why = unfit(k, n, x.dtype, config)
   if why is not None:
     raise ValueError(f"The grouped Hopper kernel cannot run x {tuple(x.shape)}"
@@ -263,7 +280,7 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
   grid = max(1, min(num_sms, tiles * (n // config.cta_tile_n)))
   kernel = pl.kernel(
       functools.partial(_kernel, config=config, k_iters=k // config.tile_k,
-                        tiles=tiles),
+                        tiles=tiles, transpose_w=transpose_w),
       out_type=out_types.out_type((m, n), x.dtype, like=(x, w, table)),
       mesh=plgpu.Mesh(grid=(grid,), grid_names=("sm",), num_threads=3,
                       thread_name="wg"),

@@ -254,14 +254,17 @@ def _portable(x, w, group_sizes, out_dtype, block):
   return out[:m]
 
 
-def _mosaic(x, w, group_sizes, out_dtype, block):
-  block = block or choose_block(x.shape[1], w.shape[2], x.dtype)
-  why = mosaic_unfit(x.shape[1], w.shape[2], x.dtype, block)
+def _mosaic(x, w, group_sizes, out_dtype, block, transpose_w=False):
+  n = w.shape[1 if transpose_w else 2]
+  block = block or choose_block(x.shape[1], n, x.dtype)
+  why = mosaic_unfit(x.shape[1], n, x.dtype, block)
   if why is None and jnp.dtype(out_dtype) != jnp.dtype(x.dtype):
     why = f"the result dtype {jnp.dtype(out_dtype)} is not the operands'"
   if why is not None:
+    w_shape = w.shape if not transpose_w else (w.shape[0], w.shape[2],
+                                               w.shape[1])
     raise ValueError(f"compute='pallas': the grouped matmul's GPU kernel"
-                     f" cannot run x {tuple(x.shape)} @ w {tuple(w.shape)}:"
+                     f" cannot run x {tuple(x.shape)} @ w {tuple(w_shape)}:"
                      f" {why}. Use Schedule(compute='xla').")
   # Their TMA transfers tile the rows by 8: pad them to a multiple (the pad
   # rows are past every group, so nothing multiplies them).
@@ -270,12 +273,14 @@ def _mosaic(x, w, group_sizes, out_dtype, block):
   if isinstance(block, ChunkMatmulConfig):
     # The kernel stores zeros past the groups itself.
     table = tile_table(group_sizes, x.shape[0], block.cta_tile_m)
-    return grouped_hopper.grouped_into(x, w, table, config=block)[:m]
+    return grouped_hopper.grouped_into(x, w, table, config=block,
+                                       transpose_w=transpose_w)[:m]
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
   return zero_past_groups(ragged_dot_mgpu.ragged_dot(
       x, w.astype(x.dtype), group_sizes=group_sizes.astype(jnp.int32),
-      **dataclasses.asdict(block))[:m], group_sizes)
+      transpose_rhs=transpose_w, **dataclasses.asdict(block))[:m],
+                          group_sizes)
 
 
 def zero_past_groups(a: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -285,11 +290,15 @@ def zero_past_groups(a: jax.Array, group_sizes: jax.Array) -> jax.Array:
   return jnp.where(valid, a, jnp.zeros((), a.dtype))
 
 
-def _impl(x, w, group_sizes, out_dtype, on_gpu, block):
-  # Both give zeros past the groups: the portable kernel's result starts as
-  # zeros, ficco's Hopper kernel stores them, jax's is followed by a pass.
-  return (_mosaic if on_gpu else _portable)(x, w, group_sizes, out_dtype,
-                                            block)
+def _impl(x, w, group_sizes, out_dtype, on_gpu, block, transpose_w=False):
+  """x times each group's w (``w[g].T`` as stored, ``transpose_w``). All
+  paths give zeros past the groups: the portable kernel's result starts as
+  zeros, ficco's Hopper kernel stores them, jax's is followed by a pass."""
+  if on_gpu:
+    return _mosaic(x, w, group_sizes, out_dtype, block, transpose_w)
+  if transpose_w:  # The interpreter: a copy costs nothing that matters.
+    w = jnp.swapaxes(w, 1, 2)
+  return _portable(x, w, group_sizes, out_dtype, block)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -309,10 +318,10 @@ def _grouped_bwd(out_dtype, on_gpu, block, res, ct):
   # said here rather than left to ragged_dot's transpose, which promises
   # nothing about those rows.
   ct = zero_past_groups(ct, group_sizes)
-  # dx on the kernel (its operands in x's dtype; w transposed: a copy of
-  # w, since the kernel's transposed-operand form is not in every jax).
-  dx = _impl(ct.astype(x.dtype), jnp.swapaxes(w, 1, 2).astype(x.dtype),
-             group_sizes, x.dtype, on_gpu, block)
+  # dx on the kernel (its operands in x's dtype), reading each w[g]
+  # transposed where it lies rather than from a transposed copy of w.
+  dx = _impl(ct.astype(x.dtype), w.astype(x.dtype), group_sizes, x.dtype,
+             on_gpu, block, transpose_w=True)
   if on_gpu and dw_unfit(x.shape[1], w.shape[2], x.dtype, w.dtype) is None:
     # Fits the smallest of DW_BLOCKS (mosaic_dw takes a wider one where it
     # fits). On the GPU path the result, and so ct, is in the operands'

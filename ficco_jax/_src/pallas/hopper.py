@@ -45,13 +45,17 @@ from ficco_jax._src.pallas.config import padded_k
 from ficco_jax._src.pallas.offsets import ByRank
 
 
-def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype):
+def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype,
+                     transpose_w: bool = False):
   """``get(body, compute_context)``: the warp-specialized pipeline of
   ficco's Hopper kernels (this one and `grouped_hopper`): one memory
   warpgroup TMA-loads a CTA's ``(cta_tile_m, tile_k)`` block of x and
   ``(tile_k, cta_tile_n)`` block of w per step into swizzled shared memory,
   ``max_concurrent_steps`` deep, for two compute warpgroups; called on
-  x's rows and w's columns of the CTA's tile, over ``k_iters`` steps."""
+  x's rows and w's columns of the CTA's tile, over ``k_iters`` steps.
+  ``transpose_w``: w is stored ``[n, K]`` and called on its rows of the
+  tile; its ``(cta_tile_n, tile_k)`` blocks are K-minor like x's, for
+  ``wgmma`` to read transposed (`plgpu.transpose_ref`)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
   c = config
   swizzle = plgpu.find_swizzle(c.tile_k * jnp.dtype(dtype).itemsize * 8)
@@ -67,8 +71,11 @@ def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype):
         in_specs=[
             plgpu.BlockSpec((c.cta_tile_m, c.tile_k), lambda kk: (0, kk),
                             transforms=transforms, memory_space=plgpu.SMEM),
-            plgpu.BlockSpec((c.tile_k, c.cta_tile_n), lambda kk: (kk, 0),
-                            transforms=transforms, memory_space=plgpu.SMEM),
+            (plgpu.BlockSpec((c.cta_tile_n, c.tile_k), lambda kk: (0, kk),
+                             transforms=transforms, memory_space=plgpu.SMEM)
+             if transpose_w else
+             plgpu.BlockSpec((c.tile_k, c.cta_tile_n), lambda kk: (kk, 0),
+                             transforms=transforms, memory_space=plgpu.SMEM)),
         ],
         wg_axis="wg",
         num_compute_wgs=2,
