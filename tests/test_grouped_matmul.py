@@ -211,6 +211,9 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
     # Most rows past the groups: zeros stored over two row blocks, one of
     # them shared with the last group.
     ("m", "n", [10, 0, 5, 20]),
+    # Every row routed (no zero blocks); no row routed (zeros only).
+    ("n", "m", [64, 0, 100, 92]),
+    ("m", "m", [0, 0, 0, 0]),
     # w read transposed where it lies (the gradient's dx) is GPU-only
     # (test_gpu_gradient_dx_reads_w_transposed): the interpreter of jax
     # 0.10.2 takes no transposed refs (a worker raises and the others wait

@@ -4,8 +4,11 @@ Inside ``shard_map`` (and under ``jax.set_mesh``) jax knows the mesh's
 device kind and platform; outside a mesh this falls back to the default
 backend. Plans, kernels and the interpreter switch all ask here rather than
 ``jax.default_backend()``: a CPU mesh on a GPU host (the tests' virtual
-devices on a one-GPU machine, or a user's CPU reference run) must plan and
-compile for the CPU, and the default backend there is the GPU.
+devices on a one-GPU machine, or a user's CPU reference run inside
+``shard_map``) must plan and compile for the CPU, and the default backend
+there is the GPU. Under a plain ``jax.jit`` of CPU arrays on a GPU host no
+mesh says so: pass ``on_gpu=False`` / ``interpret=True`` to the kernels
+there.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import jax
 
 
 def _abstract_device():
-  """The traced mesh's `AbstractDevice`, or None (no mesh, a mesh of mixed
-  kinds, or a jax without one)."""
+  """The traced mesh's `AbstractDevice`, or None (no mesh, or a jax
+  without one)."""
   try:
     return jax.sharding.get_abstract_mesh().abstract_device
   except AttributeError:
@@ -31,15 +34,9 @@ def platform() -> str:
   return jax.default_backend()
 
 
-def mesh_platform(mesh) -> str:
-  """The platform of ``mesh``'s devices (a concrete or abstract mesh)."""
-  abstract = getattr(mesh, "abstract_device", None)
-  if abstract is not None and abstract.platform:
-    return abstract.platform
-  devices = getattr(mesh, "devices", None)
-  if devices is not None and getattr(devices, "size", 0):
-    return devices.flat[0].platform
-  return jax.default_backend()
+def mesh_platform(mesh: jax.sharding.Mesh) -> str:
+  """The platform of a concrete ``mesh``'s devices."""
+  return mesh.devices.flat[0].platform
 
 
 def local_device() -> jax.Device:

@@ -5,10 +5,11 @@ experts' compute of the MoE ops on Hopper GPUs.
 
 Why a kernel of our own beside jax's ``ragged_dot_mgpu``: that kernel runs
 one warpgroup per CTA that both issues the TMA loads and waits on each
-``wgmma``, so the tensor cores idle between steps. On an H200 it runs at
-0.78-0.88x the speed of cuBLAS's dense batched matmul on the mixtral
-widths and 0.45-0.57x on the many-expert ones, this kernel at 0.96-1.03x
-and 0.74-0.84x (the ``kernel`` suite, ``--kernel_mode=grouped``). This
+``wgmma``, so the tensor cores idle between steps. On an H200 with group
+boundaries off the tiles it runs at 0.78-0.88x the speed of cuBLAS's dense
+batched matmul on mixtral-8x7b and 0.45-0.57x on qwen3-30b-a3b, this
+kernel at 0.98-0.99x and 0.65-0.73x (the ``kernel`` suite,
+``--kernel_mode=grouped --grouped_jitter=37``). This
 kernel has `hopper.py`'s structure -- one memory warpgroup issuing TMA
 loads, two compute warpgroups each owning a ``tile_m x tile_n``
 accumulator, a persistent loop over the output tiles -- with the tiles
@@ -202,8 +203,9 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
 
       def mma_body(_, x_smem, w_smem, acc_ref):
         if transpose_w:
-          # plgpu.transpose_ref is what ran on an H200 under jax 0.11.2,
-          # which deprecates it for ref.transpose (not yet run on a GPU).
+          # plgpu.transpose_ref ran on an H200 under jax 0.11.2, which
+          # deprecates it for ref.transpose; ref.transpose has not been run
+          # on a GPU here.
           w_tile = plgpu.transpose_ref(w_smem.at[wg_n_slice, :], (1, 0))
         else:
           w_tile = w_smem.at[:, wg_n_slice]

@@ -22,7 +22,6 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ficco_jax._src import devices
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src.tuning import autotune as autotune_lib
 from ficco_jax._src.tuning import autotune_cache
@@ -127,8 +126,8 @@ def _group(mesh: jax.sharding.Mesh, axis_name: str) -> jax.sharding.Mesh:
   """One group of ``mesh``'s devices along ``axis_name`` (the others' index
   0), as a 1-D mesh: the devices one call of the op spans."""
   i = mesh.axis_names.index(axis_name)
-  devices = np.moveaxis(np.asarray(mesh.devices), i, -1)
-  return jax.sharding.Mesh(devices.reshape(-1, devices.shape[-1])[0],
+  grid = np.moveaxis(np.asarray(mesh.devices), i, -1)
+  return jax.sharding.Mesh(grid.reshape(-1, grid.shape[-1])[0],
                            (axis_name,))
 
 
@@ -146,12 +145,12 @@ def _tuning_mesh(site: sites_lib.Site, mesh, meshes) -> jax.sharding.Mesh:
   for m in meshes:
     if m.shape.get(site.axis_name) == site.axis_size:
       return _group(m, site.axis_name)
-  devices = jax.devices()
-  if len(devices) < site.axis_size:
+  visible = jax.devices()
+  if len(visible) < site.axis_size:
     raise ValueError(
         f"autotune_model: {site.describe()} needs {site.axis_size} devices;"
-        f" {len(devices)} are visible.")
-  return jax.sharding.Mesh(np.array(devices[:site.axis_size]),
+        f" {len(visible)} are visible.")
+  return jax.sharding.Mesh(np.array(visible[:site.axis_size]),
                            (site.axis_name,))
 
 
@@ -380,6 +379,6 @@ def autotune_model(
 
 def _key(site: sites_lib.Site) -> autotune_cache.Key:
   return autotune_cache.Key.of(
-      site.op, device_kind=devices.device_kind(),
+      site.op, device_kind=site.device_kind,
       axis_size=site.axis_size, x_shape=site.x_shape, w_shape=site.w_shape,
       axis=site.axis, dtype=site.dtype, processes=jax.process_count())

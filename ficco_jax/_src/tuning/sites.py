@@ -17,6 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ficco_jax._src import devices
 from ficco_jax._src import schedule as schedule_lib
 
 
@@ -32,6 +33,8 @@ class Site:
     axis_size: devices along ``axis_name``.
     axis: the gathered or scattered axis of the first operand.
     axis_name: the mesh axis the op communicates over.
+    device_kind: the kind of the devices it was traced for (keys its
+      autotune entry).
   """
 
   op: str
@@ -41,6 +44,7 @@ class Site:
   axis_size: int
   axis: int
   axis_name: str
+  device_kind: str
 
   def describe(self) -> str:
     return (f"{self.op} x{list(self.x_shape)} w{list(self.w_shape)}"
@@ -85,6 +89,7 @@ def record(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
   site = Site(op=op, x_shape=tuple(int(d) for d in x_shape),
               w_shape=tuple(int(d) for d in w_shape),
               dtype=np.dtype(dtype).name, axis_size=int(axis_size),
-              axis=int(axis), axis_name=str(axis_name))
+              axis=int(axis), axis_name=str(axis_name),
+              device_kind=devices.device_kind())
   calls.append(Call(site=site, schedule=schedule, source=source))
 
