@@ -14,14 +14,16 @@ Three kernels, one contract (rows past ``sum(group_sizes)`` are 0):
   GPU grouped matmul (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu``,
   one warpgroup per CTA), called as shipped with jax, with a `Block`.
   Both take bf16/f16 operands, K and N multiples of their tiles, rows
-  padded here to a multiple of 8 (their TMA tiling). Their rows past the
-  groups are left unwritten, so they are masked here.
+  padded here to a multiple of 8 (their TMA tiling). Ficco's kernel
+  stores the zeros past the groups itself; jax's leaves those rows
+  unwritten, so they are masked here.
 * Off GPUs: the portable kernel below, a ``pl.pallas_call`` under
   ``interpret=True``: one program per (row tile, column block) of the
   groups' tiles, read from a tile table computed in XLA
   (`tile_table`), so the grouping logic is tested on CPU.
 
-The gradient: ``dx`` is the same kernel on ``w`` transposed; ``dw`` on GPUs
+The gradient: ``dx`` is the same kernel reading each ``w[g]`` transposed
+where it lies (``transpose_w``; ``transpose_rhs`` for jax's); ``dw`` on GPUs
 is jax's transposed grouped matmul (``transposed_ragged_dot_mgpu``: per
 group, its rows of x transposed times its rows of the cotangent) where it
 fits (`dw_unfit`), else XLA's transpose of ``ragged_dot``, which, like
