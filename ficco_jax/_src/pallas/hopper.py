@@ -63,6 +63,11 @@ def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype,
   transforms = (plgpu.TilingTransform((8, swizzle_elems)),
                 plgpu.SwizzleTransform(swizzle))
 
+  # w's block and where step kk finds it: K-major, or K-minor like x's.
+  w_block, w_index = (((c.cta_tile_n, c.tile_k), lambda kk: (0, kk))
+                      if transpose_w else
+                      ((c.tile_k, c.cta_tile_n), lambda kk: (kk, 0)))
+
   def get(pipeline_body, compute_context):
     return plgpu.emit_pipeline_warp_specialized(
         pipeline_body,
@@ -71,11 +76,8 @@ def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype,
         in_specs=[
             plgpu.BlockSpec((c.cta_tile_m, c.tile_k), lambda kk: (0, kk),
                             transforms=transforms, memory_space=plgpu.SMEM),
-            (plgpu.BlockSpec((c.cta_tile_n, c.tile_k), lambda kk: (0, kk),
-                             transforms=transforms, memory_space=plgpu.SMEM)
-             if transpose_w else
-             plgpu.BlockSpec((c.tile_k, c.cta_tile_n), lambda kk: (kk, 0),
-                             transforms=transforms, memory_space=plgpu.SMEM)),
+            plgpu.BlockSpec(w_block, w_index, transforms=transforms,
+                            memory_space=plgpu.SMEM),
         ],
         wg_axis="wg",
         num_compute_wgs=2,

@@ -2,8 +2,9 @@
 
 `ficco_jax.autotune_model` traces the user's function under `recording` and
 gets back every call that left its schedule to ``schedule=None``: what the
-autotune cache is keyed by (op, local shapes, dtype, axis size, axis), the
-axis name (to find devices to tune on), and what the call resolved to.
+autotune cache is keyed by (op, local shapes, dtype, axis size, axis, and
+the device kind the call was traced for), the axis name (to find devices to
+tune on), and what the call resolved to.
 Calls with an explicit ``schedule`` are the caller's choice, not a site to
 tune.
 """
