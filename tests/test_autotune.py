@@ -304,8 +304,9 @@ def test_default_candidates_add_the_hopper_kernel_where_it_runs(monkeypatch,
   assert "direct/c1/dma/pallas" in labels and "ring/c2/dma/pallas" in labels
   assert ("direct/c2/dma/pallas/step" in labels) == (
       op == "matmul_reduce_scatter")  # The shipped llama3-70b pick.
-  assert ("direct/c1/dma/pallas/flagged" in labels) == (
-      op == "matmul_reduce_scatter")
+  # Each op's flagged kernel: the reduce-scatter's signalling one, the
+  # signalled all-gather's waiting one.
+  assert "direct/c1/dma/pallas/flagged" in labels
   # The push all-gather, wherever the copy engines are.
   assert ("direct/c1/dma/xla/flagged" in labels) == (op == "all_gather_matmul")
   assert not any("pallas" in l and "/c4/" in l for l in labels)

@@ -39,7 +39,7 @@ RS = ficco_jax.matmul_reduce_scatter
     (dict(a_shape=(24, 10), w_shape=(10, 8), axis_name="y"), ValueError, r"axis 'y' is not bound"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(dataflow="ring", num_chunks=4)), ValueError, r"x.shape\[0\].*\(6\) must be divisible by schedule.num_chunks \(4\)"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(compute_granularity="halving")), ValueError, r"compute_granularity='halving' is the reduce-scatter's"),
-    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", compute="pallas", compute_granularity="flagged")), ValueError, r"all_gather_matmul's compute_granularity='flagged' needs compute='xla'.*got compute='pallas'"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", compute="pallas", compute_granularity="flagged", transport="push")), ValueError, r"compute='pallas' \(the signalled all-gather\) travels by transport='window'.*got transport='push'"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", num_chunks=2, compute_granularity="flagged")), ValueError, r"all_gather_matmul's compute_granularity='flagged'.*num_chunks must be 1, got 2"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), schedule=Schedule(comm="dma", compute_granularity="flagged", transport="rendezvous")), ValueError, r"all_gather_matmul's compute_granularity='flagged' travels by transport='push'.*got transport='rendezvous'"),
     (dict(a_shape=(24, 10), w_shape=(10, 8), dtype=np.int32), TypeError, r"x has dtype int32"),
@@ -62,6 +62,7 @@ def test_all_gather_matmul_errors(kwargs, exc, match):
     (dict(a_shape=(24, 20), w_shape=(24, 3), in_specs=(P(None, "x"), P("x"))), ValueError, r"contraction size 5"),
     (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", num_chunks=4)), ValueError, r"must be divisible by schedule.num_chunks \(4\)"),
     (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), scatter_axis=-1), ValueError, r"scatter_axis=-1 is invalid"),
+    (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(comm="dma", compute="pallas", compute_granularity="flagged", transport="window")), ValueError, r"matmul_reduce_scatter's compute_granularity='flagged' travels by transport='push' or 'rendezvous'"),
     # Zero-size K or rows: the same clear error on every engine.
     (dict(a_shape=(24, 0), w_shape=(0, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", comm="dma")), ValueError, r"h has shape \(24, 0\): every dimension must be at least 1"),
     (dict(a_shape=(0, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", num_chunks=2, comm="dma")), ValueError, r"h has shape \(0, 5\): every dimension must be at least 1"),
@@ -100,9 +101,9 @@ def test_outside_shard_map_explains_how_to_call():
      r"transport='window' applies to comm='dma' only, got comm='xla'"),
     (dict(comm="dma", transport="push"), ValueError,
      r"transport='push' needs compute_granularity='flagged'"),
-    (dict(comm="dma", compute="pallas", compute_granularity="flagged",
-          transport="window"), ValueError,
-     r"'flagged' travels by transport='push' or 'rendezvous'"),
+    (dict(comm="dma", compute_granularity="flagged", transport="window"),
+     ValueError, r"compute='xla' \(the push all-gather\) travels by"
+     r" transport='push'"),
 ])
 def test_schedule_validation(kwargs, exc, match):
   with pytest.raises(exc, match=match):

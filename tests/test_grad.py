@@ -198,7 +198,11 @@ def test_all_gather_gradient_keeps_the_gathered_x(schedule):
     Schedule(dataflow="direct", num_chunks=1, comm="dma", compute="pallas"),
     Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
              compute_granularity="step"),
-    Schedule(dataflow="ring", num_chunks=1, compute="pallas")],
+    Schedule(dataflow="ring", num_chunks=1, compute="pallas"),
+    # The signalled all-gather; its gradient's ops run "piece" over the
+    # window transport.
+    Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
+             compute_granularity="flagged")],
     ids=lambda s: s.short())
 def test_grad_all_gather_matmul_on_the_kernel(schedule):
   # The kernel writes the product in place; the gathered x the gradient

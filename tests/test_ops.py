@@ -88,6 +88,12 @@ def _cases(op):
     cases += _with_transports(
         [Schedule(dataflow="direct", num_chunks=1, comm="dma",
                   compute_granularity="flagged")], (None, "push"))
+    # The signalled all-gather: pulls behind landing flags, one kernel per
+    # chunk that waits in the kernel for each piece's flag.
+    cases += _with_transports(
+        [Schedule(dataflow="direct", num_chunks=c, comm="dma",
+                  compute="pallas", compute_granularity="flagged")
+         for c in (1, 3)], (None, "window"))
   return cases
 
 

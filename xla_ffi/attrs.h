@@ -62,6 +62,11 @@ struct Attrs {
   int64_t chunk_rows;
   int64_t num_chunks;
   int64_t half_bytes;
+
+  // Window start: its last result is int32[transfers], flag i set to 1 by
+  // transfer i's copy queue once that transfer has landed (a consumer
+  // kernel waits on them on the device; docs/windows.md, "Landing flags").
+  int64_t landed;
 };
 
 }  // namespace ficco
@@ -93,6 +98,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<int64_t>("own_row"),
     ::xla::ffi::StructMember<int64_t>("chunk_rows"),
     ::xla::ffi::StructMember<int64_t>("num_chunks"),
-    ::xla::ffi::StructMember<int64_t>("half_bytes"));
+    ::xla::ffi::StructMember<int64_t>("half_bytes"),
+    ::xla::ffi::StructMember<int64_t>("landed"));
 
 #endif  // FICCO_XLA_FFI_ATTRS_H_

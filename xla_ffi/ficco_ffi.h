@@ -21,6 +21,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushArmCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushStartCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushFinishCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushGatherCpu);
+// Test hook (late_landing.h, cpu_late_landing.cc).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoTestLateLandingCpu);
 
 #ifdef FICCO_WITH_CUDA
 // CUDA (cuda_peer_copy.cu, cuda_window.cu): cudaMemcpyAsync on side
@@ -35,6 +37,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushArmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushFinishCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushGatherCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoTestLateLandingCuda);
 #endif
 
 // Platforms of the diagnostics below.

@@ -52,6 +52,10 @@ struct WindowInvocation {
   Event* signalled = nullptr;  // every read from peers done and announced
   std::vector<Event*> arrival;  // per transfer
   std::vector<Event*> finals;   // per used pull queue
+  // Landing flags (attrs.landed): int32[transfers] in an XLA buffer,
+  // zeroed on the compute stream at start; transfer i's queue writes 1
+  // after its copy. Null without them.
+  uint32_t* landed = nullptr;
   std::string where;
   int64_t run_id = 0;  // the execution's (ffi::RunId)
 
@@ -337,6 +341,12 @@ ffi::Error WindowStage(B& backend, int32_t device,
   for (auto& ev : inv->finals) FICCO_RETURN_IF_FAILED(take(&ev));
 
   const int64_t me = win->rank, size = win->size;
+  if (inv->landed != nullptr) {
+    // Before `ready`, which every pull queue waits for: no flag write of
+    // this invocation can land before the zeros.
+    FICCO_RETURN_IF_FAILED(backend.ZeroOnCompute(
+        inv->landed, p.transfers.size() * sizeof(uint32_t)));
+  }
   // The sources are complete and the landing buffers free on the compute
   // stream now.
   FICCO_RETURN_IF_FAILED(backend.RecordOnCompute(device, inv->ready));
@@ -437,6 +447,11 @@ ffi::Error WindowPull(B& backend, int32_t device,
                                           landing_ptrs[t.dst] + t.dst_row * rb,
                                           src, static_cast<size_t>(t.rows * rb)));
       FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->arrival[i]));
+      if (inv->landed != nullptr) {
+        // After the copy on its queue: the write's default flags fence it.
+        FICCO_RETURN_IF_FAILED(
+            backend.WriteFlag(inv, device, k, inv->landed + i, 1));
+      }
     }
     FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->finals[j]));
   }
@@ -455,6 +470,25 @@ ffi::Error WindowPull(B& backend, int32_t device,
       backend.Record(inv, device, kSignalQueue, inv->signalled));
   HostPublish(*win, kAllEnqueued, e);
   return ffi::Error::Success();
+}
+
+// A consumer kernel may already wait on the device for a failed
+// invocation's landing flags, and no pull of it will set them now: set them
+// all (the pieces are garbage; the op's done or the next call on the window
+// reports the failure), on the signal queue, which holds nothing of this
+// invocation (its work is enqueued after every pull's) and waits for
+// `ready` (the flags' zeros) first. The CPU twin writes no flag of a failed
+// invocation: its consumer waits for the arrival events instead.
+template <class B>
+void ReleaseLanded(B& backend, int32_t device,
+                   const std::shared_ptr<WindowInvocation<B>>& inv) {
+  if (inv->landed == nullptr || inv->ready == nullptr) return;
+  if (backend.WaitEvent(inv, device, kSignalQueue, inv->ready).failure()) {
+    return;
+  }
+  for (size_t i = 0; i < inv->plan.transfers.size(); ++i) {
+    (void)backend.WriteFlag(inv, device, kSignalQueue, inv->landed + i, 1);
+  }
 }
 
 // The window of `family` on `device`, if a call may use it: made, not
@@ -527,7 +561,9 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
     sources.push_back(*s);
     source_ptrs.push_back(static_cast<const char*>(b->untyped_data()));
   }
-  for (size_t i = 0; i < rets.size(); ++i) {
+  // With landing flags, the last result is the flags.
+  const size_t num_landings = rets.size() - (attrs.landed ? 1 : 0);
+  for (size_t i = 0; i < num_landings; ++i) {
     auto b = rets.get<ffi::AnyBuffer>(i);
     if (!b.has_value()) return b.error();
     auto s = ShapeOf(**b);
@@ -537,6 +573,19 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
   }
   auto plan = MakePlan(attrs, sources, landings);
   if (!plan.has_value()) return plan.error();
+  uint32_t* landed = nullptr;
+  if (attrs.landed) {
+    auto b = rets.get<ffi::AnyBuffer>(num_landings);
+    if (!b.has_value()) return b.error();
+    if ((*b)->element_type() != ffi::DataType::S32 ||
+        (*b)->element_count() != plan->transfers.size()) {
+      return ffi::Error::InvalidArgument(
+          "ficco window start of '" + op + "': its landing flags must be" +
+          " int32[" + std::to_string(plan->transfers.size()) +
+          "] (one per transfer)");
+    }
+    landed = static_cast<uint32_t*>((*b)->untyped_data());
+  }
   if (plan->axis_size != win->size) {
     return ffi::Error::InvalidArgument(
         "ficco window start of '" + op + "': axis_size " +
@@ -546,6 +595,7 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
   auto inv = std::make_shared<Inv>();
   inv->win = win;
   inv->plan = std::move(*plan);
+  inv->landed = landed;
   const Plan& p = inv->plan;
   inv->row_bytes = sources[0].row_bytes;
   int64_t offset = 0;
@@ -581,11 +631,17 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
     inv->Fail(inv->where + ": " + std::string(staged.message()));
     return staged;
   }
-  std::vector<const void*> addrs(landing_ptrs.begin(), landing_ptrs.end());
+  // With landing flags a kernel waits on them, not a wait call (where
+  // kernels can).
+  std::vector<const void*> addrs;
+  if (landed == nullptr || !B::kKernelsAwaitLanded) {
+    addrs.assign(landing_ptrs.begin(), landing_ptrs.end());
+  }
   auto pull = [backend, device, inv, landing_ptrs]() mutable {
     ffi::Error pulled = WindowPull(backend, device, inv, landing_ptrs);
     if (pulled.failure()) {
       inv->Fail(inv->where + ": " + std::string(pulled.message()));
+      ReleaseLanded(backend, device, inv);
       std::lock_guard<std::mutex> lock(inv->mu);
       inv->issue_error = pulled;
     }

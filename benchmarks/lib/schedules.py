@@ -61,15 +61,16 @@ def _tuning(Schedule):
 
 def applies(op_key: str, sched: Any) -> str | None:
   """Why ``sched`` is not a schedule of op ``op_key`` ("ag" or "rs"), or
-  None: "halving" is the reduce-scatter's, and each op's "flagged" has its
-  own compute (the reduce-scatter's kernel, the all-gather's BLAS)."""
+  None: "halving" is the reduce-scatter's, and the reduce-scatter's
+  "flagged" needs its kernel (the all-gather's runs on either: the push
+  all-gather on XLA's BLAS, the signalled all-gather on the kernel)."""
   if sched is None:
     return None
   g = sched.compute_granularity
   if op_key == "ag" and g == "halving":
     return "a reduce-scatter granularity"
-  if g == "flagged" and (sched.compute == "pallas") != (op_key == "rs"):
-    return "the other op's flagged granularity"
+  if g == "flagged" and op_key == "rs" and sched.compute != "pallas":
+    return "the all-gather's push granularity"
   return None
 
 

@@ -17,8 +17,11 @@ place as the overlapped dataflows do; times are per chunk (call / W).
 ``--kernel_mode=pieces``: the reduce-scatter's one-launch kernels on the
 ten shapes' per-device sizes (h [M, F/W] @ w [F/W, H], W pieces of M/W
 rows): XLA's dot of all rows, W launches of one piece each, one launch of
-all pieces, and one flagged launch (bumping a completion flag per piece, as
-the flagged granularity does); interleaved.
+all pieces, one flagged launch (bumping a completion flag per piece, as
+the flagged granularity does) and one landed launch (each CTA waiting on a
+landing flag per piece, as the signalled all-gather's kernel does; every
+flag already set, so it times what the waits themselves cost);
+interleaved.
 
 ``--kernel_mode=grouped_dw``: the same shapes' weight gradient (dw of
 each group from its rows of x and of the cotangent): XLA's dense einsum
@@ -248,6 +251,9 @@ def run_pieces(rec, cm, w: int) -> None:
         "one": lambda h, wt: cm.chunk_matmul_pieces(h, starts, rows, wt, **kw),
         "flagged": lambda h, wt: cm.chunk_matmul_pieces(
             h, starts, rows, wt, _flags=jnp.zeros((w,), jnp.int32), **kw),
+        "landed": lambda h, wt: cm.chunk_matmul_pieces(
+            h, starts, rows, wt, landed=(jnp.ones((w,), jnp.int32),
+                                         list(range(w))), **kw),
     }
     rec_case = {"name": case.name, "local": {"h": [m, k], "w": [k, n],
                                              "rows": rows}, "methods": {}}
@@ -521,7 +527,7 @@ def markdown(data: dict) -> str:
                            "ms (min)", "TFLOP/s", "vs dense", "rel err"],
                           rows)
   else:
-    names = ["xla", "pieces", "one", "flagged"]
+    names = ["xla", "pieces", "one", "flagged", "landed"]
     rows = []
     for c in data["rows"]:
       cells = []

@@ -89,6 +89,14 @@ class Schedule:
         staging copy, no host rendezvous; the GEMMs are the BLAS library's
         (cuBLAS, as XLA's dots), since the window is memory outside XLA's
         buffers that neither an XLA dot nor a Pallas kernel can read.
+        All-gather (``compute="pallas"``, any ``num_chunks``): the
+        signalled all-gather. One window start pulls every peer's chunks
+        into XLA's landing buffers on the copy engines, each queue setting
+        a landing flag in device memory as its piece lands; the own
+        shard's kernel runs meanwhile, then one kernel launch per chunk
+        walks that chunk's pieces in landing order, each CTA waiting in
+        the kernel for a piece's flag before it loads the piece: no host
+        wait, no stream wait and no launch per piece.
         Reduce-scatter (``compute="pallas"``): the overlap of
         ``"piece"`` at the host cost of ``"step"``. One kernel launch
         computes every piece of the op, peers' pieces first, and bumps a
@@ -118,7 +126,8 @@ class Schedule:
       and the autotune cache never pick it.
     transport: how ``comm="dma"`` pieces reach their peers
       (docs/protocol.md, docs/windows.md). None picks automatically:
-      ``"push"`` for ``compute_granularity="flagged"``, else ``"window"``
+      ``"push"`` for ``compute_granularity="flagged"`` (``"window"`` for
+      the signalled all-gather, its only transport), else ``"window"``
       when the axis spans processes and ``"rendezvous"`` when every device
       of the axis is in this process (`resolved_transport`).
       * ``"rendezvous"``: the ranks of an op meet on the host once per call
@@ -130,7 +139,7 @@ class Schedule:
       * ``"push"`` (``compute_granularity="flagged"`` only): each rank's
         copy engines push its pieces into the receivers' pooled windows,
         so a call needs no host rendezvous; one process or several. The
-        flagged all-gather travels by push only.
+        push all-gather (flagged, ``compute="xla"``) travels by push only.
       Must be None with ``comm="xla"``.
   """
 
@@ -201,10 +210,10 @@ class Schedule:
             "transport='push' needs compute_granularity='flagged' (the"
             " push protocol carries the flagged kernel's pieces), got"
             f" compute_granularity={self.compute_granularity!r}.")
-      if self.transport == "window" and flagged:
+      if self.transport == "window" and flagged and self.compute != "pallas":
         raise ValueError(
-            "compute_granularity='flagged' travels by transport='push' or"
-            " 'rendezvous', not 'window'.")
+            "compute_granularity='flagged' with compute='xla' (the push"
+            " all-gather) travels by transport='push', not 'window'.")
 
   @property
   def overlapped(self) -> bool:
@@ -238,11 +247,17 @@ class Schedule:
       return halving_groups(peers)
     return (1,) * peers
 
-  def resolved_transport(self, *, spans_processes: bool) -> str | None:
-    """The transport ``comm="dma"`` runs (None for ``comm="xla"``); see
-    `resolve_transport`."""
+  def resolved_transport(self, *, spans_processes: bool,
+                         op: str | None = None) -> str | None:
+    """The transport ``comm="dma"`` runs for ``op`` (None for
+    ``comm="xla"``); see `resolve_transport`. The signalled all-gather
+    (``op="all_gather_matmul"``, flagged, ``compute="pallas"``) runs the
+    window transport."""
     if self.comm != "dma":
       return None
+    if (op == "all_gather_matmul" and self.compute_granularity == "flagged"
+        and self.compute == "pallas"):
+      return self.transport or "window"
     return resolve_transport(
         self.transport, flagged=self.compute_granularity == "flagged",
         spans_processes=spans_processes)

@@ -25,7 +25,7 @@ _DEFAULTS: dict[str, object] = dict(
     src=_NO_SPAN, src_row=_NO_SPAN, rows=_NO_SPAN, stream=_NO_SPAN,
     src_flag=_NO_SPAN, num_streams=0, num_flags=0, flag_target=0,
     num_wait=0, keep_bounds=_NO_SPAN,
-    own_row=0, chunk_rows=0, num_chunks=0, half_bytes=0,
+    own_row=0, chunk_rows=0, num_chunks=0, half_bytes=0, landed=0,
 )
 NAMES = tuple(_DEFAULTS)
 

@@ -30,6 +30,7 @@ TARGETS: dict[str, str] = {
     "ficco_push_start": "FiccoPushStart",
     "ficco_push_finish": "FiccoPushFinish",
     "ficco_push_gather": "FiccoPushGather",
+    "ficco_test_late_landing": "FiccoTestLateLanding",  # A test hook.
 }
 
 _lock = threading.Lock()

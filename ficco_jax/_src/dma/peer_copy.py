@@ -132,7 +132,8 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
           flags: jax.Array | None = None,
           landings: Sequence[jax.Array] | None = None,
           flag_target: int = 0,
-          src_flags: Sequence[int] | None = None) -> list[jax.Array]:
+          src_flags: Sequence[int] | None = None,
+          landed: bool = False) -> list[jax.Array]:
   """Issues every transfer of ``plan``; returns the landing buffers at once.
 
   Args:
@@ -154,10 +155,23 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
     flag_target: with ``flags``: a flag's value once its rows are complete.
     src_flags: with ``flags``: per transfer of ``plan``, the flag of its
       source rows.
+    landed: window transport only: also return ``int32[len(plan.transfers)]``
+      landing flags, zeroed by this start on the compute stream; transfer
+      ``i``'s copy queue sets flag ``i`` to 1 once its rows have landed, so
+      a kernel may wait on the device for exactly the piece it reads
+      (`chunk_matmul.chunk_matmul_pieces`'s ``landed``) instead of a
+      ``wait`` per landing buffer. On GPUs the landing buffers then take no
+      ``wait``; on CPU, whose interpreted kernels cannot wait on a flag,
+      each takes its ``wait`` as without flags. ``done`` still ends the
+      invocation; keep the flags alive in its ``keepalive`` (the queues
+      write them until then). Should the invocation
+      fail, every flag is set all the same (on CUDA), so that no kernel
+      waits for ever; its ``done`` or the next call reports the failure.
 
   Returns:
     Landing buffer ``b`` of shape ``[plan.landing_rows[b], *row]``, being
-    filled by the copy engines until its ``wait``.
+    filled by the copy engines until its ``wait``; then, with ``landed``,
+    the landing flags.
   """
   extra = []
   if flags is not None:
@@ -181,6 +195,9 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
     extra = [flags, *landings]
   elif landings is not None or src_flags is not None or flag_target:
     raise ValueError("landings, src_flags and flag_target need flags.")
+  if landed and flags is not None:
+    raise ValueError("landed flags are the window transport's; flagged"
+                     " starts (flags=...) run the rendezvous transport.")
   sources = list(sources)
   if not sources:
     raise ValueError("start needs at least one source operand.")
@@ -212,7 +229,8 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
                       site=site, num_sources=len(sources),
                       transport=transport,
                       flag_target=int(flag_target) if extra else 0,
-                      src_flags=src_flags if extra else None)
+                      src_flags=src_flags if extra else None,
+                      landed=bool(landed))
   return list(out)
 
 
@@ -294,11 +312,15 @@ def sync(landings: Sequence[tuple[jax.Array, int]],
 # --- abstract evaluation ----------------------------------------------------
 
 
-def _start_abstract_eval(*sources, plan, axis_name, **_):
+def _start_abstract_eval(*sources, plan, axis_name, landed, **_):
   del axis_name
   first = sources[0]
-  return [first.update(shape=(rows,) + tuple(first.shape[1:]))
+  outs = [first.update(shape=(rows,) + tuple(first.shape[1:]))
           for rows in plan.landing_rows]
+  if landed:
+    outs.append(first.update(shape=(len(plan.transfers),),
+                             dtype=np.dtype(np.int32)))
+  return outs
 
 
 def _arm_abstract_eval(flags_like, like, *, num_flags, landing_rows, dtype,
@@ -367,11 +389,20 @@ def _arm_lowering(ctx, *likes, site: int, op_name: str, axis_name: str,
 def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
                     op_name: str, timeout_ms: int, site: int,
                     num_sources: int, flag_target: int, src_flags,
-                    transport: str | None):
+                    transport: str | None, landed: bool):
   library.ensure_registered()
   mesh = primitives.concrete_mesh(ctx, axis_name)
   kind = _resolve(mesh, axis_name, transport)
   extra = {}
+  if landed:
+    if kind != "window":
+      raise ValueError(
+          f"Landing flags need the window transport; this start resolved"
+          f" transport={kind!r} (Schedule.transport={transport!r}).")
+    if len(plan_lib.owner_pulls(plan).transfers) != len(plan.transfers):
+      raise ValueError("Landing flags need a plan whose transfers the window"
+                       " transport pulls as they are (no forwarding).")
+    extra["landed"] = 1
   aliases = {}
   if src_flags is not None:
     if kind != "rendezvous":

@@ -101,16 +101,23 @@ def _check_flagged(op: str, schedule) -> None:
           "matmul_reduce_scatter's compute_granularity='flagged' needs"
           " compute='pallas' (its kernel signals the copy engines), got"
           f" compute={schedule.compute!r}.")
+    if schedule.transport == "window":
+      raise ValueError(
+          "matmul_reduce_scatter's compute_granularity='flagged' travels by"
+          " transport='push' or 'rendezvous' (or None), not 'window'.")
     return
-  # The all-gather's: the push all-gather, whose GEMMs read the peers'
-  # shards where they landed, in the window.
-  if schedule.compute != "xla":
-    raise ValueError(
-        "all_gather_matmul's compute_granularity='flagged' needs"
-        " compute='xla': its GEMMs read the peers' shards in the window,"
-        " memory outside XLA's buffers that a Pallas kernel cannot take;"
-        " they run the BLAS library XLA's dots call, got"
-        f" compute={schedule.compute!r}.")
+  if schedule.compute == "pallas":
+    # The signalled all-gather: pulls into XLA's landing buffers, which the
+    # kernel reads behind landing flags.
+    if schedule.transport not in (None, "window"):
+      raise ValueError(
+          "all_gather_matmul's compute_granularity='flagged' with"
+          " compute='pallas' (the signalled all-gather) travels by"
+          f" transport='window' (or None), got"
+          f" transport={schedule.transport!r}.")
+    return
+  # The push all-gather, whose GEMMs read the peers' shards where they
+  # landed, in the window.
   if schedule.transport not in (None, "push"):
     raise ValueError(
         "all_gather_matmul's compute_granularity='flagged' travels by"

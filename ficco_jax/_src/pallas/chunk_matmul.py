@@ -187,6 +187,13 @@ def _hopper_offset(row_offset) -> int | None:
           else None)
 
 
+def waits_in_kernel(interpret: bool | None = None) -> bool:
+  """Whether a launch with these ``interpret`` settings runs the Hopper
+  kernel, which can wait on landing flags (``chunk_matmul_pieces``'s
+  ``landed``); an interpreted launch reads its operands as they are."""
+  return not _resolve_interpret(interpret)
+
+
 def _resolve_interpret(interpret: bool | None) -> bool:
   if interpret is None:
     return devices.platform() == "cpu"
@@ -322,6 +329,7 @@ def chunk_matmul_pieces(
     addends: Sequence[jax.Array] = (),
     addend_rows: Sequence[int] | None = None,
     fresh_rows: int | None = None,
+    landed: tuple[jax.Array, Sequence[int]] | None = None,
     _flags: jax.Array | None = None,
     _flag_variant: tuple[str, str] = ("piece", "piece_end"),
 ) -> jax.Array:
@@ -369,6 +377,13 @@ def chunk_matmul_pieces(
       On the Hopper path the result is typed invariant over shard_map's
       axes, as every result written in place is (jax >= 0.11 takes no
       varying Ref): restore its type with `vma.vary_like` when done.
+    landed: ``(flags, index)``: ``x`` is still being written by copy queues
+      when the kernel starts, and each sets its int32 flag in ``flags``
+      (device memory) once its rows have landed; the CTAs walk the pieces
+      in order and wait in the kernel until ``flags[index[i]] >= 1`` before
+      they read piece ``i`` (the signalled all-gather). Hopper path only:
+      an interpreted launch reads ``x`` as it is, so its caller waits for
+      the pieces first (a ValueError here otherwise).
 
   Returns:
     ``[len(x_rows) * rows, n]`` (or ``[fresh_rows, n]``) of
@@ -429,7 +444,17 @@ def chunk_matmul_pieces(
   _check_piece_rows("x_rows", x_rows, rows, x.shape)
   if out_rows is not None:
     _check_piece_rows("out_rows", out_rows, rows, target.shape)
+  if landed is not None:
+    flags, index = landed
+    if len(index) != n_pieces:
+      raise ValueError(f"landed's index has {len(index)} entries, x_rows"
+                       f" {n_pieces}: one flag per piece.")
   if _resolve_interpret(interpret):
+    if landed is not None:
+      raise ValueError(
+          "landed needs the Hopper kernel (it waits in the kernel); an"
+          " interpreted launch reads x as it is: wait for the pieces first"
+          " and pass landed=None.")
     if x_zero_padded_k:
       x = x[:, :w.shape[0]]
     x_rows = x_rows.traced() if isinstance(x_rows, ByRank) else x_rows
@@ -475,7 +500,9 @@ def chunk_matmul_pieces(
                          num_sms=num_sms, config=config, rows=n_pieces * rows,
                          out_dtype=dtype, addends=addends,
                          addend_rows=addend_rows, fresh_rows=fresh_rows,
-                         flags=_flags, flag_variant=_flag_variant)
+                         flags=_flags, flag_variant=_flag_variant,
+                         landed=None if landed is None else landed[0],
+                         landed_index=None if landed is None else landed[1])
 
 
 def chunk_matmul_flagged(

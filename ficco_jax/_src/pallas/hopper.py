@@ -6,7 +6,7 @@ tiles of the chunk. The epilogue TMA-stores each tile at ``row_offset + tile
 row`` of the full output (a TMA descriptor over all of ``out``, dynamic
 coordinates), so the dynamic offset costs nothing. One launch may compute
 several row pieces (`offsets.piece_offsets`), add addends in its epilogue,
-and bump a flag per piece once its rows are stored (`flag_signal`).
+and bump a flag per piece once its rows are stored (`gmem_flags.signal`).
 
 Constraints (checked, with a ValueError/TypeError naming the argument):
 bf16/f16 operands; the CTA tile must divide each piece exactly -- its rows
@@ -90,7 +90,7 @@ def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype,
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
                  pieces, rank_table=None, addend_rows=(), interpreted=False,
                  flagged=False, num_ctas=1, flag_walk="piece",
-                 flag_bump="piece_end"):
+                 flag_bump="piece_end", landed_index=None):
   # off_gmem: (2 * pieces,) int32 GMEM: the first row of each piece inside
   #           out, then the first row of each piece inside x. The mc rows of
   #           the product are `pieces` equal pieces, each a whole number of
@@ -112,7 +112,7 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   #           offset + tile row.
   # flagged:  rest holds flags_gmem (pieces,) int32 (aliased) before
   #           out_gmem: each compute warpgroup bumps a piece's flag once
-  #           its stores of that piece are complete (flag_signal; see
+  #           its stores of that piece are complete (gmem_flags.signal; see
   #           flag_bump), so a flag reaches flag_target(...) when its piece
   #           is written.
   # num_ctas: the grid (CTAs of the persistent loop): a CTA's tiles are
@@ -130,24 +130,33 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
   #           slower in the 4-GPU op, not on one GPU); this makes a few per
   #           CTA. "tile": every tile waits for its stores and bumps (for
   #           the kernel benchmark's comparison).
+  # landed_index: per piece, the index of its landing flag: rest holds
+  #           landed_gmem (int32, GMEM, read only) after the addends, and a
+  #           CTA waits until the piece's flag is set (a copy queue writes it
+  #           once the piece has landed in x) before its first tile of the
+  #           piece; the tiles are walked piece by piece, so the CTAs start
+  #           on piece 0 while later pieces are still in flight.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
 
+  # rest: the addends, landed_gmem, flags_gmem, out_gmem (each if used).
+  addend_gmems = list(rest)
+  out_gmem = addend_gmems.pop()
+  flags_gmem = addend_gmems.pop() if flagged else None
+  landed_gmem = addend_gmems.pop() if landed_index is not None else None
+
   if flagged:
-    from ficco_jax._src.pallas import flag_signal  # pylint: disable=g-import-not-at-top
-    *addend_gmems, flags_gmem, out_gmem = rest
+    from ficco_jax._src.pallas import gmem_flags  # pylint: disable=g-import-not-at-top
 
     def bump(piece):
       if interpreted:
         # jax's Mosaic GPU interpreter has no atomics and no rule for
-        # flag_signal: each (CTA, compute warpgroup) counts into its own
+        # gmem_flags.signal: each (CTA, compute warpgroup) counts into its own
         # slot of a (pieces, CTAs, 2) buffer, which mgpu_into checks and
         # sums, so the tests check the bump logic on CPU.
         at = (piece, lax.axis_index("sm"), lax.axis_index("wg"))
         flags_gmem[at] = flags_gmem[at] + 1
       else:
-        flag_signal.signal(flags_gmem, piece)
-  else:
-    *addend_gmems, out_gmem = rest
+        gmem_flags.signal(flags_gmem, piece)
 
   dtype = x_gmem.dtype
   out_dtype = out_gmem.dtype
@@ -224,11 +233,32 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
       nxt = lin + num_ctas
       return (nxt >= num_tiles) | (piece_of(nxt) != piece_of(lin))
 
+    def await_landed(lin):
+      # Once per CTA and piece, before its first tile's loads: every
+      # warpgroup passes the wait (the memory warpgroup issues the loads;
+      # the others are cheap to hold there too).
+      piece = piece_of(lin)
+      first = (lin < num_ctas) | (piece_of(lin - num_ctas) != piece)
+
+      @pl.when(first)
+      def _():
+        if interpreted:
+          # jax's Mosaic GPU interpreter has no rule for the wait; its
+          # callers hand it pieces that have landed (chunk_matmul).
+          return
+        from ficco_jax._src.pallas import gmem_flags  # pylint: disable=g-import-not-at-top
+        index = jnp.asarray(landed_index[0], jnp.int32)
+        for q in range(1, pieces):
+          index = jnp.where(piece == q, landed_index[q], index)
+        gmem_flags.wait(landed_gmem, index)
+
     @plgpu.nd_loop((num_tiles,), collective_axes="sm")
     def _mn_loop(info):
       # jax 0.10+ passes an NDLoopInfo; older versions a tuple of indices.
       (lin_idx,) = getattr(info, "index", info)
-      if flagged and flag_walk == "piece":
+      if landed_gmem is not None:
+        await_landed(lin_idx)
+      if (flagged or landed_gmem is not None) and flag_walk == "piece":
         piece = piece_of(lin_idx)
         m_in, n_idx = plgpu.planar_snake(
             lin_idx - piece * piece_tiles, (tiles_per_piece, n_iters), minor,
@@ -321,7 +351,8 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
 def mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
               mosaic_interpret=None, rows=None, out_dtype=None,
               addends=(), addend_rows=(), fresh_rows=None, flags=None,
-              flag_variant=("piece", "piece_end")):
+              flag_variant=("piece", "piece_end"), landed=None,
+              landed_index=None):
   """The Hopper kernel: for each of the ``len(off) // 2`` pieces ``i`` of
   ``rows / pieces`` rows, ``x[off[P + i]:][:rows / P] @ w`` into rows
   ``off[i]:`` of ``out`` (aliased), or of a fresh ``[rows, n]`` array when
@@ -330,7 +361,10 @@ def mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
   unwritten). ``off`` may be a `ByRank` of the same ``2 * pieces`` offsets
   per rank. Row ``t`` of the product (pieces stacked) gets
   ``addends[i][addend_rows[i] + t]`` added for every ``i``, in f32 before
-  rounding."""
+  rounding. With ``landed`` (int32 flags in device memory) each CTA waits
+  until ``landed[landed_index[i]] >= 1`` before it loads piece ``i``'s
+  rows of x: x is still being written by copy queues that set each flag
+  once their piece has landed."""
   # mosaic_interpret: tests only; jax's Mosaic GPU interpreter params, which
   # run this very kernel on CPU (simulated threads, TMA and wgmma).
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
@@ -377,6 +411,21 @@ def mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                      " 'rows', the bump 'piece_end' or 'tile'.")
   if flags is not None and out is not None:
     raise ValueError("flags need a fresh result (out=None).")
+  if landed is not None:
+    landed_index = tuple(int(i) for i in landed_index or ())
+    if landed.ndim != 1 or landed.dtype != jnp.int32:
+      raise TypeError(f"landed must be int32[flags], got {landed.dtype}"
+                      f"{list(landed.shape)}.")
+    if len(landed_index) != pieces or not all(
+        0 <= i < landed.shape[0] for i in landed_index):
+      raise ValueError(
+          f"landed_index={landed_index} must give each of the {pieces}"
+          f" pieces a flag of landed ({landed.shape[0]} of them).")
+    if flag_walk != "piece":
+      raise ValueError("landed pieces are walked piece by piece: flag_variant"
+                       f" must walk 'piece', got {flag_walk!r}.")
+  elif landed_index is not None:
+    raise ValueError("landed_index needs landed.")
   if flags is not None and flag_walk == "rows":
     # Row-major bands of one tile row over all pieces.
     config = dataclasses.replace(config, grid_minor_dim="m",
@@ -395,7 +444,9 @@ def mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
                         addend_rows=tuple(int(a) for a in addend_rows),
                         interpreted=bool(mosaic_interpret),
                         flagged=flags is not None, num_ctas=grid,
-                        flag_walk=flag_walk, flag_bump=flag_bump),
+                        flag_walk=flag_walk, flag_bump=flag_bump,
+                        landed_index=(landed_index if landed is not None
+                                      else None)),
       out_type=(() if out is not None
                 # A fresh_rows result is written into by later calls (a
                 # Ref), which jax >= 0.11 allows only typed invariant; the
@@ -410,6 +461,8 @@ def mgpu_into(out, x, w, off, *, num_sms, config, off_static=None,
       name="ficco_chunk_matmul_into",
       interpret=mosaic_interpret or False,
   )
+  if landed is not None:
+    addends = (*addends, landed)  # Read after the addends (_mgpu_kernel).
   if flags is not None:
     target = flag_target(config, piece_rows, n, grid, flag_bump)
     if mosaic_interpret:

@@ -130,8 +130,10 @@ def _local_shapes(op, x, w, p, axis):
 # as direct/c1 on XLA's dots). Pallas variants timed by default: the one-
 # and two-chunk copy-engine schedules at every granularity (what the
 # shipped H200 cache holds, e.g. direct/c2/dma/pallas/step; more chunks
-# were never faster there), and the reduce-scatter's flagged granularity,
-# which the cost model does not predict.
+# were never faster there), and the flagged granularity of each op (the
+# reduce-scatter's kernel that signals the copies, the signalled
+# all-gather's kernel that waits on landing flags), which the cost model
+# does not predict.
 _PALLAS_CHUNKS = (1, 2)
 
 
@@ -149,8 +151,7 @@ def _default_candidates(op, x_local, w_local, dtype, p, axis, platform,
   for s in tuple(out):
     if s.comm == "dma" and s.num_chunks in _PALLAS_CHUNKS:
       out.append(dataclasses.replace(s, compute="pallas"))
-      if (op == "matmul_reduce_scatter" and s.dataflow == "direct"
-          and s.compute_granularity is None):
+      if s.dataflow == "direct" and s.compute_granularity is None:
         out.append(dataclasses.replace(s, compute="pallas",
                                        compute_granularity="flagged"))
   return tuple(out) + push
@@ -240,8 +241,8 @@ def autotune(
       push all-gather (``direct/c1/dma/xla/flagged``, where ``"dma"``
       runs), and, where ficco's Pallas kernel runs (sm_90, bf16/f16), the
       one- and two-chunk copy-engine schedules (every granularity) with
-      ``compute="pallas"`` and the reduce-scatter's ``"flagged"``
-      granularity.
+      ``compute="pallas"``, ``"flagged"`` among them (the reduce-scatter's
+      signalling kernel, the signalled all-gather).
     store: write the result into the user cache file.
     warmup: untimed calls per candidate (the first compiles).
     rounds: timed rounds; the median round counts. Every candidate is

@@ -287,7 +287,7 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       axis_size=axis_size, axis=axis, device_kind=tgt.device_kind,
       params=params, chosen=chosen, source=source, reason=reason,
       transport=chosen.resolved_transport(
-          spans_processes=jax.process_count() > 1),
+          spans_processes=jax.process_count() > 1, op=op),
       t_mm_s=none.t_mm, t_comm_s=none.t_comm,
       ideal_s=max(none.t_mm, none.t_comm), chosen_prediction=chosen_pred,
       candidates=tuple(

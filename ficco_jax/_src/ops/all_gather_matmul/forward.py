@@ -31,11 +31,12 @@ from ficco_jax._src.matmul import Static
 
 
 def _pallas_write(out, data, x_rows, rows, w, out_rows, total, dtype,
-                  st: Static):
+                  st: Static, landed=None):
   """Pieces ``data[x_rows[i] : + rows] @ w`` written at ``out_rows[i]`` of
   ``out`` in one launch, on the 2-D views (``rest`` folds into rows); with
   ``out=None`` into a fresh ``[total, *rest, n]`` result of ``dtype`` whose
-  other rows are left for later calls."""
+  other rows are left for later calls. ``landed``: ``(flags, index)``, the
+  kernel waits for piece ``i``'s flag (`chunk_matmul_pieces`)."""
   from ficco_jax._src.pallas import chunk_matmul  # Optional dependency.
 
   fold = math.prod(data.shape[1:-1])
@@ -47,7 +48,7 @@ def _pallas_write(out, data, x_rows, rows, w, out_rows, total, dtype,
   y = chunk_matmul.chunk_matmul_pieces(
       data.reshape(-1, data.shape[-1]), [r * fold for r in x_rows],
       rows * fold, w, out_rows=[r * fold for r in out_rows],
-      num_sms=st.schedule.num_sms, **kw)
+      num_sms=st.schedule.num_sms, landed=landed, **kw)
   return y.reshape((total,) + data.shape[1:-1] + (w.shape[1],))
 
 
@@ -96,6 +97,8 @@ def _run(x0, w, st: Static, *, keep_gathered: bool):
             gathered if keep_gathered else None)
 
   if st.schedule.compute_granularity == "flagged":
+    if st.schedule.compute == "pallas":
+      return _signalled(x0, w, st, out_dtype, keep_gathered)
     return _push(x0, w, st, out_dtype, keep_gathered)
 
   if st.schedule.comm == "dma":
@@ -219,3 +222,76 @@ def _push(x0, w, st: Static, out_dtype, keep_gathered: bool):
     gathered = vma.vary_like(
         gathered.reshape((p * m,) + rest + (x0.shape[-1],)), x0)
   return vma.vary_like(out, x0, w), gathered
+
+
+def _signalled(x0, w, st: Static, out_dtype, keep_gathered: bool):
+  """``compute_granularity="flagged"`` with ``compute="pallas"``: the
+  signalled all-gather. One window start pulls every peer's chunks into
+  landing buffers (one per chunk: that chunk of every peer) and sets a
+  landing flag in device memory as each piece lands; the own shard's
+  kernel runs meanwhile; then one kernel launch per landing buffer walks
+  its pieces in landing order, each CTA waiting in the kernel for a piece's
+  flag before it loads the piece's rows, so compute starts on the first
+  piece while the others are still in flight, with no host wait, no stream
+  wait and no launch per piece. The interpreted kernel (CPU) cannot wait:
+  there the pieces are awaited first (the window transport's wait), and the
+  CPU twin still runs every protocol step."""
+  from ficco_jax._src.dma import peer_copy  # Optional dependency.
+  from ficco_jax._src.pallas import chunk_matmul
+
+  p, m = st.axis_size, x0.shape[0]
+  # As in _run: the start belongs to the whole product (see there).
+  x0, w = lax.optimization_barrier((x0, w))
+  rank = lax.axis_index(st.axis_name)
+  gplan = plan_lib.gather_plan(st.schedule, axis_size=p, shard_rows=m)
+  site = peer_copy.new_site()
+  kw = dict(st.copy_kwargs(), transport="window")
+  *landings, flags = peer_copy.start([x0], gplan, site=site, landed=True,
+                                     **kw)
+  in_kernel = chunk_matmul.waits_in_kernel()
+  # The own shard first, on the compute stream, while the pieces fly.
+  x0_ordered, landings = lax.optimization_barrier((x0, landings))
+  out = _pallas_write(None, x0_ordered, [0], m, w, [rank * m], p * m,
+                      out_dtype, st)
+  read = []  # The landing buffers the kernels read, in order.
+  for b, landing in enumerate(landings):
+    blocks = gplan.blocks_of(b)
+    if in_kernel:
+      landed = (flags, [_transfer_of(gplan, b, blk) for blk in blocks])
+    else:
+      landing = peer_copy.wait(landing, site=site, **kw)
+      landed = None
+    rows = {blk.rows for blk in blocks}
+    if len(rows) != 1:
+      raise AssertionError(f"direct pieces of unequal rows {sorted(rows)}")
+    out = _pallas_write(
+        out, landing, [blk.landing_row for blk in blocks], rows.pop(), w,
+        [gather.owner_rank(blk, rank, p) * m + blk.owner_row
+         for blk in blocks], p * m, out_dtype, st, landed=landed)
+    read.append(landing)
+  gathered = None
+  if keep_gathered:
+    # Read the landing buffers only after the kernels that waited for
+    # them: XLA orders the copies by data alone.
+    out, read = lax.optimization_barrier((out, read))
+    pieces, shift_rows = [x0], [0]
+    for b, landing in enumerate(read):
+      pieces += [gather.block_rows(landing, blk) for blk in gplan.blocks_of(b)]
+      shift_rows += [gather.shift_row(blk, p, m) for blk in gplan.blocks_of(b)]
+    gathered = vma.vary_like(_assemble(pieces, shift_rows, rank, m, p), x0)
+  # The flags stay alive until the copy queues are done writing them: a
+  # consumer that did not read them (the CPU twin's) would otherwise let
+  # XLA reuse their memory under the queues' last writes.
+  out = peer_copy.done(out, [x0, flags], site=site, **kw)
+  if gathered is not None:
+    # As in _run: keep the end alive with the gathered operand.
+    _, gathered = lax.optimization_barrier((out, gathered))
+  return vma.vary_like(out, x0, w), gathered
+
+
+def _transfer_of(gplan, landing: int, block) -> int:
+  """The transfer that lands ``block`` (its flag's index)."""
+  for i, t in enumerate(gplan.transfers):
+    if t.dst == landing and t.dst_row == block.landing_row:
+      return i
+  raise AssertionError(f"no transfer lands {block} in landing {landing}")
