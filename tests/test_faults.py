@@ -43,9 +43,9 @@ CASES = {
     # at "wait" it fails once its pushes are queued, which it drains.
     "push-ag": ("ag", "direct/c1/dma/xla/flagged/push", ("start", "wait")),
     # The signalled all-gather: its kernel waits on landing flags, which a
-    # failed invocation must still set (on GPUs it takes no wait call).
+    # failed invocation must still set.
     "signalled-ag": ("ag", "direct/c2/dma/pallas/flagged/window",
-                     ("start", "done")),
+                     ("start", "wait", "done")),
 }
 
 

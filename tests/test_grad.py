@@ -199,8 +199,8 @@ def test_all_gather_gradient_keeps_the_gathered_x(schedule):
     Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
              compute_granularity="step"),
     Schedule(dataflow="ring", num_chunks=1, compute="pallas"),
-    # The signalled all-gather; its gradient's ops run "piece" over the
-    # window transport.
+    # The signalled all-gather; its gradient's ops run "piece" (over the
+    # transport a piece-wise op picks: rendezvous in one process).
     Schedule(dataflow="direct", num_chunks=2, comm="dma", compute="pallas",
              compute_granularity="flagged")],
     ids=lambda s: s.short())

@@ -34,8 +34,11 @@ def test_late_landing_hook_lands_every_piece():
   # On CPU at once; on a GPU after the delay, seen once the call is done.
   rng = np.random.default_rng(50)
   x = jnp.asarray(rng.standard_normal((40, 12)), jnp.float32)
-  landing, flags, src = jax.jit(
-      lambda x: hook.late_landing(x, [8, 24, 8], delay_ms=5))(x)
+  def land(x):
+    landing, flags, src = hook.late_landing(x, [8, 24, 8], delay_ms=5)
+    return landing, hook.join(flags), src
+
+  landing, flags, src = jax.jit(land)(x)
   np.testing.assert_array_equal(np.asarray(landing), np.asarray(x))
   np.testing.assert_array_equal(np.asarray(flags), [1, 1, 1])
   np.testing.assert_array_equal(np.asarray(src), np.asarray(x))
@@ -122,7 +125,9 @@ def test_gpu_kernel_waits_for_pieces_that_land_late(num_sms):
     y = cm.chunk_matmul_pieces(
         landing, x_rows, rows, w, num_sms=num_sms,
         landed=(flags, [0, 1, 2]) if wait else None)
-    return y, src
+    # The control's copies land after its kernel: joined before the
+    # buffers go back to XLA.
+    return hook.join(y), src
 
   for _ in range(2):  # Flags are zeroed per call.
     got, _ = run(x, w, True)
@@ -135,12 +140,15 @@ def test_gpu_kernel_waits_for_pieces_that_land_late(num_sms):
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("num_chunks", [1, 2])
-def test_window_start_sets_a_landing_flag_per_transfer(num_chunks):
+@pytest.mark.parametrize("num_chunks,landed_wait", [(1, False), (2, False),
+                                                    (2, True)])
+def test_window_start_sets_a_landing_flag_per_transfer(num_chunks,
+                                                       landed_wait):
   # The protocol's part: a window start with landing flags zeroes them and
-  # each copy queue sets its transfer's flag once the piece has landed
-  # (here read after the wait; on GPUs a kernel waits on them instead),
-  # call after call on the same window.
+  # each copy queue sets its transfer's flag once the piece has landed,
+  # call after call on the same window; read after a plain wait, or after
+  # done behind a landed wait (which only waits for the copies to be
+  # enqueued: on GPUs a kernel waits on the flags after it).
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from ficco_jax import Schedule  # pylint: disable=g-import-not-at-top
   from ficco_jax._src import plan as plan_lib  # pylint: disable=g-import-not-at-top
@@ -158,10 +166,12 @@ def test_window_start_sets_a_landing_flag_per_transfer(num_chunks):
     site = peer_copy.new_site()
     *landings, flags = peer_copy.start([x0], gplan, site=site, landed=True,
                                        **kw)
-    landings = [peer_copy.wait(b, site=site, **kw) for b in landings]
-    gathered = jnp.concatenate(landings, 0)
+    landings = [peer_copy.wait(b, site=site, landed=landed_wait, **kw)
+                for b in landings]
     flags = peer_copy.done(flags, [x0, *landings], site=site, **kw)
-    return gathered, flags
+    # Read the landings after the done, which waits for every copy.
+    flags, landings = jax.lax.optimization_barrier((flags, landings))
+    return jnp.concatenate(landings, 0), flags
 
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"),
                             out_specs=(P("x"), P("x"))))

@@ -66,6 +66,8 @@ struct Attrs {
   // Window start: its last result is int32[transfers], flag i set to 1 by
   // transfer i's copy queue once that transfer has landed (a consumer
   // kernel waits on them on the device; docs/windows.md, "Landing flags").
+  // Window wait: only until the copies and flag writes are enqueued, on the
+  // host (the kernel after it waits on the device).
   int64_t landed;
 };
 

@@ -22,8 +22,6 @@
 //                              stream goes on (it shares the SMs)
 //   kComputeQueue              the queue index that means the compute stream
 //   kNamesWaits                a timeout can name who never signalled
-//   kKernelsAwaitLanded        kernels wait on a window start's landing
-//                              flags (its landing buffers take no wait)
 //   SupportsIssueMode(mode), DefaultIssueMode(), BindIssuer(device)
 //                              the rendezvous issue modes (issuer.h)
 //

@@ -57,9 +57,6 @@ struct CpuBackend {
   static constexpr int64_t kComputeQueue = kPushQueue + 1;
   // The window's header is host memory: any timeout can name who is late.
   static constexpr bool kNamesWaits = true;
-  // The interpreted kernels cannot wait on landing flags: a window start
-  // with them still gives each landing buffer its wait.
-  static constexpr bool kKernelsAwaitLanded = false;
   // The rendezvous flag waits' queue; copy queues are [0, num_streams), the
   // completer -1.
   static constexpr int64_t kFlagQueue = int64_t{1} << 40;

@@ -26,6 +26,14 @@ ffi::Error LateLandingImpl(ffi::AnyBuffer src, ffi::Result<ffi::AnyBuffer> landi
   return ffi::Error::Success();
 }
 
+// Nothing lands late on CPU.
+ffi::Error JoinImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
+  if (x.untyped_data() != out->untyped_data()) {
+    return ffi::Error::Internal("ficco late-landing join: not aliased");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace ficco
 
@@ -36,3 +44,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoTestLateLandingCpu, ficco::LateLandingImpl,
                                   .Ret<xla::ffi::AnyBuffer>()  // flags
                                   .Ret<xla::ffi::AnyBuffer>()  // src, aliased
                                   .Attrs<ficco::Attrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoTestLateLandingJoinCpu, ficco::JoinImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()   // x
+                                  .Ret<xla::ffi::AnyBuffer>());  // aliased

@@ -277,6 +277,13 @@ ffi::Future Failed(ffi::Error error) {
   return future;
 }
 
+ffi::Future Ready() {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetAvailable();
+  return future;
+}
+
 // Every event of the invocations of `run`, and the longest of their
 // timeouts (a failed run is settled once they are all set, or by twice it).
 std::vector<CpuEvent*> RunEvents(const std::vector<std::shared_ptr<Inv>>& run,
@@ -528,6 +535,16 @@ ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
   if (!inv) {
     return Failed(WindowMissError<CpuBackend>(attrs.window, "wait",
                                                     attrs.op_name, device));
+  }
+  if (attrs.landed) {
+    // A landed wait only host-orders a kernel that waits on the landing
+    // flags; the twin issues its copies inside the start, so they are.
+    if (ffi::Error err = AwaitIssued(*inv, WindowWho("wait", attrs.op_name,
+                                                     device));
+        err.failure()) {
+      return Failed(std::move(err));
+    }
+    return Ready();
   }
   std::vector<CpuEvent*> events;
   for (size_t i = 0; i < inv->plan.transfers.size(); ++i) {

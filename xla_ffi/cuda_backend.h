@@ -61,9 +61,6 @@ struct CudaBackend {
   // The watchdog names late ranks from the flags, so the hot path builds
   // no wait descriptions.
   static constexpr bool kNamesWaits = false;
-  // A window start with landing flags serves a kernel that waits on them
-  // on the device: its landing buffers take no wait.
-  static constexpr bool kKernelsAwaitLanded = true;
   // The rendezvous flag waits' stream; copy queues are [0, num_streams).
   static constexpr int64_t kFlagStream = int64_t{1} << 40;
 

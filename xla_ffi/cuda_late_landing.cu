@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "attrs.h"
@@ -20,6 +22,23 @@ namespace {
 // Apart from every stream of the transports (window queues at 2^32 + q,
 // the rendezvous flag stream at 2^40).
 constexpr int64_t kLateLandingQueue = int64_t{1} << 41;
+
+// Per device, the event after the last landing's last flag: the join makes
+// the compute stream wait for it.
+cudaEvent_t* LastLanding(int32_t device) {
+  static std::mutex* mu = new std::mutex();
+  static auto* events = new std::map<int32_t, cudaEvent_t>();
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = events->find(device);
+  if (it == events->end()) {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      return nullptr;
+    }
+    it = events->emplace(device, e).first;
+  }
+  return &it->second;
+}
 
 void CUDART_CB Sleep(void* ms) {
   std::this_thread::sleep_for(
@@ -71,6 +90,22 @@ ffi::Error LateLandingImpl(cudaStream_t stream, int32_t device,
     if (r.failure()) return r;
     row += attrs.rows[i];
   }
+  cudaEvent_t* last = LastLanding(device);
+  if (last == nullptr) return ffi::Error::Internal("cudaEventCreate failed");
+  FICCO_CUDA_RETURN_IF_ERROR(cudaEventRecord(*last, *side));
+  return ffi::Error::Success();
+}
+
+ffi::Error JoinImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                    ffi::Result<ffi::AnyBuffer> out) {
+  if (x.untyped_data() != out->untyped_data()) {
+    return ffi::Error::Internal("ficco late-landing join: not aliased");
+  }
+  ScopedDevice scoped;
+  if (auto err = scoped.Set(device); err.failure()) return err;
+  cudaEvent_t* last = LastLanding(device);
+  if (last == nullptr) return ffi::Error::Internal("cudaEventCreate failed");
+  FICCO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, *last, 0));
   return ffi::Error::Success();
 }
 
@@ -87,3 +122,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<xla::ffi::AnyBuffer>()                     // flags
         .Ret<xla::ffi::AnyBuffer>()                     // src, aliased
         .Attrs<ficco::Attrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FiccoTestLateLandingJoinCuda, ficco::JoinImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // x
+        .Ret<xla::ffi::AnyBuffer>());                   // x, aliased

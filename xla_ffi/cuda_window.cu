@@ -352,6 +352,9 @@ ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
   if (auto err = AwaitIssued(*inv, who); err.failure()) {
     return FailDrained(stream, device, std::move(inv), std::move(err), who);
   }
+  // A landed wait only host-orders the kernel after it, which waits on the
+  // landing flags on the device: their writes are enqueued now.
+  if (attrs.landed) return ffi::Error::Success();
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   for (size_t i = 0; i < inv->plan.transfers.size(); ++i) {

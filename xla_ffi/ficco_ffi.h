@@ -23,6 +23,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushFinishCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushGatherCpu);
 // Test hook (late_landing.h, cpu_late_landing.cc).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoTestLateLandingCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoTestLateLandingJoinCpu);
 
 #ifdef FICCO_WITH_CUDA
 // CUDA (cuda_peer_copy.cu, cuda_window.cu): cudaMemcpyAsync on side
@@ -38,6 +39,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushFinishCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoPushGatherCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoTestLateLandingCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FiccoTestLateLandingJoinCuda);
 #endif
 
 // Platforms of the diagnostics below.

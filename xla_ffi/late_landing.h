@@ -7,7 +7,9 @@
 // behind the window transport's landing flags (one GPU suffices, where that
 // transport needs two). The CPU twin lands everything before it returns:
 // an interpreted kernel cannot wait. `src` is returned aliased: the caller
-// keeps it alive until the kernel that reads `landing` is done.
+// keeps it alive until the kernel that reads `landing` is done, then joins
+// (the join hook: the compute stream waits for the device's last landing),
+// so that no late copy or flag write outlives the buffers it touches.
 
 #ifndef FICCO_XLA_FFI_LATE_LANDING_H_
 #define FICCO_XLA_FFI_LATE_LANDING_H_

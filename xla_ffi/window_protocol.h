@@ -446,12 +446,14 @@ ffi::Error WindowPull(B& backend, int32_t device,
       FICCO_RETURN_IF_FAILED(backend.Copy(inv, device, k,
                                           landing_ptrs[t.dst] + t.dst_row * rb,
                                           src, static_cast<size_t>(t.rows * rb)));
-      FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->arrival[i]));
       if (inv->landed != nullptr) {
         // After the copy on its queue: the write's default flags fence it.
         FICCO_RETURN_IF_FAILED(
             backend.WriteFlag(inv, device, k, inv->landed + i, 1));
       }
+      // After the flag write too: a failed run's drain waits for the
+      // arrivals, so no write of it lands in memory XLA has reused.
+      FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->arrival[i]));
     }
     FICCO_RETURN_IF_FAILED(backend.Record(inv, device, k, inv->finals[j]));
   }
@@ -472,13 +474,15 @@ ffi::Error WindowPull(B& backend, int32_t device,
   return ffi::Error::Success();
 }
 
-// A consumer kernel may already wait on the device for a failed
-// invocation's landing flags, and no pull of it will set them now: set them
-// all (the pieces are garbage; the op's done or the next call on the window
-// reports the failure), on the signal queue, which holds nothing of this
-// invocation (its work is enqueued after every pull's) and waits for
-// `ready` (the flags' zeros) first. The CPU twin writes no flag of a failed
-// invocation: its consumer waits for the arrival events instead.
+// A consumer kernel may wait on the device for a failed invocation's
+// landing flags, and no pull of it will set them now: set them all (the
+// pieces are garbage; the op's wait or done, or the next call on the
+// window, reports the failure), on the signal queue, which holds nothing of
+// this invocation (its work is enqueued after every pull's) and waits for
+// `ready` (the flags' zeros) first; then record `signalled` there, which a
+// failed run's drain waits for, so no write lands in memory XLA has reused.
+// The CPU twin writes no flag of a failed invocation: its consumer waits
+// for the arrival events instead.
 template <class B>
 void ReleaseLanded(B& backend, int32_t device,
                    const std::shared_ptr<WindowInvocation<B>>& inv) {
@@ -488,6 +492,9 @@ void ReleaseLanded(B& backend, int32_t device,
   }
   for (size_t i = 0; i < inv->plan.transfers.size(); ++i) {
     (void)backend.WriteFlag(inv, device, kSignalQueue, inv->landed + i, 1);
+  }
+  if (inv->signalled != nullptr) {
+    (void)backend.Record(inv, device, kSignalQueue, inv->signalled);
   }
 }
 
@@ -631,12 +638,7 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
     inv->Fail(inv->where + ": " + std::string(staged.message()));
     return staged;
   }
-  // With landing flags a kernel waits on them, not a wait call (where
-  // kernels can).
-  std::vector<const void*> addrs;
-  if (landed == nullptr || !B::kKernelsAwaitLanded) {
-    addrs.assign(landing_ptrs.begin(), landing_ptrs.end());
-  }
+  std::vector<const void*> addrs(landing_ptrs.begin(), landing_ptrs.end());
   auto pull = [backend, device, inv, landing_ptrs]() mutable {
     ffi::Error pulled = WindowPull(backend, device, inv, landing_ptrs);
     if (pulled.failure()) {

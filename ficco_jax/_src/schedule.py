@@ -95,8 +95,9 @@ class Schedule:
         a landing flag in device memory as its piece lands; the own
         shard's kernel runs meanwhile, then one kernel launch per chunk
         walks that chunk's pieces in landing order, each CTA waiting in
-        the kernel for a piece's flag before it loads the piece: no host
-        wait, no stream wait and no launch per piece.
+        the kernel for a piece's flag before it loads the piece: no stream
+        wait and no launch per piece (XLA's thread waits on the host until
+        the copies are enqueued, before the first such launch).
         Reduce-scatter (``compute="pallas"``): the overlap of
         ``"piece"`` at the host cost of ``"step"``. One kernel launch
         computes every piece of the op, peers' pieces first, and bumps a
@@ -252,7 +253,8 @@ class Schedule:
     """The transport ``comm="dma"`` runs for ``op`` (None for
     ``comm="xla"``); see `resolve_transport`. The signalled all-gather
     (``op="all_gather_matmul"``, flagged, ``compute="pallas"``) runs the
-    window transport."""
+    window transport; ``op=None`` answers for the reduce-scatter (a
+    flagged schedule then pushes)."""
     if self.comm != "dma":
       return None
     if (op == "all_gather_matmul" and self.compute_granularity == "flagged"

@@ -33,7 +33,8 @@ def late_landing(src: jax.Array, rows: Sequence[int], *, delay_ms: int = 0
     ``(landing, flags, src)``: ``landing`` like ``src``, zeroed, then
     written piece by piece; ``flags`` ``int32[len(rows)]``, flag ``i`` set
     to 1 once piece ``i`` has landed; ``src`` itself (aliased), to be kept
-    alive until every reader of ``landing`` is done.
+    alive until every reader of ``landing`` is done. Then `join`: nothing
+    else orders the late copies before XLA reuses the three buffers.
   """
   rows = [int(r) for r in rows]
   if not rows or any(r < 1 for r in rows) or sum(rows) != src.shape[0]:
@@ -52,3 +53,14 @@ def late_landing(src: jax.Array, rows: Sequence[int], *, delay_ms: int = 0
   given = attrs.full(dict(op_name="late_landing", timeout_ms=delay_ms,
                           rows=np.asarray(rows, np.int64)))
   return tuple(call(src, **given))
+
+
+def join(x: jax.Array) -> jax.Array:
+  """``x`` (aliased), once the device's last `late_landing` has landed:
+  the compute stream waits for it. Pass it a value computed after every
+  reader of the landing (their result), in the same program."""
+  library.ensure_registered()
+  call = jax.ffi.ffi_call("ficco_test_late_landing_join",
+                          jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          has_side_effect=True, input_output_aliases={0: 0})
+  return call(x)

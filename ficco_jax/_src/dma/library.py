@@ -30,7 +30,9 @@ TARGETS: dict[str, str] = {
     "ficco_push_start": "FiccoPushStart",
     "ficco_push_finish": "FiccoPushFinish",
     "ficco_push_gather": "FiccoPushGather",
-    "ficco_test_late_landing": "FiccoTestLateLanding",  # A test hook.
+    # Test hooks (dma/late_landing.py).
+    "ficco_test_late_landing": "FiccoTestLateLanding",
+    "ficco_test_late_landing_join": "FiccoTestLateLandingJoin",
 }
 
 _lock = threading.Lock()

@@ -159,14 +159,15 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
       landing flags, zeroed by this start on the compute stream; transfer
       ``i``'s copy queue sets flag ``i`` to 1 once its rows have landed, so
       a kernel may wait on the device for exactly the piece it reads
-      (`chunk_matmul.chunk_matmul_pieces`'s ``landed``) instead of a
-      ``wait`` per landing buffer. On GPUs the landing buffers then take no
-      ``wait``; on CPU, whose interpreted kernels cannot wait on a flag,
-      each takes its ``wait`` as without flags. ``done`` still ends the
-      invocation; keep the flags alive in its ``keepalive`` (the queues
-      write them until then). Should the invocation
-      fail, every flag is set all the same (on CUDA), so that no kernel
-      waits for ever; its ``done`` or the next call reports the failure.
+      (`chunk_matmul.chunk_matmul_pieces`'s ``landed``). Each landing
+      buffer still takes its ``wait``: a ``landed`` one before such a
+      kernel (it only orders the kernel after the flags' writes are
+      enqueued), a plain one where the consumer cannot wait on a flag (an
+      interpreted kernel). ``done`` still ends the invocation; keep the
+      flags alive in its ``keepalive`` (the queues write them until then).
+      Should the invocation fail, every flag is set all the same (on
+      CUDA), so that no kernel waits for ever; its ``wait`` or ``done``, or
+      the next call, reports the failure.
 
   Returns:
     Landing buffer ``b`` of shape ``[plan.landing_rows[b], *row]``, being
@@ -235,15 +236,21 @@ def start(sources: Sequence[jax.Array], plan: GatherPlan, *, axis_name: str,
 
 
 def wait(buf: jax.Array, *, axis_name: str, site: int, op_name: str,
-         timeout_s: float, transport: str | None = None) -> jax.Array:
+         timeout_s: float, transport: str | None = None,
+         landed: bool = False) -> jax.Array:
   """Makes compute wait for the copies into one landing buffer.
 
   ``axis_name``, ``site`` and ``transport`` are the start's (they pick its
   transport and windows). Returns ``buf`` itself (aliased in place),
-  complete.
+  complete; with ``landed`` (a start with landing flags, window transport)
+  not yet complete: the call returns once the copies into it and their
+  landing-flag writes are enqueued, and enqueues no device wait, for a
+  kernel after it that waits on the flags on the device (a wait enqueued
+  before the write it waits for could deadlock the GPU's queues:
+  docs/windows.md, "Landing flags").
   """
   return sync([(buf, site)], [], axis_name=axis_name, op_name=op_name,
-              timeout_s=timeout_s, transport=transport)[0]
+              timeout_s=timeout_s, transport=transport, landed=landed)[0]
 
 
 def done(out: jax.Array, keepalive: Sequence[jax.Array], *, axis_name: str,
@@ -266,7 +273,8 @@ def sync(landings: Sequence[tuple[jax.Array, int]],
          ends: Sequence[tuple[Sequence[jax.Array], int]], *,
          axis_name: str, op_name: str, timeout_s: float,
          transport: str | None = None,
-         out: jax.Array | None = None) -> list[jax.Array]:
+         out: jax.Array | None = None,
+         landed: bool = False) -> list[jax.Array]:
   """Several waits and dones in one call (one FFI call on the rendezvous
   transport, where each call costs the host ~10 us on a short op).
 
@@ -284,6 +292,7 @@ def sync(landings: Sequence[tuple[jax.Array, int]],
     transport: the starts' transport.
     out: an extra array returned aliased after everything, as `done`'s
       ``out``; needed when ``landings`` is empty.
+    landed: the waits are `wait`'s ``landed`` ones (window transport).
 
   Returns:
     The landing buffers (complete), then ``out`` if given. Use them: they
@@ -306,7 +315,7 @@ def sync(landings: Sequence[tuple[jax.Array, int]],
       wait_sites=tuple(s for _, s in landings),
       done_sites=tuple(s for _, s in ends), axis_name=axis_name,
       op_name=op_name, timeout_ms=primitives.timeout_ms(timeout_s),
-      transport=transport))
+      transport=transport, landed=bool(landed)))
 
 
 # --- abstract evaluation ----------------------------------------------------
@@ -449,12 +458,15 @@ def _window_of(ctx, mesh, axis_name: str, site: int) -> dict:
 def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
                    wait_sites: tuple[int, ...], done_sites: tuple[int, ...],
                    axis_name: str, op_name: str, timeout_ms: int,
-                   transport: str | None):
+                   transport: str | None, landed: bool):
   library.ensure_registered()
   mesh = primitives.concrete_mesh(ctx, axis_name)
   kind = _resolve(mesh, axis_name, transport)
   num_outs = keep_bounds[0]
   common = dict(op_name=op_name, timeout_ms=timeout_ms)
+  if landed and kind != "window":
+    raise ValueError(f"Landed waits need the window transport; this sync"
+                     f" resolved transport={kind!r}.")
   if kind == "rendezvous":
     return attrs.lower(
         _TARGETS[kind][1], ctx, *args, has_side_effect=bool(done_sites),
@@ -467,6 +479,8 @@ def _sync_lowering(ctx, *args, num_wait: int, keep_bounds: tuple[int, ...],
 
   def call(target, operands, operand_avals, site):
     extra = _window_of(ctx, mesh, axis_name, site)
+    if landed and target.endswith("wait"):
+      extra["landed"] = 1
     sub = ctx.replace(avals_in=operand_avals, avals_out=[operand_avals[0]])
     return attrs.lower(target, sub, *operands, operand_output_aliases={0: 0},
                        has_side_effect=target.endswith("done"), **common,

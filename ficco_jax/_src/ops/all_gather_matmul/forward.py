@@ -232,10 +232,12 @@ def _signalled(x0, w, st: Static, out_dtype, keep_gathered: bool):
   kernel runs meanwhile; then one kernel launch per landing buffer walks
   its pieces in landing order, each CTA waiting in the kernel for a piece's
   flag before it loads the piece's rows, so compute starts on the first
-  piece while the others are still in flight, with no host wait, no stream
-  wait and no launch per piece. The interpreted kernel (CPU) cannot wait:
-  there the pieces are awaited first (the window transport's wait), and the
-  CPU twin still runs every protocol step."""
+  piece while the others are still in flight, with no stream wait and no
+  launch per piece. Before each such launch XLA's thread waits on the host
+  until the copies are enqueued (as the push all-gather does before its
+  device waits). The interpreted kernel (CPU) cannot wait: there the
+  pieces are awaited first (the window transport's wait), and the CPU twin
+  still runs every protocol step."""
   from ficco_jax._src.dma import peer_copy  # Optional dependency.
   from ficco_jax._src.pallas import chunk_matmul
 
@@ -256,11 +258,13 @@ def _signalled(x0, w, st: Static, out_dtype, keep_gathered: bool):
   read = []  # The landing buffers the kernels read, in order.
   for b, landing in enumerate(landings):
     blocks = gplan.blocks_of(b)
-    if in_kernel:
-      landed = (flags, [_transfer_of(gplan, b, blk) for blk in blocks])
-    else:
-      landing = peer_copy.wait(landing, site=site, **kw)
-      landed = None
+    # In the kernel's case the wait only holds XLA's thread until the
+    # flags' writes are enqueued (a kernel that spins on a write not yet
+    # enqueued could hold the very hardware queue the write needs); with
+    # the interpreter it waits for the pieces.
+    landing = peer_copy.wait(landing, site=site, landed=in_kernel, **kw)
+    landed = ((flags, [_transfer_of(gplan, b, blk) for blk in blocks])
+              if in_kernel else None)
     rows = {blk.rows for blk in blocks}
     if len(rows) != 1:
       raise AssertionError(f"direct pieces of unequal rows {sorted(rows)}")
