@@ -145,14 +145,15 @@ def test_kernel_suite_times_the_grouped_matmul(tmp_path):
   bench("--suite=kernel", "--kernel_mode=grouped", "--tiny",
         "--moe_models=mixtral-8x7b", "--grouped_rows=256", "--axis_size=2",
         "--grouped_blocks=128x128x64x4x1,ws-64x128-s4-e128-wm-gn4",
-        "--grouped_zero_pass", "--rounds=2", "--iters=2",
-        f"--out_dir={tmp_path}")
+        "--grouped_zero_pass", "--grouped_runtime_sizes", "--rounds=2",
+        "--iters=2", f"--out_dir={tmp_path}")
   data = json.loads((tmp_path / "kernel_grouped.json").read_text())
   assert len(data["rows"]) == 2  # Both of the layer's matmuls.
   for row in data["rows"]:
     for name in ("dense", "ragged_dot", "grouped/128x128x64x4x1",
                  "grouped/ws-64x128-s4-e128-wm-gn4",
-                 "grouped (chosen) + XLA zero pass"):
+                 "grouped (chosen) + XLA zero pass",
+                 "grouped (chosen), sizes at run time"):
       t = row["times"][name]
       assert t["ok"] and t["median_ms"] > 0 and t["tflops"] > 0, (name, t)
 

@@ -38,7 +38,10 @@ the boundaries off the tiles), both of the layer's matmuls
 (``d -> f``, ``f -> d``): XLA's dense batched einsum over equal slots (the
 dense-slot baseline with nothing padded), ``lax.ragged_dot``, and the
 grouped kernel under each ``--grouped_blocks`` tile config; interleaved,
-each checked once against an f32 reference.
+each checked once against an f32 reference. The sizes are constants of
+the program, so XLA folds the kernel's tile table away;
+``--grouped_runtime_sizes`` adds the chosen tiles with sizes known only at
+run time, as a layer's routing is.
 
 Each shape is first checked once: output poisoned with NaN, relative error
 against an f32 dot, rows outside the chunk still NaN.
@@ -72,6 +75,11 @@ flags.DEFINE_bool("grouped_zero_pass", False,
                   "kernel: grouped mode also times the chosen tiles followed"
                   " by XLA's pass that zeroes the rows past the groups (what"
                   " the kernel's own zero stores replace).")
+flags.DEFINE_bool("grouped_runtime_sizes", False,
+                  "kernel: grouped mode also times the chosen tiles with the"
+                  " group sizes known only at run time, as a layer's routing"
+                  " is (behind a barrier; the other programs' constant sizes"
+                  " let XLA fold the tile table into the program).")
 flags.DEFINE_bool("grouped_dx", False,
                   "kernel: grouped_dw mode also times the input gradient"
                   " dx = ct @ w[g].T, with ficco's kernel reading w"
@@ -332,6 +340,10 @@ def _grouped_programs(gm, blocks, keys, e, slot, sizes, k, n, skip):
     programs["grouped (chosen) + XLA zero pass"] = (
         lambda x, wt: gm.zero_past_groups(gm.grouped_matmul(x, wt, sizes),
                                           lax.optimization_barrier(sizes)))
+  if FLAGS.grouped_runtime_sizes:
+    programs["grouped (chosen), sizes at run time"] = (
+        lambda x, wt: gm.grouped_matmul(x, wt,
+                                        lax.optimization_barrier(sizes)))
   for label, block in blocks.items():
     # Off GPUs the portable kernel runs whatever the tiles.
     why = gm.mosaic_unfit(k, n, jnp.bfloat16, block)
