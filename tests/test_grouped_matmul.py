@@ -49,6 +49,13 @@ def test_tile_table_covers_each_routed_row_once(rows, sizes):
   want = np.concatenate([np.full(c, g) for g, c in enumerate(sizes)] +
                         [np.full(rows - sum(sizes), -1)])
   np.testing.assert_array_equal(owner, want)
+  # The counts the Hopper kernel takes with it: its live tiles are a prefix
+  # of the table, and the groups' rows.
+  _, live, total = gm._table_and_counts(  # pylint: disable=protected-access
+      jnp.asarray(sizes, jnp.int32), rows, bm)
+  is_live = table[3] > table[2]
+  assert int(live) == is_live.sum() and is_live[:int(live)].all()
+  assert int(total) == sum(sizes)
 
 
 @pytest.mark.parametrize("rows, sizes", CASES)
@@ -178,8 +185,9 @@ def test_gpu_kernel_gets_fitting_tiles_forward_and_for_the_gradient(
   # takes the 128-column tile, 512 the 256-column one).
   seen = []
 
-  def fake(x, w, table, *, config, num_sms=None, transpose_w=False):
-    del table, num_sms
+  def fake(x, w, table, *, config, num_sms=None, transpose_w=False,
+           counts=None):
+    del table, num_sms, counts
     if transpose_w:  # dx reads w where it lies, [G, N, K].
       w = jnp.swapaxes(w, 1, 2)
     k, n = w.shape[1:]

@@ -237,6 +237,7 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
                  config: ChunkMatmulConfig | None = None,
                  num_sms: int | None = None,
                  transpose_w: bool = False,
+                 counts: tuple[jax.Array, jax.Array] | None = None,
                  interpret_params=None) -> jax.Array:
   """``[M, N]``: row tile t of `table` (``grouped_matmul.tile_table`` with
   ``block_m = config.cta_tile_m``) times ``w[table[0, t]]``, its rows
@@ -251,6 +252,9 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
       device's SMs).
     transpose_w: multiply by each ``w[g].T`` as stored (the backward pass's
       ``dx = ct @ w[g].T``), without a transposed copy of w.
+    counts: ``(live tiles, groups' rows)`` of the table, int32 scalars,
+      where the caller has them (``tile_table``'s sums); None: derived
+      from the table here (two more reductions on the device).
     interpret_params: tests only: jax's Mosaic GPU interpreter parameters,
       which run this very kernel on CPU.
 
@@ -291,7 +295,10 @@ def grouped_into(x: jax.Array, w: jax.Array, table: jax.Array, *,
       name="ficco_grouped_matmul_hopper",
       interpret=interpret_params or False,
   )
-  live = jnp.sum(table[3] > table[2], dtype=jnp.int32)
-  total = jnp.max(table[1] + table[3])  # The groups' rows.
+  if counts is None:
+    live = jnp.sum(table[3] > table[2], dtype=jnp.int32)
+    total = jnp.max(table[1] + table[3])  # The groups' rows.
+  else:
+    live, total = (jnp.asarray(c, jnp.int32) for c in counts)
   return kernel(jnp.concatenate([table.reshape(-1), live[None], total[None]]),
                 x, w.astype(x.dtype))

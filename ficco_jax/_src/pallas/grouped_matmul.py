@@ -178,28 +178,50 @@ def tile_table(group_sizes: jax.Array, rows: int, block_m: int) -> jax.Array:
   ``tiles = ceil(rows / block_m) + G - 1`` bounds the count: each boundary
   adds at most one tile.
   """
+  return _table_and_counts(group_sizes, rows, block_m)[0]
+
+
+def _table_and_counts(group_sizes: jax.Array, rows: int, block_m: int):
+  """`tile_table`, the count of its live tiles (a prefix) and the groups'
+  rows, as ``(table, live, total)``.
+
+  The routing is known only at run time, so this runs on the device before
+  the kernel, every call, as a few small XLA kernels whose launches cost
+  more than their work: the running sums are masked sums over a
+  ``[G, G]`` triangle and the tile-to-group search one fused compare,
+  reductions that XLA fuses with their neighbours, where ``jnp.cumsum``
+  and a binary search would each be kernels of their own (or a loop of
+  them); the counts come from the same sums, not from reductions over the
+  table.
+  """
   g = group_sizes.shape[0]
   sizes = group_sizes.astype(jnp.int32)
-  ends = jnp.cumsum(sizes)
+  # Inclusive running sums: row i of the triangle holds groups 0..i.
+  tri = (lax.broadcasted_iota(jnp.int32, (g, g), 0)
+         >= lax.broadcasted_iota(jnp.int32, (g, g), 1))
+  running = lambda v: jnp.sum(jnp.where(tri, v[None, :], 0), axis=1)
+  ends = running(sizes)
   starts = ends - sizes
   first = starts // block_m
   last = (ends - 1) // block_m
   count = jnp.where(sizes > 0, last - first + 1, 0)
-  before = jnp.cumsum(count) - count  # Tiles of earlier groups.
+  cum_count = running(count)  # Tiles up to and including each group.
+  before = cum_count - count  # Tiles of earlier groups.
   tiles = -(-rows // block_m) + g - 1
   t = jnp.arange(tiles, dtype=jnp.int32)
-  # compare_all: one fused compare of tiles x groups, where the default
-  # binary search is a loop of small kernels on GPUs, which the grouped
-  # Hopper kernel would wait for on every call.
-  grp = jnp.clip(jnp.searchsorted(before + count, t, side="right",
-                                  method="compare_all"), 0, g - 1)
-  live = t < (before + count)[-1]
+  # The group of tile t: how many groups end at or before it (a search by
+  # one fused compare of tiles x groups).
+  grp = jnp.clip(jnp.sum((cum_count[None, :] <= t[:, None]).astype(jnp.int32),
+                         axis=1), 0, g - 1)
+  live_tiles = cum_count[g - 1]
+  live = t < live_tiles
   block = first[grp] + (t - before[grp])
   row = block * block_m
   lo = jnp.clip(starts[grp] - row, 0, block_m)
   hi = jnp.clip(ends[grp] - row, 0, block_m)
   lo, hi = jnp.where(live, lo, 0), jnp.where(live, hi, 0)
-  return jnp.stack([grp, jnp.where(live, row, 0), lo, hi]).astype(jnp.int32)
+  table = jnp.stack([grp, jnp.where(live, row, 0), lo, hi]).astype(jnp.int32)
+  return table, live_tiles, ends[g - 1]
 
 
 def _portable_kernel(table_ref, x_ref, w_ref, out_in_ref, out_ref, *,
@@ -274,9 +296,11 @@ def _mosaic(x, w, group_sizes, out_dtype, block, transpose_w=False):
   x = jnp.pad(x, ((0, -m % 8), (0, 0)))
   if isinstance(block, ChunkMatmulConfig):
     # The kernel stores zeros past the groups itself.
-    table = tile_table(group_sizes, x.shape[0], block.cta_tile_m)
+    table, live, total = _table_and_counts(group_sizes, x.shape[0],
+                                           block.cta_tile_m)
     return grouped_hopper.grouped_into(x, w, table, config=block,
-                                       transpose_w=transpose_w)[:m]
+                                       transpose_w=transpose_w,
+                                       counts=(live, total))[:m]
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
   return zero_past_groups(ragged_dot_mgpu.ragged_dot(
