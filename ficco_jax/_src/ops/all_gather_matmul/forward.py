@@ -261,7 +261,10 @@ def _signalled(x0, w, st: Static, out_dtype, keep_gathered: bool):
     # In the kernel's case the wait only holds XLA's thread until the
     # flags' writes are enqueued (a kernel that spins on a write not yet
     # enqueued could hold the very hardware queue the write needs); with
-    # the interpreter it waits for the pieces.
+    # the interpreter it waits for the pieces. After the previous launch:
+    # XLA orders custom calls by data alone, and a host wait hoisted above
+    # the own shard's launch would hold that launch back too.
+    out, landing = lax.optimization_barrier((out, landing))
     landing = peer_copy.wait(landing, site=site, landed=in_kernel, **kw)
     landed = ((flags, [_transfer_of(gplan, b, blk) for blk in blocks])
               if in_kernel else None)
