@@ -69,22 +69,20 @@ def wait(flags_ref, index, target: int = 1) -> None:
   _bind(flag_wait_p, flags_ref, index, "ficco_flag_wait", target=target)
 
 
-def _abstract_eval(*avals, args_tree, effect, **_):
+def _abstract_eval(*avals, args_tree, **_):
   ref_aval, _ = tree_util.tree_unflatten(args_tree, avals)
   if not isinstance(ref_aval, state_types.AbstractRef):
     raise TypeError(f"flags_ref must be a Ref, got {ref_aval}.")
   if ref_aval.dtype != jax.numpy.int32:
     raise TypeError(f"flags_ref.dtype={ref_aval.dtype} must be int32.")
-  return [], {effect(0)}
+  return [], {state_types.WriteEffect(0)}
 
 
-flag_signal_p.def_effectful_abstract_eval(
-    lambda *a, **k: _abstract_eval(*a, effect=state_types.WriteEffect, **k))
-# A read, but one that must not be reordered or dropped: the flag changes
-# under the kernel, so it is typed as a write of the flag (an effect jax
-# keeps in order), though nothing is written.
-flag_wait_p.def_effectful_abstract_eval(
-    lambda *a, **k: _abstract_eval(*a, effect=state_types.WriteEffect, **k))
+# Both are typed as writes of the flag, the wait too: it reads, but a read
+# of a flag that changes under the kernel must not be reordered or dropped,
+# and a write is an effect jax keeps in order.
+flag_signal_p.def_effectful_abstract_eval(_abstract_eval)
+flag_wait_p.def_effectful_abstract_eval(_abstract_eval)
 
 
 def _register_lowering() -> None:

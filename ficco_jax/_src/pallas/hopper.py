@@ -87,6 +87,16 @@ def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype,
   return get
 
 
+def _select(i, values):
+  """``values[i]`` (int32) for a traced ``i`` in ``[0, len(values))``, by a
+  chain of selects over the few static choices: inside the kernel that
+  needs no table in memory and no dynamic scalar load."""
+  v = jnp.asarray(values[0], jnp.int32)
+  for q in range(1, len(values)):
+    v = jnp.where(i == q, jnp.asarray(values[q], jnp.int32), v)
+  return v
+
+
 def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
                  pieces, rank_table=None, addend_rows=(), interpreted=False,
                  flagged=False, num_ctas=1, flag_walk="piece",
@@ -195,11 +205,8 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
       rank = off_gmem[0]
 
       def off_at(q):
-        # A select chain over the ranks' compiled-in offsets (a few ranks).
-        v = jnp.asarray(rank_table[0][q], jnp.int32)
-        for r in range(1, len(rank_table)):
-          v = jnp.where(rank == r, jnp.asarray(rank_table[r][q], jnp.int32), v)
-        return v
+        # The ranks' compiled-in offsets (a few ranks).
+        return _select(rank, [table[q] for table in rank_table])
     if pieces == 1:
       out_base, x_base = off_at(0), off_at(1)
 
@@ -208,15 +215,11 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
       if pieces == 1:
         piece_out, piece_x, within = out_base, x_base, m_idx
       else:
-        # A short select chain over static indices: pieces <= 8 or so, and
-        # it needs no dynamic scalar load.
+        # Pieces <= 8 or so: a select needs no dynamic scalar load.
         piece = m_idx // tiles_per_piece
         within = m_idx - piece * tiles_per_piece
-        piece_out, piece_x = off_at(0), off_at(pieces)
-        for q in range(1, pieces):
-          hit = piece == q
-          piece_out = jnp.where(hit, off_at(q), piece_out)
-          piece_x = jnp.where(hit, off_at(pieces + q), piece_x)
+        piece_out = _select(piece, [off_at(q) for q in range(pieces)])
+        piece_x = _select(piece, [off_at(pieces + q) for q in range(pieces)])
       # The hint lets layout inference keep the (8, swizzle) tiling of
       # out_smem for TMA stores at a run-time row, and TMA loads at a
       # run-time row need the same proof; the wrappers require every
@@ -247,10 +250,7 @@ def _mgpu_kernel(off_gmem, x_gmem, w_gmem, *rest, config, k_iters, mc,
           # callers hand it pieces that have landed (chunk_matmul).
           return
         from ficco_jax._src.pallas import gmem_flags  # pylint: disable=g-import-not-at-top
-        index = jnp.asarray(landed_index[0], jnp.int32)
-        for q in range(1, pieces):
-          index = jnp.where(piece == q, landed_index[q], index)
-        gmem_flags.wait(landed_gmem, index)
+        gmem_flags.wait(landed_gmem, _select(piece, landed_index))
 
     @plgpu.nd_loop((num_tiles,), collective_axes="sm")
     def _mn_loop(info):

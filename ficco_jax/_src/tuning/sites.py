@@ -3,8 +3,8 @@
 `ficco_jax.autotune_model` traces the user's function under `recording` and
 gets back every call that left its schedule to ``schedule=None``: what the
 autotune cache is keyed by (op, local shapes, dtype, axis size, axis, and
-the device kind the call was traced for), the axis name (to find devices to
-tune on), and what the call resolved to.
+the kind of the devices the call is traced for), the axis name (to find
+devices to tune on), and what the call resolved to.
 Calls with an explicit ``schedule`` are the caller's choice, not a site to
 tune.
 """
@@ -34,7 +34,7 @@ class Site:
     axis_size: devices along ``axis_name``.
     axis: the gathered or scattered axis of the first operand.
     axis_name: the mesh axis the op communicates over.
-    device_kind: the kind of the devices it was traced for (keys its
+    device_kind: the kind of the devices it is traced for (keys its
       autotune entry).
   """
 
