@@ -8,7 +8,8 @@
                 a dp x tp mesh whose tp groups span processes.
   mode "push":  the flagged reduce-scatter and the push all-gather over
                 such an axis (a job of several processes pushes:
-                docs/windows.md, "Push"); on CPUs or one GPU per process.
+                docs/windows.md, "Push"), and the signalled all-gather
+                (window transport, landing flags).
   mode "otherhost": as if each process ran on a host of its own
                 (`windows.hostname` replaced): comm="dma" must be refused,
                 naming
@@ -29,9 +30,13 @@
   mode "hang":  process 1 runs one call, writes the time to
                 $FICCO_TEST_STALL_FILE and sleeps for good; process 0's next
                 call must raise its timeout error (uncaught: the job fails).
+                The window all-gather, or with $FICCO_TEST_SCHEDULE=signalled
+                the signalled one (its kernel waiting on landing flags).
   mode "alternate": an all-gather matmul and a reduce-scatter matmul, both
                 comm="dma", alternate for $FICCO_TEST_CALLS calls on inputs
-                that change every call, each result checked.
+                that change every call, each result checked; the window
+                transport's, or with $FICCO_TEST_SCHEDULE=flagged the
+                signalled all-gather and the pushing flagged reduce-scatter.
   mode "threads": in every process, two host threads dispatch those two
                 programs concurrently (unsupported: docs/protocol.md,
                 "Several dispatching threads"); every call must end, right
@@ -76,10 +81,14 @@ def _check(out, ref, tol=1e-5):
     assert err < tol, err
 
 
-def _program(op, mesh, a_spec, w_spec, out_spec, schedule, **kw):
+def _program(op, mesh, a_spec, w_spec, out_spec, schedule, check_vma=True,
+             **kw):
+  # check_vma=False for Pallas kernels on CPU: the interpreter does not type
+  # varying axes.
   return jax.jit(jax.shard_map(
       functools.partial(op, axis_name="x", schedule=schedule, **kw),
-      mesh=mesh, in_specs=(a_spec, w_spec), out_specs=out_spec))
+      mesh=mesh, in_specs=(a_spec, w_spec), out_specs=out_spec,
+      check_vma=check_vma))
 
 
 def _run(op, mesh, a, w, a_spec, w_spec, out_spec, schedule):
@@ -95,15 +104,44 @@ def _dma_all_gather(mesh, x, w, timeout_s):
   return f, (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w))
 
 
+def _signalled_all_gather(mesh, rng, timeout_s):
+  """A signalled all-gather matmul program (window transport, landing
+  flags; on GPUs the kernel waits on them) and its arguments: bf16 pieces
+  of whole Hopper tiles on GPUs."""
+  gpu, p = jax.default_backend() == "gpu", mesh.size
+  m, k, n, dtype = (768, 256, 128, jnp.bfloat16) if gpu else (6, 4, 5,
+                                                              np.float32)
+  f = jax.jit(jax.shard_map(
+      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                        schedule=Schedule(dataflow="direct", comm="dma",
+                                          compute="pallas",
+                                          compute_granularity="flagged"),
+                        timeout_s=timeout_s),
+      mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x"),
+      # Pallas's CPU interpreter does not type varying axes.
+      check_vma=gpu))
+  x = rng.standard_normal((m * p, k)).astype(dtype)
+  w = rng.standard_normal((k, n * p)).astype(dtype)
+  return f, (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w))
+
+
 # What a call dispatched from two threads may fail with: the timeout that
 # names the ranks that never signalled, the poisoned window's advice, or the
 # advice to dispatch from one thread.
 CLEAR = ("never signalled", "clear_caches", "dispatch them from one thread")
 
 
+def _barrier(name: str, timeout_s: float = 120.0) -> None:
+  """Waits until every process is here, through the job's coordination
+  service rather than an XLA collective: NCCL refuses processes that share
+  one GPU. (jax has no public barrier outside XLA; ficco's windows use the
+  same client for their handles.)"""
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  distributed.global_state.client.wait_at_barrier(name, int(timeout_s * 1000))
+
+
 def _threads(mesh, rng, x, w, h, w2) -> int:
   """Mode "threads" (see the module docstring); prints its counts."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   calls, depth = int(os.environ.get("FICCO_TEST_CALLS", "60")), 8
 
   def programs():
@@ -142,7 +180,7 @@ def _threads(mesh, rng, x, w, h, w2) -> int:
     assert counts["right"] + counts["clear"] == calls, (name, counts)
   # Once every process is here (each peer has given up by then), from one
   # thread, on fresh windows, both programs are right again.
-  multihost_utils.sync_global_devices("threads done")
+  _barrier("threads done")
   jax.clear_caches()
   for name, (f, args, ref) in programs().items():
     got = outcome(f(*args), ref)
@@ -240,6 +278,24 @@ def main(mode: str) -> int:
         assert "ficco_push_gather" in g.lower(*args_g).as_text()
       _check(g(*args_g), np.asarray(x_p, np.float64) @ np.asarray(
           wg, np.float64), tol)
+    # The signalled all-gather over the same axis: each process pulls the
+    # other's shard through the window transport, and its kernel waits on
+    # the landing flags (on CPU, the landing buffers' plain waits).
+    for c in (1, 2):
+      s = Schedule(dataflow="direct", num_chunks=c, comm="dma",
+                   compute="pallas", compute_granularity="flagged")
+      sg = jax.jit(jax.shard_map(
+          functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
+                            schedule=s),
+          mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x"),
+          check_vma=gpu))
+      for i in range(4):
+        x_p = rng.standard_normal((m * p, k)).astype(dtype)
+        args_s = (_global(mesh, P("x"), x_p), _global(mesh, P(None, "x"), wg))
+        if i == 0:
+          assert "ficco_window_start" in sg.lower(*args_s).as_text()
+        _check(sg(*args_s), np.asarray(x_p, np.float64) @ np.asarray(
+            wg, np.float64), tol)
     # The rendezvous transport cannot reach the other process: asked for,
     # it is a clear error naming the schedule's field.
     schedule = dataclasses.replace(schedule, transport="rendezvous")
@@ -333,7 +389,10 @@ def main(mode: str) -> int:
     while True:
       f(*args).block_until_ready()
   if mode == "hang":
-    f, args = _dma_all_gather(mesh, x, w, timeout_s=3.0)
+    if os.environ.get("FICCO_TEST_SCHEDULE") == "signalled":
+      f, args = _signalled_all_gather(mesh, rng, timeout_s=3.0)
+    else:
+      f, args = _dma_all_gather(mesh, x, w, timeout_s=3.0)
     f(*args).block_until_ready()
     if jax.process_index() == 1:
       with open(os.environ["FICCO_TEST_STALL_FILE"], "w") as fh:
@@ -343,14 +402,32 @@ def main(mode: str) -> int:
       f(*args).block_until_ready()
     return 7
   if mode == "alternate":
-    ag = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
-                  P(None, "x"), Schedule(dataflow="direct", comm="dma"))
-    rs = _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"), P("x"),
-                  P("x"), Schedule(dataflow="direct", comm="dma"))
+    tol = 1e-5
+    if os.environ.get("FICCO_TEST_SCHEDULE") == "flagged":
+      # The signalled all-gather and the flagged (pushing) reduce-scatter,
+      # Pallas compute: on GPUs bf16 pieces of whole Hopper tiles.
+      gpu = jax.default_backend() == "gpu"
+      m, k, n, dtype, tol = ((768, 256, 128, jnp.bfloat16, 2e-2) if gpu else
+                             (6, 4, 5, np.float32, 1e-5))
+      x, w = np.zeros((m * p, k), dtype), rng.standard_normal(
+          (k, n * p)).astype(dtype)
+      h, w2 = np.zeros((m * p, k * p), dtype), rng.standard_normal(
+          (k * p, n)).astype(dtype)
+      flagged = Schedule(dataflow="direct", comm="dma", compute="pallas",
+                         compute_granularity="flagged")
+      ag = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+                    P(None, "x"), flagged, check_vma=gpu)
+      rs = _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"),
+                    P("x"), P("x"), flagged, check_vma=gpu)
+    else:
+      ag = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+                    P(None, "x"), Schedule(dataflow="direct", comm="dma"))
+      rs = _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"),
+                    P("x"), P("x"), Schedule(dataflow="direct", comm="dma"))
     # Inputs that change every call, so that a piece of another call (or of
     # the other program) shows in the result.
-    xs = [rng.standard_normal(x.shape).astype(np.float32) for _ in range(3)]
-    hs = [rng.standard_normal(h.shape).astype(np.float32) for _ in range(3)]
+    xs = [rng.standard_normal(x.shape).astype(x.dtype) for _ in range(3)]
+    hs = [rng.standard_normal(h.shape).astype(h.dtype) for _ in range(3)]
     ag_args = [(_global(mesh, P("x"), a), _global(mesh, P(None, "x"), w))
                for a in xs]
     rs_args = [(_global(mesh, P(None, "x"), a), _global(mesh, P("x"), w2))
@@ -359,8 +436,8 @@ def main(mode: str) -> int:
     for i in range(calls // 2):
       k = i % 3
       out_ag, out_rs = ag(*ag_args[k]), rs(*rs_args[k])
-      _check(out_ag, xs[k].astype(np.float64) @ w)
-      _check(out_rs, hs[k].astype(np.float64) @ w2)
+      _check(out_ag, xs[k].astype(np.float64) @ w.astype(np.float64), tol)
+      _check(out_rs, hs[k].astype(np.float64) @ w2.astype(np.float64), tol)
     print(f"alternate: {calls // 2 * 2} calls checked", flush=True)
     return 0
   if mode == "threads":

@@ -1,6 +1,8 @@
 """Several JAX processes on one machine, started by ficco_jax.launch.
 
-On a host with >= 2 GPUs, one process per GPU; elsewhere 2 processes of 2
+On a host with >= 2 GPUs, one process per GPU; on a one-GPU host, 2
+processes sharing the GPU (``share_gpu``: the CUDA paths across processes
+run, XLA's collectives across them cannot); elsewhere 2 processes of 2
 virtual CPU devices each.
 """
 
@@ -21,14 +23,26 @@ pytestmark = [pytest.mark.multigpu, pytest.mark.slow]
 
 WORKER = os.path.join(os.path.dirname(__file__), "mp_worker.py")
 GPUS = launch_lib.count_gpus()
+SHARED = GPUS == 1
 if GPUS >= 2:
   LAYOUT = dict(num_processes=GPUS, devices_per_process=1, gpus=GPUS)
   # Each worker is a fresh interpreter: it must not inherit this process's
   # 8-device flag.
   ENV = {"XLA_FLAGS": ""}
+elif SHARED:
+  LAYOUT = dict(num_processes=2, devices_per_process=1, gpus=1,
+                share_gpu=True)
+  ENV = {"XLA_FLAGS": ""}
 else:
   LAYOUT = dict(num_processes=2, devices_per_process=2, gpus=0)
   ENV = {"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+# The launcher's command-line flags for that layout.
+CLI = ([f"--devices_per_process={LAYOUT['devices_per_process']}"]
+       + (["--share_gpu"] if SHARED else []))
+
+# XLA's collectives across processes sharing one GPU: NCCL refuses them.
+needs_nccl = pytest.mark.skipif(
+    SHARED, reason="XLA's collectives across processes on one shared GPU")
 
 
 def _launch(mode, env=None, **kw):
@@ -36,6 +50,7 @@ def _launch(mode, env=None, **kw):
                        **LAYOUT, **kw)
 
 
+@needs_nccl
 def test_ops_across_processes_with_comm_xla():
   assert _launch("ops", timeout_s=240) == 0
 
@@ -69,12 +84,14 @@ def test_a_stalled_peer_process_fails_the_others_by_timeout(tmp_path):
   assert time.monotonic() - start < 150
 
 
+@needs_nccl
 def test_a_dead_process_does_not_hang_the_others():
   start = time.monotonic()
   assert _launch("die", timeout_s=240) == 7
   assert time.monotonic() - start < 120
 
 
+@needs_nccl
 def test_a_raising_process_ends_the_job_at_once_naming_it(capfd):
   """Process 1 raises while process 0 waits in a collective: the job ends
   in seconds (not after the launcher's limit or a collective's timeout),
@@ -93,8 +110,7 @@ def test_an_interrupted_launcher_leaves_no_process_behind(tmp_path):
   env = dict(os.environ, **ENV, FICCO_TEST_PID_DIR=str(tmp_path))
   n = LAYOUT["num_processes"]
   launcher = subprocess.Popen(
-      [sys.executable, "-m", "ficco_jax.launch", "-n", str(n),
-       f"--devices_per_process={LAYOUT['devices_per_process']}", WORKER,
+      [sys.executable, "-m", "ficco_jax.launch", "-n", str(n), *CLI, WORKER,
        "sleep"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 120
@@ -112,7 +128,7 @@ def test_an_interrupted_launcher_leaves_no_process_behind(tmp_path):
 
 
 # Jobs of two processes, for the failure cases: one to fail, one to see it.
-PER_PROCESS = 1 if GPUS >= 2 else 2
+PER_PROCESS = 1 if GPUS else 2
 
 
 def _launcher(mode, cwd, **env):
@@ -120,7 +136,8 @@ def _launcher(mode, cwd, **env):
   processes, as typed on a command line."""
   return subprocess.Popen(
       [sys.executable, "-m", "ficco_jax.launch", "-n", "2",
-       f"--devices_per_process={PER_PROCESS}", "--timeout_s=120", WORKER,
+       f"--devices_per_process={PER_PROCESS}",
+       *(["--share_gpu"] if SHARED else []), "--timeout_s=120", WORKER,
        mode],
       env=dict(os.environ, **ENV, **env), cwd=cwd, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True)
@@ -161,13 +178,18 @@ def test_a_killed_process_ends_the_job_within_seconds(tmp_path):
               for p in glob.glob(f"/dev/shm/ficco.*.{pid}.*")]
 
 
-def test_a_stalled_process_fails_its_peers_ops_by_their_timeout(tmp_path):
+@pytest.mark.parametrize("schedule", ["window", "signalled"])
+def test_a_stalled_process_fails_its_peers_ops_by_their_timeout(
+    tmp_path, schedule):
   """Process 1 sleeps for good before a call: process 0's op raises its
   timeout error within timeout_s (3 s) and slack, naming the op, its rank
   and the ranks that never signalled; the launcher then ends the job with
-  process 0's code and error."""
+  process 0's code and error. Also for the signalled all-gather, whose
+  kernel waits on landing flags that the stalled peer's pieces never set
+  (the watchdog's release must end that wait too)."""
   flag = tmp_path / "stalled"
-  launcher = _launcher("hang", tmp_path, FICCO_TEST_STALL_FILE=str(flag))
+  launcher = _launcher("hang", tmp_path, FICCO_TEST_STALL_FILE=str(flag),
+                       FICCO_TEST_SCHEDULE=schedule)
   out, err = launcher.communicate(timeout=120)
   ended = time.time()
   stalled_at, stalled_pid = flag.read_text().split()
@@ -179,7 +201,7 @@ def test_a_stalled_process_fails_its_peers_ops_by_their_timeout(tmp_path):
   # Process 1 holds ranks [PER_PROCESS, 2 * PER_PROCESS).
   missing = ", ".join(rf"rank {r} \(device \d+\)"
                       for r in range(PER_PROCESS, 2 * PER_PROCESS))
-  if GPUS >= 2:  # The CUDA watchdog reports it on the process's output.
+  if GPUS:  # The CUDA watchdog reports it on the process's output.
     assert re.search(f"never signalled: {missing}", out + err), out + err
   else:  # The error that ended process 0, in its last lines.
     assert re.search(
@@ -189,11 +211,14 @@ def test_a_stalled_process_fails_its_peers_ops_by_their_timeout(tmp_path):
   assert _gone(int(stalled_pid))
 
 
-def test_two_programs_alternate_across_processes():
+@pytest.mark.parametrize("schedule", ["window", "flagged"])
+def test_two_programs_alternate_across_processes(schedule):
   # mp_worker checks every result of 100 all-gather and 100 reduce-scatter
-  # matmuls (window transport), called in turn on changing inputs.
-  assert _launch("alternate", env=dict(FICCO_TEST_CALLS="200"),
-                 timeout_s=120) == 0
+  # matmuls (window transport; or the signalled all-gather and the pushing
+  # reduce-scatter), called in turn on changing inputs.
+  assert _launch("alternate", env=dict(FICCO_TEST_CALLS="200",
+                                       FICCO_TEST_SCHEDULE=schedule),
+                 timeout_s=180) == 0
 
 
 def test_two_threads_per_process_end_right_or_with_a_clear_error(capfd):
@@ -214,3 +239,8 @@ def test_launch_checks_its_arguments():
     launch.launch([WORKER, "ops"], 0, gpus=0)
   with pytest.raises(ValueError, match="need more than the 2 GPUs"):
     launch.launch([WORKER, "ops"], 2, devices_per_process=2, gpus=2)
+  with pytest.raises(ValueError, match="share_gpu=True needs a GPU"):
+    launch.launch([WORKER, "ops"], 2, gpus=0, share_gpu=True)
+  with pytest.raises(ValueError, match=r"\(shared\) need more than the 1 GPUs"):
+    launch.launch([WORKER, "ops"], 2, devices_per_process=2, gpus=1,
+                  share_gpu=True)

@@ -69,7 +69,8 @@ class _Worker:
 
 def launch(argv: Sequence[str], num_processes: int, *,
            devices_per_process: int | None = None, gpus: int | None = None,
-           timeout_s: float = 600.0, env: dict[str, str] | None = None) -> int:
+           timeout_s: float = 600.0, env: dict[str, str] | None = None,
+           share_gpu: bool = False) -> int:
   """Runs ``python argv...`` in ``num_processes`` processes; returns an exit code.
 
   A supervisor: it forwards every process's output (prefixed ``[i]``), and
@@ -87,6 +88,13 @@ def launch(argv: Sequence[str], num_processes: int, *,
       is missing).
     timeout_s: the whole run's limit; then every process is stopped.
     env: extra environment for every process.
+    share_gpu: every process gets the same first ``devices_per_process``
+      GPUs (default 1) instead of a slice of its own, so that multi-process
+      code runs on a host with fewer GPUs than processes. For tests only: the
+      processes time-slice the GPU, and NCCL refuses two ranks on one GPU,
+      so XLA's collectives across the processes fail (ficco's ``comm="dma"``
+      windows work). XLA's memory preallocation is turned off in the
+      processes unless ``env`` or the environment sets it.
 
   Returns:
     0 when every process exited 0; otherwise the first failure's code (128
@@ -97,14 +105,26 @@ def launch(argv: Sequence[str], num_processes: int, *,
     raise ValueError(f"{num_processes=} must be >= 1.")
   if gpus is None:
     gpus = count_gpus()
+  if share_gpu and not gpus:
+    raise ValueError("share_gpu=True needs a GPU; this host has none.")
   if devices_per_process is None:
-    devices_per_process = gpus // num_processes if gpus else 1
+    devices_per_process = (1 if share_gpu else
+                           gpus // num_processes if gpus else 1)
   if devices_per_process < 1:
     raise ValueError(f"{devices_per_process=} must be >= 1 ({gpus} GPUs for"
                      f" {num_processes} processes).")
-  if gpus and devices_per_process * num_processes > gpus:
-    raise ValueError(f"{num_processes} processes x {devices_per_process} GPUs"
-                     f" need more than the {gpus} GPUs here.")
+  # Processes sharing GPUs need only one slice.
+  slices = 1 if share_gpu else num_processes
+  if gpus and devices_per_process * slices > gpus:
+    raise ValueError(
+        f"{num_processes} processes x {devices_per_process} GPUs"
+        f"{' (shared)' if share_gpu else ''} need more than the {gpus} GPUs"
+        " here.")
+  if share_gpu:
+    # Several XLA clients on one GPU: each taking 75% up front would starve
+    # the next.
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get(
+        "XLA_PYTHON_CLIENT_PREALLOCATE", "false"), **(env or {})}
   coordinator = f"127.0.0.1:{_free_port()}"
   workers: list[_Worker] = []
   interrupted: list[int] = []
@@ -125,7 +145,7 @@ def launch(argv: Sequence[str], num_processes: int, *,
                    ENV_LOCAL_DEVICES: str(devices_per_process),
                    "PYTHONUNBUFFERED": "1"})
       if gpus:
-        first = pid * devices_per_process
+        first = 0 if share_gpu else pid * devices_per_process
         penv["CUDA_VISIBLE_DEVICES"] = ",".join(
             str(first + i) for i in range(devices_per_process))
       # Its own process group, so that stopping it stops what it started.
@@ -281,6 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
       " the host's GPUs divided by N); on CPUs, the virtual devices of each"
       " process (default 1)")
   parser.add_argument(
+      "--share_gpu", action="store_true",
+      help="every process runs on the same first --devices_per_process GPUs"
+      " (default 1): multi-process code on a one-GPU host, for tests only"
+      " (XLA's collectives across the processes fail: NCCL refuses two ranks"
+      " on one GPU)")
+  parser.add_argument(
       "--timeout_s", type=float, default=600.0,
       help="limit for the whole run in seconds, after which every process is"
       " stopped and the exit code is 124 (default 600)")
@@ -291,4 +317,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error("give the script to run and its arguments")
   return launch(args.script, args.num_processes,
                 devices_per_process=args.devices_per_process,
-                timeout_s=args.timeout_s)
+                timeout_s=args.timeout_s, share_gpu=args.share_gpu)
