@@ -104,22 +104,28 @@ def _dma_all_gather(mesh, x, w, timeout_s):
   return f, (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w))
 
 
+# Pallas compute, flagged granularity: the signalled all-gather (window
+# transport, landing flags; on GPUs its kernel waits on them) and the
+# pushing reduce-scatter.
+FLAGGED = Schedule(dataflow="direct", comm="dma", compute="pallas",
+                   compute_granularity="flagged")
+
+
+def _pallas_case():
+  """(GPU?, per-device m, k, n, dtype, tolerance) of the Pallas-compute
+  cases: on GPUs bf16 pieces of whole Hopper tiles (768 rows per device,
+  up to 3 chunks), elsewhere small f32 for the interpreter."""
+  if jax.default_backend() == "gpu":
+    return True, 768, 256, 128, jnp.bfloat16, 2e-2
+  return False, 6, 4, 5, np.float32, 1e-5
+
+
 def _signalled_all_gather(mesh, rng, timeout_s):
-  """A signalled all-gather matmul program (window transport, landing
-  flags; on GPUs the kernel waits on them) and its arguments: bf16 pieces
-  of whole Hopper tiles on GPUs."""
-  gpu, p = jax.default_backend() == "gpu", mesh.size
-  m, k, n, dtype = (768, 256, 128, jnp.bfloat16) if gpu else (6, 4, 5,
-                                                              np.float32)
-  f = jax.jit(jax.shard_map(
-      functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
-                        schedule=Schedule(dataflow="direct", comm="dma",
-                                          compute="pallas",
-                                          compute_granularity="flagged"),
-                        timeout_s=timeout_s),
-      mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x"),
-      # Pallas's CPU interpreter does not type varying axes.
-      check_vma=gpu))
+  """A signalled all-gather matmul program and its arguments."""
+  gpu, m, k, n, dtype, _ = _pallas_case()
+  p = mesh.size
+  f = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+               P(None, "x"), FLAGGED, check_vma=gpu, timeout_s=timeout_s)
   x = rng.standard_normal((m * p, k)).astype(dtype)
   w = rng.standard_normal((k, n * p)).astype(dtype)
   return f, (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w))
@@ -241,21 +247,13 @@ def main(mode: str) -> int:
     # transport=None it pushes (windows and host words exchanged through
     # the key-value store). Fresh data each call, so a piece read from the
     # wrong landing half shows.
-    gpu = jax.default_backend() == "gpu"
-    # GPU: bf16 pieces of whole Hopper tiles (768 rows per device, 3 chunks).
-    m, k, n, dtype, tol = ((768, 256, 128, jnp.bfloat16, 2e-2) if gpu else
-                           (6, 4, 5, np.float32, 1e-5))
+    gpu, m, k, n, dtype, tol = _pallas_case()
     w_p = rng.standard_normal((k * p, n)).astype(dtype)
     f = None
     for c in (1, 3):
-      schedule = Schedule(dataflow="direct", num_chunks=c, comm="dma",
-                          compute="pallas", compute_granularity="flagged")
-      f = jax.jit(jax.shard_map(
-          functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                            schedule=schedule),
-          mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x"),
-          # Pallas's CPU interpreter does not type varying axes.
-          check_vma=gpu))
+      schedule = dataclasses.replace(FLAGGED, num_chunks=c)
+      f = _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"),
+                   P("x"), P("x"), schedule, check_vma=gpu)
       for i in range(4):
         h_p = rng.standard_normal((m * p, k * p)).astype(dtype)
         args = (_global(mesh, P(None, "x"), h_p), _global(mesh, P("x"), w_p))
@@ -282,13 +280,9 @@ def main(mode: str) -> int:
     # other's shard through the window transport, and its kernel waits on
     # the landing flags (on CPU, the landing buffers' plain waits).
     for c in (1, 2):
-      s = Schedule(dataflow="direct", num_chunks=c, comm="dma",
-                   compute="pallas", compute_granularity="flagged")
-      sg = jax.jit(jax.shard_map(
-          functools.partial(ficco_jax.all_gather_matmul, axis_name="x",
-                            schedule=s),
-          mesh=mesh, in_specs=(P("x"), P(None, "x")), out_specs=P(None, "x"),
-          check_vma=gpu))
+      sg = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+                    P(None, "x"), dataclasses.replace(FLAGGED, num_chunks=c),
+                    check_vma=gpu)
       for i in range(4):
         x_p = rng.standard_normal((m * p, k)).astype(dtype)
         args_s = (_global(mesh, P("x"), x_p), _global(mesh, P(None, "x"), wg))
@@ -299,11 +293,8 @@ def main(mode: str) -> int:
     # The rendezvous transport cannot reach the other process: asked for,
     # it is a clear error naming the schedule's field.
     schedule = dataclasses.replace(schedule, transport="rendezvous")
-    f = jax.jit(jax.shard_map(
-        functools.partial(ficco_jax.matmul_reduce_scatter, axis_name="x",
-                          schedule=schedule),
-        mesh=mesh, in_specs=(P(None, "x"), P("x")), out_specs=P("x"),
-        check_vma=gpu))
+    f = _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"), P("x"),
+                 P("x"), schedule, check_vma=gpu)
     try:
       f(*args)
     except ValueError as e:
@@ -406,19 +397,15 @@ def main(mode: str) -> int:
     if os.environ.get("FICCO_TEST_SCHEDULE") == "flagged":
       # The signalled all-gather and the flagged (pushing) reduce-scatter,
       # Pallas compute: on GPUs bf16 pieces of whole Hopper tiles.
-      gpu = jax.default_backend() == "gpu"
-      m, k, n, dtype, tol = ((768, 256, 128, jnp.bfloat16, 2e-2) if gpu else
-                             (6, 4, 5, np.float32, 1e-5))
+      gpu, m, k, n, dtype, tol = _pallas_case()
       x, w = np.zeros((m * p, k), dtype), rng.standard_normal(
           (k, n * p)).astype(dtype)
       h, w2 = np.zeros((m * p, k * p), dtype), rng.standard_normal(
           (k * p, n)).astype(dtype)
-      flagged = Schedule(dataflow="direct", comm="dma", compute="pallas",
-                         compute_granularity="flagged")
       ag = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
-                    P(None, "x"), flagged, check_vma=gpu)
+                    P(None, "x"), FLAGGED, check_vma=gpu)
       rs = _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"),
-                    P("x"), P("x"), flagged, check_vma=gpu)
+                    P("x"), P("x"), FLAGGED, check_vma=gpu)
     else:
       ag = _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
                     P(None, "x"), Schedule(dataflow="direct", comm="dma"))

@@ -98,6 +98,16 @@ def unfit(k: int, n: int, dtype, config: ChunkMatmulConfig = DEFAULT_CONFIG,
   return None
 
 
+def _transposed(ref):
+  """``ref`` read transposed by ``wgmma``. jax 0.11 deprecates
+  ``plgpu.transpose_ref`` for ``ref.transpose``; jax 0.10 keeps the former,
+  since the GPU image (jax 0.11 only) has never run 0.10 with the latter."""
+  if jax.__version_info__ >= (0, 11):
+    return ref.transpose((1, 0))
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
+  return plgpu.transpose_ref(ref, (1, 0))
+
+
 def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
             tiles, transpose_w):
   # table_gmem: (4 * tiles + 2,) int32 GMEM, tile_table flattened (group,
@@ -203,10 +213,7 @@ def _kernel(table_gmem, x_gmem, w_gmem, out_gmem, *, config, k_iters,
 
       def mma_body(_, x_smem, w_smem, acc_ref):
         if transpose_w:
-          # plgpu.transpose_ref ran on an H200 under jax 0.11.2, which
-          # deprecates it for ref.transpose; ref.transpose has not been run
-          # on a GPU here.
-          w_tile = plgpu.transpose_ref(w_smem.at[wg_n_slice, :], (1, 0))
+          w_tile = _transposed(w_smem.at[wg_n_slice, :])
         else:
           w_tile = w_smem.at[:, wg_n_slice]
         plgpu.wgmma(acc_ref, x_smem.at[wg_m_slice], w_tile)

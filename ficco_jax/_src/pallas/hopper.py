@@ -55,7 +55,7 @@ def operand_pipeline(config: ChunkMatmulConfig, k_iters: int, dtype,
   x's rows and w's columns of the CTA's tile, over ``k_iters`` steps.
   ``transpose_w``: w is stored ``[n, K]`` and called on its rows of the
   tile; its ``(cta_tile_n, tile_k)`` blocks are K-minor like x's, for
-  ``wgmma`` to read transposed (`plgpu.transpose_ref`)."""
+  ``wgmma`` to read transposed (`grouped_hopper._transposed`)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu  # GPU-only import.
   c = config
   swizzle = plgpu.find_swizzle(c.tile_k * jnp.dtype(dtype).itemsize * 8)
