@@ -85,6 +85,14 @@ def test_a_stalled_peer_process_fails_the_others_by_timeout(tmp_path):
 
 
 @needs_nccl
+def test_moe_layer_on_the_copy_engines_across_processes():
+  # mp_worker checks three calls of a skewed-routing MoE layer (rows on
+  # the window transport) against a float64 per-token reference. Its
+  # counts still move on XLA's collectives (docs/moe.md), hence NCCL.
+  assert _launch("moe", timeout_s=240) == 0
+
+
+@needs_nccl
 def test_a_dead_process_does_not_hang_the_others():
   start = time.monotonic()
   assert _launch("die", timeout_s=240) == 7
