@@ -116,8 +116,13 @@ def test_layer_matches_the_per_token_reference(p, kind, schedule):
   assert util.rel_err(out, _ref_layer(*host)) < util.tol(np.float32)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, np.float64])
-def test_layer_dtypes_and_a_tight_capacity(dtype):
+@pytest.mark.parametrize("dtype, compute", [
+    (jnp.bfloat16, "xla"), (np.float64, "xla"),
+    # The portable kernel accumulates f64 in f64, not f32.
+    (np.float64, "pallas")])
+def test_layer_dtypes_and_a_tight_capacity(dtype, compute):
+  if compute == "pallas" and util.on_gpu():
+    pytest.skip("the GPU grouped kernel takes 16-bit operands")
   mesh = util.tp_mesh(4, "ep")
   rng = np.random.default_rng(7)
   args, host = _inputs(mesh, rng, "random", 2, dtype)
@@ -125,9 +130,19 @@ def test_layer_dtypes_and_a_tight_capacity(dtype):
   p = mesh.devices.size
   # Exactly the most rows any device receives: nothing to spare.
   need = max(gs[:, r * 2:(r + 1) * 2].sum() for r in range(p))
-  out = _layer(mesh, Schedule(dataflow="direct"), int(need))(*args)
+  schedule = Schedule(dataflow="direct", compute=compute)
+  layer = _layer(mesh, schedule, int(need))
+  out = layer(*args)
   assert out.dtype == dtype
   assert util.rel_err(out, _ref_layer(*host)) < util.tol(dtype)
+  if compute == "pallas":  # And its gradient, against XLA's in f64.
+    ct = rng.standard_normal(out.shape)
+    grads = [jax.jit(jax.grad(lambda *a, f=f: jnp.sum(f(*a, args[3]) * ct),
+                              argnums=(0, 1, 2)))(*args[:3])
+             for f in (layer, _layer(mesh, Schedule(dataflow="direct"),
+                                     int(need)))]
+    for g, want in zip(*grads):
+      assert util.rel_err(g, want) < util.tol(dtype)
 
 
 def test_dispatch_layout_is_source_major_by_expert():
@@ -212,8 +227,17 @@ def test_capacity_below_the_tokens_per_device(schedule):
 
 
 @pytest.mark.parametrize("counts, match", [
-    ("negative", r"group_sizes has a negative count \(-1\)"),
-    ("too_many", r"group_sizes routes 14 rows, more than the 13 token rows"),
+    ("negative", r"1 of axis 'ep', group_sizes has a negative count \(-1\)"),
+    ("too_many", r"1 of axis 'ep', group_sizes routes 14 rows, more than the"
+     " 13 token rows"),
+    # int64 counts are read as they are, not after the exchange's int32
+    # cast (where 2**32 + 1 would read 1).
+    ("wraps_at_int32", r"1 of axis 'ep', group_sizes has a count of"
+     " 4294967297, more than the 13 token rows"),
+    # Device 3 routes 14 of its 13 rows, which also overfills device 0:
+    # the cause is named, not device 0's capacity.
+    ("cause_before_capacity", r"3 of axis 'ep', group_sizes has a count of"
+     " 14, more than the 13 token rows"),
 ])
 def test_invalid_counts_are_an_error_not_wrong_rows(counts, match):
   mesh = util.tp_mesh(4, "ep")
@@ -222,10 +246,17 @@ def test_invalid_counts_are_an_error_not_wrong_rows(counts, match):
   gs = np.array(host[3])
   if counts == "negative":
     gs[1, 0] = -1
-  else:
+  elif counts == "too_many":
     gs[1, 0] += T + 1 - gs[1].sum()
+  elif counts == "wraps_at_int32":
+    gs = gs.astype(np.int64)
+    gs[1, 0] = 2**32 + 1
+  else:
+    gs[:] = 0
+    gs[:, 0] = T  # Device 0 receives every token: 4 * 13, its capacity.
+    gs[3, 0] = T + 1
   bad = util.put(mesh, P("ep"), gs)
-  with pytest.raises(Exception, match="on device 1 of axis 'ep', " + match):
+  with pytest.raises(Exception, match="on device " + match):
     jax.block_until_ready(_layer(mesh, None, None)(*args[:3], bad))
 
 
@@ -254,6 +285,8 @@ def test_preferred_element_type_gives_f32_from_bf16():
     (dict(schedule=Schedule(dataflow="ring")), r"dataflow='ring'"),
     (dict(schedule=Schedule(dataflow="direct", num_chunks=2)),
      r"num_chunks=2\) is not supported by the MoE ops yet"),
+    (dict(gs=[0] * 8), r"group_sizes is a Python list; pass an integer array"),
+    (dict(check_routing="no"), r"check_routing must be True or False"),
 ])
 def test_bad_arguments_name_what_was_expected(bad, match):
   mesh = util.mesh((4,), ("ep",))
@@ -265,10 +298,36 @@ def test_bad_arguments_name_what_was_expected(bad, match):
     return ficco_jax.all_to_all_matmul(
         x, w, gs, axis_name="ep", capacity=bad.get("capacity"),
         schedule=bad.get("schedule"),
-        preferred_element_type=bad.get("preferred"))
+        preferred_element_type=bad.get("preferred"),
+        check_routing=bad.get("check_routing", True))
   with pytest.raises((TypeError, ValueError), match=match):
-    jax.shard_map(f, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P(),
-                  check_vma=False)(x, w, gs)
+    if isinstance(gs, list):  # Not an array: closed over, not an argument.
+      jax.shard_map(lambda x, w: f(x, w, gs), mesh=mesh, in_specs=(P(), P()),
+                    out_specs=P(), check_vma=False)(x, w)
+    else:
+      jax.shard_map(f, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P(),
+                    check_vma=False)(x, w, gs)
+
+
+@pytest.mark.parametrize("vmapped", ["x", "group_sizes"])
+def test_vmap_is_a_clear_error(vmapped):
+  mesh = util.tp_mesh(4, "ep")
+  p = mesh.devices.size
+  x = np.zeros((p * 3, T, D), np.float32)
+  w = np.zeros((p * 2, D, F), np.float32)
+  gs = np.zeros((p, 3, p * 2), np.int32)
+
+  def f(x, w, gs):
+    if vmapped == "x":
+      return jax.vmap(lambda xb: ficco_jax.all_to_all_matmul(
+          xb, w, gs[0, 0], axis_name="ep"))(x)
+    return jax.vmap(lambda g: ficco_jax.all_to_all_matmul(
+        x[0], w, g, axis_name="ep"))(gs[0])
+  with pytest.raises(NotImplementedError,
+                     match=rf"{vmapped} is batched by jax.vmap"):
+    jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("ep"),) * 3,
+                          out_specs=P("ep")))(
+                              *(util.put(mesh, P("ep"), a) for a in (x, w, gs)))
 
 
 @pytest.mark.parametrize("sched", [
@@ -295,6 +354,14 @@ def test_sharded_forms_match_the_per_shard_layer(sched):
                                                num_tokens=T, schedule=sched)
   out = layer(x, w1, w2, gs)
   assert util.rel_err(out, _ref_layer(*host)) < util.tol(np.float32)
+  with pytest.raises(ValueError, match=r"w must be global \[experts, d, f\]"
+                     r" with experts a multiple of the \d+ devices"):
+    ficco_jax.sharded.all_to_all_matmul(x, np.asarray(w1)[:-1], gs, mesh=mesh,
+                                        axis_name="ep")
+  with pytest.raises(ValueError, match=r"h must be global \[rows, d\] with"
+                     r" rows a multiple"):
+    ficco_jax.sharded.matmul_all_to_all(np.asarray(x)[:-1], w2, gs, mesh=mesh,
+                                        axis_name="ep", num_tokens=T)
   with pytest.raises(ValueError, match=rf"group_sizes must be \[{mesh.devices.size}, experts\]"):
     ficco_jax.sharded.all_to_all_matmul(x, w1, gs.reshape(-1), mesh=mesh,
                                         axis_name="ep")

@@ -239,8 +239,10 @@ def _portable_kernel(table_ref, x_ref, w_ref, out_in_ref, out_ref, *,
   def _():
     rows = pl.ds(row, block_m)
     cols = pl.ds(j * block_n, block_n)
+    # f32 accumulation, or the result's own where it is wider (f64).
     acc = jnp.dot(x_ref[rows, :], w_ref[grp, :, cols],
-                  preferred_element_type=jnp.float32)
+                  preferred_element_type=jnp.promote_types(
+                      jnp.float32, out_ref.dtype))
     i = lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
     mine = (i >= lo) & (i < hi)
     out_ref[rows, cols] = jnp.where(mine, acc.astype(out_ref.dtype),
@@ -353,11 +355,12 @@ def _grouped_bwd(out_dtype, on_gpu, block, res, ct):
     # fits). On the GPU path the result, and so ct, is in the operands'
     # dtype: the kernel rounds nothing the XLA path below would keep.
     return dx, mosaic_dw(x, ct, group_sizes).astype(w.dtype), None
-  # dw from the unrounded cotangent, in f32.
+  # dw from the unrounded cotangent, in f32 (or f64, for f64 operands).
+  acc = jnp.promote_types(jnp.float32, w.dtype)
   _, vjp_w = jax.vjp(
       lambda w: lax.ragged_dot(x, w, group_sizes,
-                               preferred_element_type=jnp.float32), w)
-  (dw,) = vjp_w(ct.astype(jnp.float32))
+                               preferred_element_type=acc), w)
+  (dw,) = vjp_w(ct.astype(acc))
   return dx, dw.astype(w.dtype), None
 
 

@@ -119,6 +119,9 @@ def _prepare(op: str, a, w, group_sizes, *, axis_name: str, axis_size: int,
              preferred_element_type, check_routing: bool):
   """What both ops resolve before they move rows: the schedule, the call's
   `exchange.MoeStatic` and the routing (checked on the device if asked)."""
+  if not isinstance(check_routing, (bool, np.bool_)):
+    raise TypeError(f"{op}: check_routing must be True or False, got"
+                    f" {check_routing!r}.")
   out_dtype = _out_dtype(op, a, w, preferred_element_type)
   sched = _schedule(op, schedule, a, w, axis_size, precision, out_dtype)
   _check_compute(op, sched, a, w, precision, out_dtype)
@@ -146,7 +149,19 @@ def _copy_static(op: str, axis_name: str, p: int,
 
 def _check(op: str, a_name: str, a, w, group_sizes, axis_name) -> int:
   """Checks the operands; returns the axis size."""
+  for name, v in ((a_name, a), ("w", w), ("group_sizes", group_sizes)):
+    if type(v).__name__ == "BatchTracer":
+      # lax.ragged_dot batches over nothing but its leading axis, and the
+      # exchange's pieces would need their own batch axis too.
+      raise NotImplementedError(
+          f"{op}: {name} is batched by jax.vmap, which the MoE ops do not"
+          " support; fold the batch into the token rows (and their"
+          " group_sizes) or loop over it with lax.map.")
   validation.check_array(a_name, a)
+  if not isinstance(group_sizes, jax.Array) and isinstance(
+      group_sizes, (list, tuple)):
+    raise TypeError(f"{op}: group_sizes is a Python {type(group_sizes).__name__};"
+                    " pass an integer array (jnp.asarray(group_sizes)).")
   if a.ndim != 2:
     raise ValueError(f"{op}: {a_name} must be [tokens, d], got shape"
                      f" {tuple(a.shape)}.")
@@ -242,7 +257,7 @@ def all_to_all_matmul(
       (docs/moe.md; `ficco_jax.explain` says which and why).
     precision: passed to ``lax.ragged_dot`` (``compute="xla"`` only).
     preferred_element_type: result dtype (floating).
-    check_routing: check the counts on every call (one all_gather of four
+    check_routing: check the counts on every call (one all_gather of five
       numbers per device and a host callback): a negative count, more
       routed rows than T, more received rows than ``capacity`` or more
       rows from one peer than ``piece_capacity`` is then an error of the

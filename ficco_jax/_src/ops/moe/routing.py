@@ -72,30 +72,47 @@ def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
   The counts live on the devices: one small all_gather and one host
   callback per call read them. Every device checks every device's counts,
   so all of them fail the call the same way (a device that raised alone
-  aborted the CPU runtime in testing).
+  aborted the CPU runtime in testing); each device's own counts are
+  checked before anyone's capacity, since counts that are wrong somewhere
+  make the received rows wrong everywhere.
+
+  The exchange runs on int32 counts; the check reads them in their own
+  dtype (a count past int32 would wrap in the cast), and sums them clipped
+  at ``tokens + 1``, which no valid count exceeds and no sum of them
+  overflows.
   """
-  mine = jnp.stack([group_sizes.min().astype(jnp.int32),
-                    group_sizes.astype(jnp.int32).sum(), r.recv_total,
-                    r.recv.sum(axis=1).max()])
-  table = lax.all_gather(mine, axis_name)  # [P, 4]
+  wide = jnp.promote_types(group_sizes.dtype, jnp.int32)
+  gs = group_sizes.astype(wide)
+  routed = jnp.clip(gs, 0, tokens + 1).astype(jnp.int32).sum()
+  mine = jnp.stack([gs.min(), gs.max(), routed.astype(wide),
+                    r.recv_total.astype(wide),
+                    r.recv.sum(axis=1).max().astype(wide)])
+  table = lax.all_gather(mine, axis_name)  # [P, 5]
 
   def raise_if_bad(table):
-    for dev, (least, routed, received, piece) in enumerate(table.tolist()):
-      where = f"{op_name}: on device {dev} of axis {axis_name!r}, "
+    rows = table.tolist()
+    where = lambda dev: f"{op_name}: on device {dev} of axis {axis_name!r}, "
+    for dev, (least, most, routed, _, _) in enumerate(rows):
       if least < 0:
-        raise ValueError(where + f"group_sizes has a negative count ({least}).")
+        raise ValueError(where(dev) +
+                         f"group_sizes has a negative count ({least}).")
+      if most > tokens:
+        raise ValueError(
+            where(dev) + f"group_sizes has a count of {most}, more than the"
+            f" {tokens} token rows there.")
       if routed > tokens:
         raise ValueError(
-            where + f"group_sizes routes {routed} rows, more than the"
+            where(dev) + f"group_sizes routes {routed} rows, more than the"
             f" {tokens} token rows there.")
+    for dev, (_, _, _, received, piece) in enumerate(rows):
       if received > capacity:
         raise ValueError(
-            where + f"the routing sends {received} rows, more than"
+            where(dev) + f"the routing sends {received} rows, more than"
             f" capacity={capacity}; raise capacity (the axis size times the"
             " tokens per device is always enough).")
       if piece > piece_rows:
         raise ValueError(
-            where + f"one peer sends {piece} rows, more than the"
+            where(dev) + f"one peer sends {piece} rows, more than the"
             f" {piece_rows} rows of a piece (piece_capacity); raise"
             " piece_capacity (the tokens per device are always enough).")
   jax.debug.callback(raise_if_bad, table)

@@ -11,9 +11,20 @@ from ficco_jax._src import sharded as sharded_lib
 from ficco_jax._src.ops.moe import api
 
 
-def _call(op, fn, a, w, group_sizes, mesh, axis_name, **kwargs):
+def _call(op, fn, a_name, a, w, group_sizes, mesh, axis_name, **kwargs):
   sharded_lib._check_mesh(mesh, axis_name, op)  # pylint: disable=protected-access
   p = mesh.shape[axis_name]
+  # The global shapes, checked here: past this point the per-shard op (or
+  # jax's sharding) would name only a shard's shape.
+  shape = lambda v: tuple(getattr(v, "shape", ()))
+  if len(shape(a)) != 2 or shape(a)[0] % p:
+    raise ValueError(
+        f"{op}: {a_name} must be global [rows, d] with rows a multiple of"
+        f" the {p} devices of {axis_name!r}, got shape {shape(a)}.")
+  if len(shape(w)) != 3 or shape(w)[0] % p:
+    raise ValueError(
+        f"{op}: w must be global [experts, d, f] with experts a multiple of"
+        f" the {p} devices of {axis_name!r}, got shape {shape(w)}.")
   if getattr(group_sizes, "ndim", None) != 2 or group_sizes.shape[0] != p:
     raise ValueError(
         f"{op}: group_sizes must be [{p}, experts] (a row of counts per"
@@ -54,7 +65,7 @@ def all_to_all_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
   Returns:
     Global ``[P * capacity, f]``: each device's received rows, sharded.
   """
-  return _call("all_to_all_matmul", api.all_to_all_matmul, x, w,
+  return _call("all_to_all_matmul", api.all_to_all_matmul, "x", x, w,
                group_sizes, mesh, axis_name, **kwargs)
 
 
@@ -69,12 +80,13 @@ def matmul_all_to_all(h: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
     group_sizes: ``[P, P * E_l]`` int, as for the dispatch.
     mesh: the mesh.
     axis_name: the expert-parallel axis.
-    **kwargs: ``num_tokens`` (required), ``piece_capacity``,
+    **kwargs: ``num_tokens`` (required: the token rows per device,
+      ``T``, not the global rows), ``piece_capacity``,
       ``schedule``, ``precision``, ``preferred_element_type``,
       ``check_routing``, ``timeout_s``.
 
   Returns:
     Global ``[P * T, f]``: every token row's product, sharded like ``x``.
   """
-  return _call("matmul_all_to_all", api.matmul_all_to_all, h, w,
+  return _call("matmul_all_to_all", api.matmul_all_to_all, "h", h, w,
                group_sizes, mesh, axis_name, **kwargs)
