@@ -192,6 +192,28 @@ def test_preferred_element_type_f32_from_bf16(schedule):
   assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < 1e-5
 
 
+@pytest.mark.parametrize("in_dtype", [jnp.bfloat16, np.float32],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("schedule", [
+    Schedule(dataflow="direct", num_chunks=2),
+    # The push all-gather's GEMM writes f64 from neither: it multiplies in
+    # f64 instead of rounding to its inputs' type first.
+    Schedule(dataflow="direct", num_chunks=1, comm="dma",
+             compute_granularity="flagged"),
+], ids=Schedule.short)
+def test_preferred_element_type_f64_is_not_rounded_below_f64(schedule,
+                                                             in_dtype):
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(5)
+  x = util.rand(rng, (24, 10), in_dtype)
+  w = util.rand(rng, (10, 28), in_dtype)
+  out = util.run_ag(mesh, x, w, schedule=schedule,
+                    preferred_element_type=np.float64)
+  assert out.dtype == np.float64
+  assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < util.tol(
+      np.float64)
+
+
 RANK3 = [Schedule(dataflow=d, num_chunks=c) for d, c in
          (("direct", 1), ("ring", 3), ("bidirectional", 2))]
 RANK3 += [dataclasses.replace(s, comm="dma") for s in RANK3]

@@ -81,3 +81,24 @@ def test_inside_scan(comm):
   for i in range(layers):
     ref = ref @ ws[i]
   assert util.rel_err(out, ref) < util.tol(np.float64)
+
+
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter"])
+def test_pallas_schedules_run_through_the_sharded_forms(op):
+  """The forms build their own shard_map, so off GPUs they must turn its
+  varying-axes check off for Pallas's interpreter themselves (the error
+  would tell the user to, who cannot)."""
+  if util.on_gpu():
+    pytest.skip("off GPUs only: on GPUs the check stays on (test_ops)")
+  mesh = util.tp_mesh()
+  p = mesh.devices.size
+  rng = np.random.default_rng(21)
+  sched = Schedule(dataflow="direct", comm="dma", compute="pallas",
+                   compute_granularity="flagged")
+  a = util.rand(rng, (6 * p, 10 * p), np.float32)
+  w = util.rand(rng, (10 * p, 7 * p), np.float32)
+  if op == "all_gather_matmul":
+    a, w = a[:, :10], w[:10]
+  out = jax.jit(lambda a, w: getattr(ficco_jax.sharded, op)(
+      a, w, mesh=mesh, axis_name="x", schedule=sched))(a, w)
+  assert util.rel_err(out, a.astype(np.float64) @ w) < util.tol(np.float32)

@@ -13,6 +13,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ficco_jax._src import devices
 from ficco_jax._src import validation
 from ficco_jax._src.ops.all_gather_matmul import api as ag_api
 from ficco_jax._src.ops.matmul_reduce_scatter import api as rs_api
@@ -39,6 +40,15 @@ def _check_mesh(mesh, axis_name, op):
   if axis_name not in mesh.axis_names:
     raise ValueError(f"{op}: axis_name {axis_name!r} is not an axis of the"
                      f" mesh (axes {mesh.axis_names}).")
+
+
+def check_vma(mesh: jax.sharding.Mesh, schedule) -> bool:
+  """The ``check_vma`` of the forms' own ``shard_map``: on, except where
+  Pallas's interpreter runs (``compute="pallas"`` off GPUs), whose grid
+  indices that check rejects (`pallas.portable`); the user cannot reach
+  this ``shard_map`` to turn it off."""
+  return not (getattr(schedule, "compute", None) == "pallas"
+              and devices.mesh_platform(mesh) != "gpu")
 
 
 def _place(a, mesh, spec):
@@ -104,7 +114,8 @@ def all_gather_matmul(
                                     gather_axis=axis, **kwargs)
 
   f = jax.shard_map(body, mesh=mesh, in_specs=(x_spec, w_spec),
-                    out_specs=out_spec)
+                    out_specs=out_spec,
+                    check_vma=check_vma(mesh, kwargs.get("schedule")))
   return f(_place(x, mesh, x_spec), _place(w, mesh, w_spec))
 
 
@@ -159,5 +170,6 @@ def matmul_reduce_scatter(
                                         scatter_axis=axis, **kwargs)
 
   f = jax.shard_map(body, mesh=mesh, in_specs=(h_spec, w_spec),
-                    out_specs=out_spec)
+                    out_specs=out_spec,
+                    check_vma=check_vma(mesh, kwargs.get("schedule")))
   return f(_place(h, mesh, h_spec), _place(w, mesh, w_spec))

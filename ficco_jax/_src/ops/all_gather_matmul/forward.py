@@ -207,10 +207,17 @@ def _push(x0, w, st: Static, out_dtype, keep_gathered: bool):
   rest = x0.shape[1:-1]
   # The handler's GEMM takes one input type (jax's promotion of the two)
   # and writes that type, or float32 from 16-bit inputs.
-  in_dtype = jnp.promote_types(x0.dtype, w.dtype)
-  gemm_out = out_dtype
-  if not (out_dtype == in_dtype or (in_dtype.itemsize == 2
-                                    and out_dtype == jnp.float32)):
+  op_dtype = in_dtype = jnp.promote_types(x0.dtype, w.dtype)
+  widest = jnp.dtype(jnp.float32) if in_dtype.itemsize == 2 else in_dtype
+  if out_dtype == in_dtype or out_dtype == widest:
+    gemm_out = out_dtype
+  elif (jnp.issubdtype(out_dtype, jnp.floating)
+        and out_dtype.itemsize > widest.itemsize):
+    # A result wider than the GEMM writes from these inputs (f64 from f32
+    # or 16-bit ones): multiply in the result's type, so that nothing is
+    # rounded below it (the shards then move in that type too).
+    in_dtype = gemm_out = out_dtype
+  else:  # Narrower: the GEMM's own type, then one rounding, as XLA's dot.
     gemm_out = in_dtype
   x2 = x0.reshape(-1, x0.shape[-1]).astype(in_dtype)
   out, gathered = push.gather(
@@ -219,8 +226,11 @@ def _push(x0, w, st: Static, out_dtype, keep_gathered: bool):
       timeout_s=st.timeout_s, keep_gathered=keep_gathered)
   out = out.astype(out_dtype).reshape((p * m,) + rest + (w.shape[1],))
   if gathered is not None:
+    # In the operands' promoted type, whatever the GEMM ran in (a widening
+    # cast, undone exactly).
     gathered = vma.vary_like(
-        gathered.reshape((p * m,) + rest + (x0.shape[-1],)), x0)
+        gathered.astype(op_dtype).reshape((p * m,) + rest + (x0.shape[-1],)),
+        x0)
   return vma.vary_like(out, x0, w), gathered
 
 

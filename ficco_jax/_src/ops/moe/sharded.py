@@ -6,7 +6,6 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
-from ficco_jax._src import devices
 from ficco_jax._src import sharded as sharded_lib
 from ficco_jax._src.ops.moe import api
 
@@ -35,13 +34,10 @@ def _call(op, fn, a_name, a, w, group_sizes, mesh, axis_name, **kwargs):
   def body(al, wl, gl):
     return fn(al, wl, gl[0], axis_name=axis_name, **kwargs)
 
-  sched = kwargs.get("schedule")
-  # Off GPUs compute="pallas" runs Pallas's interpreter, whose grid indices
-  # shard_map's varying-axes check rejects (grouped_matmul._portable).
-  interpreted = (getattr(sched, "compute", None) == "pallas"
-                 and devices.mesh_platform(mesh) != "gpu")
   f = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec),
-                    out_specs=spec, check_vma=not interpreted)
+                    out_specs=spec,
+                    check_vma=sharded_lib.check_vma(mesh,
+                                                    kwargs.get("schedule")))
   place = lambda x: sharded_lib._place(x, mesh, spec)  # pylint: disable=protected-access
   return f(place(a), place(w), place(group_sizes))
 
