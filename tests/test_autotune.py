@@ -5,6 +5,7 @@ import json
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
@@ -160,6 +161,25 @@ def test_autotune_writes_an_entry_the_next_call_uses(user_cache):
   other = RING if res.best != RING else NONE
   autotune_cache.store(res.key, other)
   assert _ran(_compiled()) == ("none" if other == NONE else _permutes(other))
+
+
+def test_mixed_dtypes_are_keyed_as_the_op_looks_them_up(user_cache):
+  """bf16 activations with f32 weights: the op promotes to f32 before it
+  resolves its schedule, so autotune keys the entry float32, and the next
+  trace runs it."""
+  del user_cache
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(2)
+  x = util.rand(rng, (4 * X_LOCAL[0], X_LOCAL[1]), jnp.bfloat16)
+  w = util.rand(rng, (W_LOCAL[0], 4 * W_LOCAL[1]), np.float32)
+  res = ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh,
+                           axis_name="x", candidates=[RING], warmup=1,
+                           rounds=1, iters=1)
+  assert res.key == _key(dtype=np.float32)
+  assert ficco_jax.choose_schedule(
+      "all_gather_matmul", x_shape=X_LOCAL, w_shape=W_LOCAL,
+      dtype=jnp.result_type(x, w), axis_size=4) == RING
+  assert _ran(_compiled()) == _permutes(RING)
 
 
 def test_autotune_result_is_correct_op_output():

@@ -51,6 +51,10 @@ RS = ficco_jax.matmul_reduce_scatter
     (dict(a_shape=(24, 10), w_shape=(10, 8), timeout_s=True), TypeError, r"timeout_s must be a number of seconds"),
     (dict(a_shape=(24, 0), w_shape=(0, 8)), ValueError, r"x has shape \(6, 0\): every dimension must be at least 1"),
     (dict(a_shape=(0, 10), w_shape=(10, 8)), ValueError, r"x has shape \(0, 10\): every dimension must be at least 1"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), preferred_element_type="foo"), TypeError, r"all_gather_matmul: preferred_element_type='foo' is not a dtype"),
+    # Named before tracing, as the call's arguments, not a kernel's buffer.
+    (dict(a_shape=(24, 10), w_shape=(10, 8), dtype=np.float64, schedule=Schedule(dataflow="ring", compute="pallas")), TypeError, r"all_gather_matmul: compute='pallas' takes bfloat16, float16 or float32 operands and results; x and w \(promoted together\) would be float64. Use Schedule\(compute='xla'\)"),
+    (dict(a_shape=(24, 10), w_shape=(10, 8), preferred_element_type=np.float64, schedule=Schedule(comm="dma", compute="pallas", compute_granularity="flagged")), TypeError, r"the result \(preferred_element_type\) would be float64"),
 ])
 def test_all_gather_matmul_errors(kwargs, exc, match):
   with pytest.raises(exc, match=match):
@@ -67,6 +71,7 @@ def test_all_gather_matmul_errors(kwargs, exc, match):
     (dict(a_shape=(24, 0), w_shape=(0, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", comm="dma")), ValueError, r"h has shape \(24, 0\): every dimension must be at least 1"),
     (dict(a_shape=(0, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), schedule=Schedule(dataflow="direct", num_chunks=2, comm="dma")), ValueError, r"h has shape \(0, 5\): every dimension must be at least 1"),
     (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), timeout_s=float("nan")), ValueError, r"timeout_s=nan must be a finite"),
+    (dict(a_shape=(24, 20), w_shape=(20, 3), in_specs=(P(None, "x"), P("x")), dtype=np.float64, schedule=Schedule(dataflow="direct", comm="dma", compute="pallas")), TypeError, r"matmul_reduce_scatter: compute='pallas' takes .*; h and w \(promoted together\) would be float64"),
 ])
 def test_matmul_reduce_scatter_errors(kwargs, exc, match):
   with pytest.raises(exc, match=match):

@@ -53,8 +53,12 @@ def make_static(op: str, *, axis_name: str, axis_size: int,
                 preferred_element_type: Any, timeout_s: float) -> Static:
   """The `Static` of a public call (its arguments checked by the caller,
   `ops.prepare`)."""
-  pet = (None if preferred_element_type is None
-         else np.dtype(preferred_element_type))
+  try:
+    pet = (None if preferred_element_type is None
+           else np.dtype(preferred_element_type))
+  except TypeError as e:
+    raise TypeError(f"{op}: preferred_element_type={preferred_element_type!r}"
+                    " is not a dtype (e.g. jnp.float32).") from e
   return Static(axis_name=axis_name, axis_size=axis_size, schedule=schedule,
                 precision=precision, preferred_element_type=pet, op_name=op,
                 timeout_s=float(timeout_s))

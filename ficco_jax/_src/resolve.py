@@ -222,7 +222,10 @@ def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       or ``h``), as the op sees it inside ``shard_map``.
     w_shape: the local shape of ``w`` (the MoE ops: ``[E_l, d, f]`` for
       the dispatch, ``[E_l, f, d]`` for the combine).
-    dtype: element type of the first operand.
+    dtype: element type of the operands as the op multiplies them: for
+      the tensor-parallel ops ``jnp.result_type(x, w)`` (they promote
+      first: bf16 activations with f32 weights are a float32 call), for
+      the MoE ops ``x``'s.
     axis_size: devices along the axis.
     axis: ``gather_axis`` or ``scatter_axis``.
     device_kind: None (or this process's own device kind): plan for the

@@ -86,10 +86,31 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
     sites.record(op, x_shape=a.shape, w_shape=w.shape, dtype=a.dtype,
                  axis_size=p, axis=axis, axis_name=axis_name,
                  schedule=schedule, source=resolution.source)
-  return axis, matmul.make_static(
+  st = matmul.make_static(
       op, axis_name=axis_name, axis_size=p, schedule=schedule,
       precision=precision, preferred_element_type=preferred_element_type,
       timeout_s=timeout_s)
+  if schedule.compute == "pallas" and schedule.overlapped:
+    _check_pallas_dtypes(op, a_name, a.dtype, st.preferred_element_type)
+  return axis, st
+
+
+# What the Pallas kernels (Hopper's and the interpreter's) read and write.
+_PALLAS_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16,
+                                              jnp.float32))
+
+
+def _check_pallas_dtypes(op: str, a_name: str, dtype, out_dtype) -> None:
+  """Before tracing, so that the error names the call's arguments rather
+  than a kernel's buffer."""
+  out_dtype = dtype if out_dtype is None else out_dtype
+  for what, dt in ((f"{a_name} and w (promoted together)", dtype),
+                   ("the result (preferred_element_type)", out_dtype)):
+    if jnp.dtype(dt) not in _PALLAS_DTYPES:
+      raise TypeError(
+          f"{op}: compute='pallas' takes bfloat16, float16 or float32"
+          f" operands and results; {what} would be {jnp.dtype(dt).name}."
+          " Use Schedule(compute='xla') for this call.")
 
 
 def _check_flagged(op: str, schedule) -> None:

@@ -298,6 +298,10 @@ def autotune(
     autotune_cache.check_writable()
   p = mesh.shape[axis_name]
   device = mesh.devices.flat[0]
+  # The dtype the op resolves its schedule for: the tensor-parallel ops
+  # promote x with w first (bf16 activations with f32 weights look up
+  # float32), the MoE ops take x's.
+  dtype = x.dtype if moe else jnp.result_type(x, w)
   if moe:
     if axis != 0:
       raise ValueError(f"autotune: {op} exchanges rows (axis 0); got"
@@ -318,11 +322,11 @@ def autotune(
         **axis_kw))
   key = autotune_cache.Key.of(op, device_kind=device.device_kind,
                               axis_size=p, x_shape=x_local, w_shape=w_local,
-                              axis=axis, dtype=x.dtype,
+                              axis=axis, dtype=dtype,
                               processes=jax.process_count())
   if candidates is None:
     candidates = default or _default_candidates(
-        op, x_local, w_local, x.dtype, p, axis, device.platform, device)
+        op, x_local, w_local, dtype, p, axis, device.platform, device)
   fns, errors = {}, {}
   for s in dict.fromkeys(candidates):  # Unique, in order.
     fn = make(s)

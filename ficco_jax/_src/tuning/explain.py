@@ -217,7 +217,8 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       report is a `MoeExplanation`: the rule that decided, not a cost model.
     x_shape: local shape of the first operand (as inside ``shard_map``).
     w_shape: local shape of ``w``.
-    dtype: the first operand's dtype.
+    dtype: as for `ficco_jax.choose_schedule`: ``jnp.result_type(x, w)``
+      for the tensor-parallel ops, ``x``'s for the MoE ops.
     axis_size: devices along the axis.
     axis: the gathered / scattered axis.
     device_kind: the device to plan for. None: this process's devices,
