@@ -163,3 +163,44 @@ def test_failed_syncs_leave_no_copy_behind(transport, calls):
 def test_fault_steps_are_checked():
   with pytest.raises(ValueError, match="step='finish' must be one of"):
     library.set_fault(0, "finish")
+
+
+def test_a_retry_loop_gets_through_a_second_after_a_stall():
+  """Ranks that never start the op (a lax.cond skips it there) stall a
+  rendezvous, and the devices then refuse the calls queued behind it. A
+  caller that catches the error and retries every 0.3 s (after the
+  jax.clear_caches() the README names) gets through about a second after
+  the stall: each refusal extends the refusal by a short drain, not by
+  another second, so retrying never keeps the devices refusing."""
+  mesh = util.tp_mesh()
+  p = mesh.devices.size
+  schedule = Schedule.from_short("direct/c1/dma/xla/rendezvous")
+  rng = np.random.default_rng(40)
+  args, ref, dtype = _inputs(mesh, "ag", rng)
+
+  def stalled(x, w):  # Only rank 0 takes part.
+    return jax.lax.cond(
+        jax.lax.axis_index("x") == 0,
+        lambda x: ficco_jax.all_gather_matmul(x, w, axis_name="x",
+                                              schedule=schedule,
+                                              timeout_s=TIMEOUT_S),
+        lambda x: jnp.zeros((x.shape[0] * p, w.shape[1]), x.dtype), x)
+  f = jax.jit(jax.shard_map(stalled, mesh=mesh, in_specs=(P("x"), P(None, "x")),
+                            out_specs=P(None, "x"), check_vma=False))
+  with pytest.raises(Exception, match="never"):
+    jax.block_until_ready(f(*args))
+  failed = time.monotonic()
+  jax.clear_caches()
+  good = _program(mesh, "ag", schedule.short())
+  refused = 0
+  while True:
+    try:
+      out = jax.block_until_ready(good(*args))
+      break
+    except Exception as e:  # pylint: disable=broad-except
+      assert "not started" in str(e), str(e)
+      refused += 1
+      assert time.monotonic() - failed < 5.0, (refused, str(e))
+      time.sleep(0.3)
+  assert util.rel_err(out, ref) < util.tol(dtype)
+  print(f"through after {time.monotonic() - failed:.2f} s, {refused} refused")

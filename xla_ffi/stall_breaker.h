@@ -12,8 +12,11 @@
 // timeout: a loop that dispatches hundreds of calls looks hung, its errors
 // sitting unread in the outputs of calls long past. So once a rendezvous
 // timed out for ranks that never started, every start on those devices
-// fails at once, until none has come for kQuiet: the queued calls drain in
-// milliseconds, and a call dispatched after that runs normally.
+// fails at once for kQuiet, and after that until none has come for kDrain:
+// the queued calls drain back to back in milliseconds, and a call
+// dispatched after that runs normally. A refused call extends the refusal
+// by kDrain only, not kQuiet, so that a caller who retries (after
+// jax.clear_caches(), say) is not refused for as long as it keeps trying.
 //
 // Guarded by the registry's lock (peer_copy_registry.h).
 
@@ -37,10 +40,14 @@ class StallBreaker {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Long enough that the calls already queued (XLA starts the next one as
-  // soon as the previous fails) keep the devices refusing; short enough
-  // that a caller who fixed the dispatch barely notices.
+  // After a stall: long enough for the first of the calls already queued to
+  // start; short enough that a caller who fixed the dispatch barely
+  // notices.
   static constexpr std::chrono::milliseconds kQuiet{1000};
+  // After a refusal: the queued calls start back to back (XLA starts the
+  // next one as soon as the previous fails), far closer than this; a
+  // retry that recompiles or sleeps comes later.
+  static constexpr std::chrono::milliseconds kDrain{200};
 
   // `device`'s part of execution `run_id` failed in a handler (a timeout,
   // an error, the never-arrive test hook): its own error explains why its
@@ -65,7 +72,7 @@ class StallBreaker {
         if (f.first == d && f.second == run_id) return;
       }
     }
-    Trip(group, std::make_shared<const std::string>(why), now);
+    Trip(group, std::make_shared<const std::string>(why), now, now + kQuiet);
   }
 
   // Whether any device may refuse at `now`: false on every start's path
@@ -73,8 +80,8 @@ class StallBreaker {
   bool MayRefuse(Clock::time_point now) const { return now < latest_; }
 
   // If a device of `group` refuses at `now`: every device of the group
-  // refuses for another kQuiet (the queue is still draining), and the
-  // refusal's message; else empty.
+  // refuses for at least another kDrain (the queue is still draining), and
+  // the refusal's message; else empty.
   std::string Refusal(const std::vector<int64_t>& group,
                       Clock::time_point now) {
     std::shared_ptr<const std::string> why;
@@ -86,12 +93,13 @@ class StallBreaker {
       }
     }
     if (why == nullptr) return "";
-    Trip(group, why, now);
+    Trip(group, why, now, now + kDrain);
     std::string list;
     for (int64_t d : group) list += (list.empty() ? "" : ", ") + std::to_string(d);
     return "not started: copy-engine ops on devices [" + list +
-           "] fail at once until none has come for " +
-           std::to_string(kQuiet.count()) +
+           "] fail at once for " + std::to_string(kQuiet.count()) +
+           " ms after a stall and then until none has come for " +
+           std::to_string(kDrain.count()) +
            " ms, so that the calls queued behind a stalled one fail now"
            " instead of each after its own timeout. The stall: " + *why +
            "; " + kIfSeveralDispatchers;
@@ -104,15 +112,17 @@ class StallBreaker {
     std::shared_ptr<const std::string> why;
   };
 
+  // From `now` the devices refuse until at least `until` (an earlier,
+  // longer refusal stands).
   void Trip(const std::vector<int64_t>& devices,
             const std::shared_ptr<const std::string>& why,
-            Clock::time_point now) {
+            Clock::time_point now, Clock::time_point until) {
     for (int64_t d : devices) {
       State& s = devices_[d];
       if (s.why == nullptr || s.until <= now) s.why = why;
-      s.until = now + kQuiet;
+      if (s.until < until) s.until = until;
     }
-    latest_ = now + kQuiet;
+    if (latest_ < until) latest_ = until;
   }
 
   std::unordered_map<int64_t, State> devices_;

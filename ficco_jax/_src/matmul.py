@@ -78,7 +78,9 @@ def dot_dtype(a, w, st: Static):
 
 def acc_dtype(dtype):
   """The dtype partial products are summed in: at least float32 (float64
-  stays float64), so a sum of ``P`` bf16 partials is rounded once."""
+  stays float64), so the ``P`` bf16 partials that land on one device
+  (``direct``) are rounded once; the ring's running sums travel in the
+  result dtype, rounded at each hop (docs/schedules.md)."""
   return jnp.promote_types(dtype, jnp.float32)
 
 
