@@ -135,6 +135,27 @@ def test_unknown_op_is_rejected():
       fn("all_to_all_matmul", **BIG)
 
 
+@pytest.mark.parametrize("change, exc, match", [
+    (dict(axis_size=0), ValueError, r"axis_size=0 must be an int >= 1"),
+    (dict(dtype=np.int32), TypeError, r"dtype=.*int32.* must be a floating"),
+    (dict(w_shape=(4096, 8192)), ValueError,
+     r"expected x \[..., rows, ..., k\] and w \[k, n\] with equal"
+     r" contraction sizes"),
+    (dict(axis=1), ValueError, r"axis=1 must name an axis of x other than"),
+    (dict(op="all_to_all_matmul", x_shape=(4096, 1024),
+          w_shape=(4, 2048, 1408)), ValueError,
+     r"w_shape=\(4, 2048, 1408\) must be \[E_l, d, f\].*x_shape=\(4096,"
+     r" 1024\)"),
+])
+def test_calls_the_op_would_refuse_are_refused(change, exc, match):
+  """choose_schedule and explain plan no call that cannot run."""
+  kw = dict(BIG, **change)
+  op = kw.pop("op", "all_gather_matmul")
+  for fn in (ficco_jax.explain, ficco_jax.choose_schedule):
+    with pytest.raises(exc, match=match):
+      fn(op, **kw)
+
+
 def _shipped_entries():
   """Every entry of every autotune cache the package ships."""
   data = pathlib.Path(ficco_jax.__file__).parent / "data" / "autotune"

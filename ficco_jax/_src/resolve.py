@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ficco_jax._src import devices
@@ -173,6 +174,7 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   check_op(op, moe=True)
   x_shape = tuple(int(d) for d in x_shape)
   w_shape = tuple(int(d) for d in w_shape)
+  _check_problem(op, x_shape, w_shape, dtype, axis_size, axis)
   tgt = target(device_kind)
   if op in MOE_OPS:
     if len(w_shape) != 3:
@@ -203,6 +205,40 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
       assume_dma=tgt.assume_dma, processes=jax.process_count())
   return Resolution(schedule=schedule, source="heuristic", reason=reason,
                     target=tgt)
+
+
+def _check_problem(op: str, x_shape, w_shape, dtype, axis_size,
+                   axis: int) -> None:
+  """What the op itself would refuse, refused here too: `choose_schedule`
+  and `explain` must not plan a call that cannot run."""
+  where = f"{op}: x_shape={x_shape}, w_shape={w_shape}"
+  if isinstance(axis_size, bool) or not isinstance(
+      axis_size, (int, np.integer)) or axis_size < 1:
+    raise ValueError(f"{op}: axis_size={axis_size!r} must be an int >= 1.")
+  try:
+    floating = jnp.issubdtype(np.dtype(dtype), jnp.floating)
+  except TypeError:
+    floating = False
+  if not floating:
+    raise TypeError(f"{op}: dtype={dtype!r} must be a floating dtype (the"
+                    " operands' promoted dtype).")
+  if op in MOE_OPS:
+    if len(x_shape) != 2 or len(w_shape) != 3 or x_shape[1] != w_shape[1]:
+      raise ValueError(
+          f"{op}: w_shape={w_shape} must be [E_l, d, f] (dispatch) or"
+          f" [E_l, f, d] (combine), and x_shape={x_shape} [rows, d] (or"
+          " [rows, f]): one matrix per local expert, the contraction sizes"
+          " equal.")
+    return
+  if len(x_shape) < 2 or len(w_shape) != 2 or x_shape[-1] != w_shape[0]:
+    raise ValueError(
+        f"{where}: expected x [..., rows, ..., k] and w [k, n] with equal"
+        " contraction sizes k.")
+  n = len(x_shape)
+  if not (isinstance(axis, (int, np.integer)) and -n <= axis < n
+          and axis % n != n - 1):
+    raise ValueError(f"{where}: axis={axis} must name an axis of x other"
+                     " than its last (the contraction).")
 
 
 def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
