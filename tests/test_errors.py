@@ -93,6 +93,9 @@ def test_outside_shard_map_explains_how_to_call():
     (dict(num_sms=0), ValueError, r"num_sms=0 must be None or a positive int"),
     (dict(compute_granularity="tile"), ValueError,
      r"compute_granularity='tile' must be None or one of"),
+    (dict(dataflow="ring", compute_granularity="halving"), ValueError,
+     r"'halving' groups the peers of a direct step; it needs"
+     r" dataflow='direct', got dataflow='ring'"),
     (dict(compute="pallas", reduce_in_epilogue=1), TypeError,
      r"reduce_in_epilogue=1 must be a bool"),
     (dict(reduce_in_epilogue=True), ValueError,

@@ -179,6 +179,11 @@ class Schedule:
         and self.compute_granularity not in GRANULARITIES):
       raise ValueError(f"{self.compute_granularity=} must be None or one of"
                        f" {GRANULARITIES}.")
+    if self.compute_granularity == "halving" and self.dataflow != "direct":
+      # A ring step carries one piece: there is nothing to group.
+      raise ValueError(
+          "compute_granularity='halving' groups the peers of a direct step;"
+          f" it needs dataflow='direct', got dataflow={self.dataflow!r}.")
     if self.compute_granularity == "flagged" and (
         self.dataflow != "direct" or self.comm != "dma"
         or self.reduce_in_epilogue):
