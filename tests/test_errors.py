@@ -206,6 +206,16 @@ def test_sharded_rejects_unknown_axis():
                                         mesh=mesh, axis_name="tp")
 
 
+def test_sharded_reduce_scatter_names_the_global_shape():
+  mesh = util.mesh((4,), ("x",))
+  with pytest.raises(ValueError, match=r"h.shape\[0\] \(h is \(50, 40\),"
+                     r" the rows scattered\) \(50\) must be divisible by"
+                     r" the size of axis 'x' \(4\)"):
+    ficco_jax.sharded.matmul_reduce_scatter(jnp.ones((50, 40)),
+                                            jnp.ones((40, 5)), mesh=mesh,
+                                            axis_name="x")
+
+
 @pytest.mark.parametrize("kw", [dict(dataflow="ring"), dict(comm="xla"),
                                 dict(reduce_in_epilogue=True)])
 def test_flagged_granularity_needs_direct_dma(kw):

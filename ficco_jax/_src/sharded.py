@@ -160,6 +160,10 @@ def matmul_reduce_scatter(
     raise ValueError(f"h_spec={h_spec} may use {axis_name!r} only on the last axis.")
   if entries[axis] is not None:
     raise ValueError(f"h_spec={h_spec} must leave scatter_axis={axis} unsharded.")
+  # Here, where h's global shape is known (the per-shard op sees its shard).
+  validation.check_divisible(
+      f"h.shape[{axis}] (h is {tuple(h.shape)}, the rows scattered)",
+      h.shape[axis], mesh.shape[axis_name], f"the size of axis {axis_name!r}")
   out_entries = list(entries)
   out_entries[-1] = None
   out_entries[axis] = axis_name
