@@ -124,6 +124,23 @@ def test_malformed_cache_is_ignored_with_a_clear_warning(user_cache, caplog):
   assert "entry 0 is malformed" in caplog.text and str(user_cache) in caplog.text
 
 
+def test_an_entry_that_no_longer_validates_is_skipped_alone(user_cache,
+                                                            caplog):
+  """An entry an earlier version stored (ring with 'halving', which a
+  Schedule now refuses) costs only itself, not the file's other entries."""
+  good = dict(autotune_cache.schedule_to_json(RING))
+  stale = dict(good, compute_granularity="halving")
+  other = _key(x_shape=(12, 10))
+  user_cache.write_text(json.dumps({"format": 1, "entries": [
+      {"key": other.to_json(), "schedule": stale},
+      {"key": _key().to_json(), "schedule": good}]}))
+  with caplog.at_level("WARNING", logger="ficco_jax"):
+    assert autotune_cache.lookup(_key()) == RING
+    assert autotune_cache.lookup(other) is None
+  assert "entry 0's schedule" in caplog.text and "no longer validates" in (
+      caplog.text)
+
+
 def test_precedence_heuristic_then_cache_then_explicit():
   # 3. Heuristic: on CPU (and this small), no overlap.
   assert _ran(_compiled()) == "none"

@@ -137,7 +137,12 @@ def test_unknown_op_is_rejected():
 
 @pytest.mark.parametrize("change, exc, match", [
     (dict(axis_size=0), ValueError, r"axis_size=0 must be an int >= 1"),
-    (dict(dtype=np.int32), TypeError, r"dtype=.*int32.* must be a floating"),
+    (dict(dtype=np.int32), TypeError,
+     r"dtype=.*int32.* must be float16, bfloat16, float32 or float64"),
+    (dict(x_shape=(2048, 0), w_shape=(0, 7168)), ValueError,
+     r"every dimension must be at least 1"),
+    (dict(op="matmul_reduce_scatter", x_shape=(2050, 8192)), ValueError,
+     r"x_shape\[0\] \(2050\) must be divisible by axis_size \(4\)"),
     (dict(w_shape=(4096, 8192)), ValueError,
      r"expected x \[..., rows, ..., k\] and w \[k, n\] with equal"
      r" contraction sizes"),
@@ -154,6 +159,22 @@ def test_calls_the_op_would_refuse_are_refused(change, exc, match):
   for fn in (ficco_jax.explain, ficco_jax.choose_schedule):
     with pytest.raises(exc, match=match):
       fn(op, **kw)
+
+
+def test_a_negative_axis_plans_as_the_op_runs(user_cache):
+  """The op keys the autotune cache by its normalized axis: so must
+  choose_schedule, whatever sign the caller gives."""
+  del user_cache
+  ring = ficco_jax.Schedule(dataflow="ring", num_chunks=2)
+  key = autotune_cache.Key.of(
+      "all_gather_matmul", device_kind=jax.devices()[0].device_kind,
+      axis_size=4, x_shape=(2, 8, 16), w_shape=(16, 8), axis=1,
+      dtype=np.float32)
+  autotune_cache.store(key, ring)
+  for axis in (1, -2):
+    assert ficco_jax.choose_schedule(
+        "all_gather_matmul", x_shape=(2, 8, 16), w_shape=(16, 8),
+        dtype=np.float32, axis_size=4, axis=axis) == ring
 
 
 def _shipped_entries():

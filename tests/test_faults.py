@@ -165,13 +165,13 @@ def test_fault_steps_are_checked():
     library.set_fault(0, "finish")
 
 
-def test_a_retry_loop_gets_through_a_second_after_a_stall():
+def test_a_retry_loop_gets_through_after_a_stall():
   """Ranks that never start the op (a lax.cond skips it there) stall a
-  rendezvous, and the devices then refuse the calls queued behind it. A
-  caller that catches the error and retries every 0.3 s (after the
-  jax.clear_caches() the README names) gets through about a second after
-  the stall: each refusal extends the refusal by a short drain, not by
-  another second, so retrying never keeps the devices refusing."""
+  rendezvous, and the devices then refuse the calls queued behind it, each
+  refusal extending the refusal. A caller that catches the error and
+  retries at once, again and again, still gets through: the refusals end
+  a few seconds after the stall (stall_breaker.h's kMaxRefusing), however
+  often it tries."""
   mesh = util.tp_mesh()
   p = mesh.devices.size
   schedule = Schedule.from_short("direct/c1/dma/xla/rendezvous")
@@ -187,11 +187,11 @@ def test_a_retry_loop_gets_through_a_second_after_a_stall():
         lambda x: jnp.zeros((x.shape[0] * p, w.shape[1]), x.dtype), x)
   f = jax.jit(jax.shard_map(stalled, mesh=mesh, in_specs=(P("x"), P(None, "x")),
                             out_specs=P(None, "x"), check_vma=False))
+  # Compiled before the stall, so that the first retry comes at once.
+  good = _program(mesh, "ag", schedule.short()).lower(*args).compile()
   with pytest.raises(Exception, match="never"):
     jax.block_until_ready(f(*args))
   failed = time.monotonic()
-  jax.clear_caches()
-  good = _program(mesh, "ag", schedule.short())
   refused = 0
   while True:
     try:
@@ -200,7 +200,9 @@ def test_a_retry_loop_gets_through_a_second_after_a_stall():
     except Exception as e:  # pylint: disable=broad-except
       assert "not started" in str(e), str(e)
       refused += 1
-      assert time.monotonic() - failed < 5.0, (refused, str(e))
-      time.sleep(0.3)
+      assert time.monotonic() - failed < 10.0, (refused, str(e))
+      time.sleep(0.05)
+  took = time.monotonic() - failed
+  assert refused >= 1, "the retries were never refused: nothing was tested"
   assert util.rel_err(out, ref) < util.tol(dtype)
-  print(f"through after {time.monotonic() - failed:.2f} s, {refused} refused")
+  print(f"through after {took:.2f} s, {refused} refused")

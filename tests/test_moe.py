@@ -234,6 +234,8 @@ def test_capacity_below_the_tokens_per_device(schedule):
     # cast (where 2**32 + 1 would read 1).
     ("wraps_at_int32", r"1 of axis 'ep', group_sizes has a count of"
      " 4294967297, more than the 13 token rows"),
+    ("unsigned", r"1 of axis 'ep', group_sizes has a count of"
+     " 4294967297, more than the 13 token rows"),
     # Device 3 routes 14 of its 13 rows, which also overfills device 0:
     # the cause is named, not device 0's capacity.
     ("cause_before_capacity", r"3 of axis 'ep', group_sizes has a count of"
@@ -248,8 +250,8 @@ def test_invalid_counts_are_an_error_not_wrong_rows(counts, match):
     gs[1, 0] = -1
   elif counts == "too_many":
     gs[1, 0] += T + 1 - gs[1].sum()
-  elif counts == "wraps_at_int32":
-    gs = gs.astype(np.int64)
+  elif counts in ("wraps_at_int32", "unsigned"):
+    gs = gs.astype(np.int64 if counts == "wraps_at_int32" else np.uint64)
     gs[1, 0] = 2**32 + 1
   else:
     gs[:] = 0

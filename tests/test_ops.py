@@ -192,6 +192,23 @@ def test_preferred_element_type_f32_from_bf16(schedule):
   assert util.rel_err(out, util.ref_all_gather_matmul(x, w)) < 1e-5
 
 
+def test_push_gather_f16_operands_to_a_bf16_result_past_f16s_range():
+  """The push all-gather's GEMM writes f32 and rounds once to bf16, as
+  XLA's dot does: not f16, whose sums past 65504 would be inf."""
+  mesh = util.tp_mesh()
+  rng = np.random.default_rng(6)
+  x = (util.rand(rng, (24, 10), np.float32) * 100).astype(np.float16)
+  w = (util.rand(rng, (10, 28), np.float32) * 100).astype(np.float16)
+  out = util.run_ag(mesh, x, w, schedule=Schedule(
+      dataflow="direct", comm="dma", compute_granularity="flagged"),
+                    preferred_element_type=jnp.bfloat16)
+  assert out.dtype == jnp.bfloat16
+  ref = util.ref_all_gather_matmul(x, w)
+  assert np.abs(ref).max() > 65504  # Past f16's range.
+  assert np.isfinite(np.asarray(out, np.float32)).all()
+  assert util.rel_err(out, ref) < util.tol(jnp.bfloat16)
+
+
 @pytest.mark.parametrize("in_dtype", [jnp.bfloat16, np.float32],
                          ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("schedule", [

@@ -26,7 +26,7 @@ CALLS = 300
 # with no copy-engine op in the programs, which no handler can end.
 DEPTH = 24
 TIMEOUT_S = 2.0
-QUIET_S = 1.5  # stall_breaker.h's kQuiet (kDrain is shorter), and a margin.
+QUIET_S = 1.5  # stall_breaker.h's kQuiet, and a margin.
 # One stall's timeout, the calls queued behind it failing at once, the
 # interpreter's start and the compiles.
 BOUND_S = 60.0

@@ -12,17 +12,18 @@
 // timeout: a loop that dispatches hundreds of calls looks hung, its errors
 // sitting unread in the outputs of calls long past. So once a rendezvous
 // timed out for ranks that never started, every start on those devices
-// fails at once for kQuiet, and after that until none has come for kDrain:
-// the queued calls drain back to back in milliseconds, and a call
-// dispatched after that runs normally. A refused call extends the refusal
-// by kDrain only, not kQuiet, so that a caller who retries (after
-// jax.clear_caches(), say) is not refused for as long as it keeps trying.
+// fails at once until none has come for kQuiet: the queued calls drain in
+// milliseconds, and a call dispatched after that runs normally. Refusals
+// end kMaxRefusing after the stall however many starts keep coming, so
+// that a caller who retries (after jax.clear_caches(), say, or at once in
+// a loop) gets through: at worst its next call stalls and trips it again.
 //
 // Guarded by the registry's lock (peer_copy_registry.h).
 
 #ifndef FICCO_XLA_FFI_STALL_BREAKER_H_
 #define FICCO_XLA_FFI_STALL_BREAKER_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -40,14 +41,14 @@ class StallBreaker {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // After a stall: long enough for the first of the calls already queued to
-  // start; short enough that a caller who fixed the dispatch barely
-  // notices.
+  // Long enough that the calls already queued (XLA starts the next one as
+  // soon as the previous fails, then runs whatever precedes its first
+  // copy-engine op) keep the devices refusing; short enough that a caller
+  // who fixed the dispatch barely notices.
   static constexpr std::chrono::milliseconds kQuiet{1000};
-  // After a refusal: the queued calls start back to back (XLA starts the
-  // next one as soon as the previous fails), far closer than this; a
-  // retry that recompiles or sleeps comes later.
-  static constexpr std::chrono::milliseconds kDrain{200};
+  // The longest a stall makes its devices refuse, however many starts keep
+  // extending it: past this, a start runs (and stalls again, or not).
+  static constexpr std::chrono::milliseconds kMaxRefusing{5000};
 
   // `device`'s part of execution `run_id` failed in a handler (a timeout,
   // an error, the never-arrive test hook): its own error explains why its
@@ -63,7 +64,8 @@ class StallBreaker {
   // A rendezvous of execution `run_id` over `group` timed out for the ranks
   // on `missing`, which never started it: unless one of them failed in a
   // handler of that execution, the group's devices refuse starts from `now`
-  // until kQuiet without one; `why` is the stall, named in every refusal.
+  // until kQuiet without one, for kMaxRefusing at most; `why` is the
+  // stall, named in every refusal.
   void Stalled(const std::vector<int64_t>& group,
                const std::vector<int64_t>& missing, int64_t run_id,
                const std::string& why, Clock::time_point now) {
@@ -72,35 +74,54 @@ class StallBreaker {
         if (f.first == d && f.second == run_id) return;
       }
     }
-    Trip(group, std::make_shared<const std::string>(why), now, now + kQuiet);
+    auto shared_why = std::make_shared<const std::string>(why);
+    for (int64_t d : group) {
+      State& s = devices_[d];
+      if (s.why == nullptr || s.until <= now) s.why = shared_why;
+      s.until = now + kQuiet;
+      s.cap = now + kMaxRefusing;
+    }
+    if (latest_ < now + kQuiet) latest_ = now + kQuiet;
   }
 
   // Whether any device may refuse at `now`: false on every start's path
-  // unless a stall happened in the last kQuiet.
+  // unless a stall or a refusal happened in the last kQuiet.
   bool MayRefuse(Clock::time_point now) const { return now < latest_; }
 
   // If a device of `group` refuses at `now`: every device of the group
-  // refuses for at least another kDrain (the queue is still draining), and
-  // the refusal's message; else empty.
+  // refuses for another kQuiet (the queue is still draining), up to the
+  // stall's kMaxRefusing, and the refusal's message; else empty.
   std::string Refusal(const std::vector<int64_t>& group,
                       Clock::time_point now) {
     std::shared_ptr<const std::string> why;
+    Clock::time_point cap{};
     for (int64_t d : group) {
       auto it = devices_.find(d);
       if (it != devices_.end() && it->second.until > now) {
         why = it->second.why;
+        cap = it->second.cap;
         break;
       }
     }
     if (why == nullptr) return "";
-    Trip(group, why, now, now + kDrain);
+    const Clock::time_point until = std::min(now + kQuiet, cap);
+    for (int64_t d : group) {
+      State& s = devices_[d];
+      if (s.why == nullptr || s.until <= now) {
+        s.why = why;
+        s.cap = cap;
+      }
+      if (s.until < until) s.until = until;
+    }
+    if (latest_ < until) latest_ = until;
     std::string list;
     for (int64_t d : group) list += (list.empty() ? "" : ", ") + std::to_string(d);
     return "not started: copy-engine ops on devices [" + list +
-           "] fail at once for " + std::to_string(kQuiet.count()) +
-           " ms after a stall and then until none has come for " +
-           std::to_string(kDrain.count()) +
-           " ms, so that the calls queued behind a stalled one fail now"
+           "] fail at once until none has come for " +
+           std::to_string(kQuiet.count()) + " ms (at most " +
+           std::to_string(kMaxRefusing.count()) +
+           " ms after the stall), so that the calls queued behind a stalled"
+           " one fail now"
            " instead of each after its own timeout. The stall: " + *why +
            "; " + kIfSeveralDispatchers;
   }
@@ -108,22 +129,10 @@ class StallBreaker {
  private:
   static constexpr size_t kFailuresKept = 64;  // older executions are over
   struct State {
-    Clock::time_point until;
+    Clock::time_point until;  // refuses before this
+    Clock::time_point cap;    // the stall's time + kMaxRefusing
     std::shared_ptr<const std::string> why;
   };
-
-  // From `now` the devices refuse until at least `until` (an earlier,
-  // longer refusal stands).
-  void Trip(const std::vector<int64_t>& devices,
-            const std::shared_ptr<const std::string>& why,
-            Clock::time_point now, Clock::time_point until) {
-    for (int64_t d : devices) {
-      State& s = devices_[d];
-      if (s.why == nullptr || s.until <= now) s.why = why;
-      if (s.until < until) s.until = until;
-    }
-    if (latest_ < until) latest_ = until;
-  }
 
   std::unordered_map<int64_t, State> devices_;
   Clock::time_point latest_{};  // no device refuses from then on

@@ -22,11 +22,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ficco_jax._src import devices
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import validation
 from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import autotune_cache
 from ficco_jax._src.tuning import device_params
@@ -174,13 +174,9 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
   check_op(op, moe=True)
   x_shape = tuple(int(d) for d in x_shape)
   w_shape = tuple(int(d) for d in w_shape)
-  _check_problem(op, x_shape, w_shape, dtype, axis_size, axis)
+  axis = _check_problem(op, x_shape, w_shape, dtype, axis_size, axis)
   tgt = target(device_kind)
   if op in MOE_OPS:
-    if len(w_shape) != 3:
-      raise ValueError(
-          f"{op}: w_shape={w_shape} must be [E_l, d, f] (dispatch) or"
-          " [E_l, f, d] (combine): one matrix per local expert.")
     res, refused = moe_default(op, x_shape=x_shape, w_shape=w_shape,
                                dtype=dtype, axis_size=axis_size, tgt=tgt)
     if refused is not None:  # As the op does, which also logs it.
@@ -208,20 +204,23 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
 
 
 def _check_problem(op: str, x_shape, w_shape, dtype, axis_size,
-                   axis: int) -> None:
-  """What the op itself would refuse, refused here too: `choose_schedule`
-  and `explain` must not plan a call that cannot run."""
+                   axis: int) -> int:
+  """What the op itself would refuse, refused here too (`choose_schedule`
+  and `explain` must not plan a call that cannot run); returns ``axis``
+  normalized, as the op keys the autotune cache by it."""
   where = f"{op}: x_shape={x_shape}, w_shape={w_shape}"
   if isinstance(axis_size, bool) or not isinstance(
       axis_size, (int, np.integer)) or axis_size < 1:
     raise ValueError(f"{op}: axis_size={axis_size!r} must be an int >= 1.")
   try:
-    floating = jnp.issubdtype(np.dtype(dtype), jnp.floating)
+    supported = np.dtype(dtype) in validation.SUPPORTED_DTYPES
   except TypeError:
-    floating = False
-  if not floating:
-    raise TypeError(f"{op}: dtype={dtype!r} must be a floating dtype (the"
-                    " operands' promoted dtype).")
+    supported = False
+  if not supported:
+    raise TypeError(f"{op}: dtype={dtype!r} must be float16, bfloat16,"
+                    " float32 or float64 (the operands' promoted dtype).")
+  if any(d < 1 for d in x_shape + w_shape):
+    raise ValueError(f"{where}: every dimension must be at least 1.")
   if op in MOE_OPS:
     if len(x_shape) != 2 or len(w_shape) != 3 or x_shape[1] != w_shape[1]:
       raise ValueError(
@@ -229,7 +228,7 @@ def _check_problem(op: str, x_shape, w_shape, dtype, axis_size,
           f" [E_l, f, d] (combine), and x_shape={x_shape} [rows, d] (or"
           " [rows, f]): one matrix per local expert, the contraction sizes"
           " equal.")
-    return
+    return axis
   if len(x_shape) < 2 or len(w_shape) != 2 or x_shape[-1] != w_shape[0]:
     raise ValueError(
         f"{where}: expected x [..., rows, ..., k] and w [k, n] with equal"
@@ -239,6 +238,12 @@ def _check_problem(op: str, x_shape, w_shape, dtype, axis_size,
           and axis % n != n - 1):
     raise ValueError(f"{where}: axis={axis} must name an axis of x other"
                      " than its last (the contraction).")
+  axis = int(axis) % n
+  if op == "matmul_reduce_scatter" and x_shape[axis] % axis_size:
+    raise ValueError(
+        f"{where}: x_shape[{axis}] ({x_shape[axis]}) must be divisible by"
+        f" axis_size ({axis_size}): the rows are scattered.")
+  return axis
 
 
 def choose_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,

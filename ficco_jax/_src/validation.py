@@ -10,7 +10,7 @@ import jax
 from jax import lax
 import numpy as np
 
-_SUPPORTED_DTYPES = (
+SUPPORTED_DTYPES = (
     np.dtype("float16"),
     np.dtype(jax.numpy.bfloat16),
     np.dtype("float32"),
@@ -25,7 +25,7 @@ def check_array(name: str, a: Any, *, min_rank: int = 2) -> None:
     raise ValueError(
         f"{name} must have rank >= {min_rank}, got shape {tuple(a.shape)}."
     )
-  if np.dtype(a.dtype) not in _SUPPORTED_DTYPES:
+  if np.dtype(a.dtype) not in SUPPORTED_DTYPES:
     raise TypeError(
         f"{name} has dtype {a.dtype}; supported dtypes are float16, bfloat16,"
         " float32 and float64."

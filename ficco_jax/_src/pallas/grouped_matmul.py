@@ -239,10 +239,11 @@ def _portable_kernel(table_ref, x_ref, w_ref, out_in_ref, out_ref, *,
   def _():
     rows = pl.ds(row, block_m)
     cols = pl.ds(j * block_n, block_n)
-    # f32 accumulation, or the result's own where it is wider (f64).
+    # f32 accumulation, or f64 where an operand or the result is f64.
+    acc_dtype = functools.reduce(jnp.promote_types, (
+        x_ref.dtype, w_ref.dtype, out_ref.dtype), jnp.dtype(jnp.float32))
     acc = jnp.dot(x_ref[rows, :], w_ref[grp, :, cols],
-                  preferred_element_type=jnp.promote_types(
-                      jnp.float32, out_ref.dtype))
+                  preferred_element_type=acc_dtype)
     i = lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
     mine = (i >= lo) & (i < hi)
     out_ref[rows, cols] = jnp.where(mine, acc.astype(out_ref.dtype),
@@ -355,8 +356,10 @@ def _grouped_bwd(out_dtype, on_gpu, block, res, ct):
     # fits). On the GPU path the result, and so ct, is in the operands'
     # dtype: the kernel rounds nothing the XLA path below would keep.
     return dx, mosaic_dw(x, ct, group_sizes).astype(w.dtype), None
-  # dw from the unrounded cotangent, in f32 (or f64, for f64 operands).
-  acc = jnp.promote_types(jnp.float32, w.dtype)
+  # dw from the unrounded cotangent, in f32 (or f64, where an operand or
+  # the cotangent is f64).
+  acc = functools.reduce(jnp.promote_types, (x.dtype, w.dtype, ct.dtype),
+                         jnp.dtype(jnp.float32))
   _, vjp_w = jax.vjp(
       lambda w: lax.ragged_dot(x, w, group_sizes,
                                preferred_element_type=acc), w)

@@ -115,9 +115,19 @@ def _parse(data: Any, where: str) -> dict[Key, schedule_lib.Schedule]:
   out = {}
   for i, e in enumerate(entries):
     try:
-      out[Key.from_json(e["key"])] = schedule_from_json(e["schedule"])
+      key, fields = Key.from_json(e["key"]), dict(e["schedule"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
       raise ValueError(f"{where}: entry {i} is malformed: {err}") from err
+    try:
+      out[key] = schedule_from_json(fields)
+    except TypeError as err:  # Fields a Schedule does not have.
+      raise ValueError(f"{where}: entry {i} is malformed: {err}") from err
+    except ValueError as err:
+      # A schedule that an earlier version stored and this one refuses:
+      # that entry alone is dropped, not the file's other measurements.
+      _log.warning("ficco_jax: %s: entry %d's schedule %s no longer"
+                   " validates (%s); skipped, the other entries kept.",
+                   where, i, fields, err)
   return out
 
 

@@ -209,7 +209,7 @@ def _push(x0, w, st: Static, out_dtype, keep_gathered: bool):
   # and writes that type, or float32 from 16-bit inputs.
   op_dtype = in_dtype = jnp.promote_types(x0.dtype, w.dtype)
   widest = jnp.dtype(jnp.float32) if in_dtype.itemsize == 2 else in_dtype
-  if out_dtype == in_dtype or out_dtype == widest:
+  if out_dtype == in_dtype:
     gemm_out = out_dtype
   elif (jnp.issubdtype(out_dtype, jnp.floating)
         and out_dtype.itemsize > widest.itemsize):
@@ -217,8 +217,11 @@ def _push(x0, w, st: Static, out_dtype, keep_gathered: bool):
     # or 16-bit ones): multiply in the result's type, so that nothing is
     # rounded below it (the shards then move in that type too).
     in_dtype = gemm_out = out_dtype
-  else:  # Narrower: the GEMM's own type, then one rounding, as XLA's dot.
-    gemm_out = in_dtype
+  else:
+    # Any other type (f32, the other 16-bit type, a narrower one): the
+    # widest the GEMM writes, then one rounding, as XLA's dot (f16 sums
+    # past 65504 stay finite for a bf16 result).
+    gemm_out = widest
   x2 = x0.reshape(-1, x0.shape[-1]).astype(in_dtype)
   out, gathered = push.gather(
       x2, w.astype(in_dtype), out_dtype=gemm_out, axis_size=p,

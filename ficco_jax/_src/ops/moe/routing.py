@@ -77,13 +77,16 @@ def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
   make the received rows wrong everywhere.
 
   The exchange runs on int32 counts; the check reads them in their own
-  dtype (a count past int32 would wrap in the cast), and sums them clipped
-  at ``tokens + 1``, which no valid count exceeds and no sum of them
-  overflows.
+  dtype (a count past int32 would wrap in the cast), at least 32 bits of
+  it, and sums them clipped at ``tokens + 1``, which no valid count
+  exceeds, in that dtype (64 bits for int64 counts).
   """
-  wide = jnp.promote_types(group_sizes.dtype, jnp.int32)
+  at_least = (jnp.uint32 if jnp.issubdtype(group_sizes.dtype,
+                                           jnp.unsignedinteger)
+              else jnp.int32)
+  wide = jnp.promote_types(group_sizes.dtype, at_least)
   gs = group_sizes.astype(wide)
-  routed = jnp.clip(gs, 0, tokens + 1).astype(jnp.int32).sum()
+  routed = jnp.clip(gs, 0, tokens + 1).sum(dtype=wide)
   mine = jnp.stack([gs.min(), gs.max(), routed.astype(wide),
                     r.recv_total.astype(wide),
                     r.recv.sum(axis=1).max().astype(wide)])
