@@ -423,6 +423,7 @@ def default_mesh_shape(dp: int | None, tp: int | None) -> tuple[int, int]:
 
 def main(argv):
   del argv
+  from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top
   # absl's app logs at INFO, which would print jax's probes of absent
@@ -430,6 +431,10 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   f = flags.FLAGS
   dp, tp = default_mesh_shape(f.dp, f.tp)
+  if f.heads % tp:
+    raise app.UsageError(f"--heads={f.heads} must be divisible by the tensor-"
+                         f"parallel size tp={tp} (each device takes whole"
+                         " heads).")
   mesh = make_mesh(dp, tp, explicit=f.explicit_axes)
   dtype = jnp.dtype(f.dtype)
   cfg = Config(d_model=f.d_model, heads=f.heads, d_ff=f.d_ff, dtype=dtype,
@@ -452,7 +457,12 @@ def main(argv):
         + " ".join(f"{l:.6f}" for l in ref))
   # float32: both sum the same products, in different orders. bfloat16: the
   # activations are rounded at different points, so allow bf16's epsilon.
-  rtol = f.rtol or (1e-4 if dtype == jnp.float32 else 2e-2)
+  if f.rtol is not None:
+    rtol = f.rtol
+  elif dtype == jnp.float64:
+    rtol = 1e-10
+  else:
+    rtol = 1e-4 if dtype == jnp.float32 else 2e-2
   check_losses(losses, ref, rtol=rtol)
   worst = max(abs(a - r) / abs(r) for a, r in zip(losses, ref))
   print(f"losses match: max rel diff {worst:.2e} <= {rtol:.0e}")
@@ -480,7 +490,8 @@ def define_flags():
                     " types) instead of Auto.")
   flags.DEFINE_bool("check", True, "Also train the XLA-collectives reference"
                     " and assert the losses match.")
-  flags.DEFINE_float("rtol", None, "Loss tolerance (default 1e-4 f32, 2e-2 bf16).")
+  flags.DEFINE_float("rtol", None, "Loss tolerance (default 1e-10 f64, 1e-4"
+                     " f32, 2e-2 bf16).")
 
 
 if __name__ == "__main__":

@@ -124,12 +124,15 @@ def test_malformed_cache_is_ignored_with_a_clear_warning(user_cache, caplog):
   assert "entry 0 is malformed" in caplog.text and str(user_cache) in caplog.text
 
 
+@pytest.mark.parametrize("bad", [dict(compute_granularity="halving"),
+                                 dict(num_chunks=2.0)], ids=["value", "type"])
 def test_an_entry_that_no_longer_validates_is_skipped_alone(user_cache,
-                                                            caplog):
+                                                            caplog, bad):
   """An entry an earlier version stored (ring with 'halving', which a
-  Schedule now refuses) costs only itself, not the file's other entries."""
+  Schedule now refuses) or a hand edit mistyped costs only itself, not the
+  file's other entries."""
   good = dict(autotune_cache.schedule_to_json(RING))
-  stale = dict(good, compute_granularity="halving")
+  stale = dict(good, **bad)
   other = _key(x_shape=(12, 10))
   user_cache.write_text(json.dumps({"format": 1, "entries": [
       {"key": other.to_json(), "schedule": stale},
@@ -139,6 +142,21 @@ def test_an_entry_that_no_longer_validates_is_skipped_alone(user_cache,
     assert autotune_cache.lookup(other) is None
   assert "entry 0's schedule" in caplog.text and "no longer validates" in (
       caplog.text)
+
+
+def test_a_cache_path_that_is_a_directory_is_an_error_not_moved(tmp_path):
+  folder = tmp_path / "mine"
+  folder.mkdir()
+  (folder / "keep.txt").write_text("x")
+  ficco_jax.set_autotune_cache(folder)
+  try:
+    with pytest.raises(OSError, match=r"mine cannot be written .*not a"
+                       r" regular file"):
+      autotune_cache.store(_key(), RING)
+  finally:
+    ficco_jax.set_autotune_cache(None)
+  assert (folder / "keep.txt").read_text() == "x"
+  assert not list(tmp_path.glob("mine.corrupt-*"))
 
 
 def test_precedence_heuristic_then_cache_then_explicit():
@@ -197,6 +215,20 @@ def test_mixed_dtypes_are_keyed_as_the_op_looks_them_up(user_cache):
       "all_gather_matmul", x_shape=X_LOCAL, w_shape=W_LOCAL,
       dtype=jnp.result_type(x, w), axis_size=4) == RING
   assert _ran(_compiled()) == _permutes(RING)
+
+
+def test_an_operand_sharded_over_another_axis_is_refused(user_cache):
+  """x sharded over "dp" as well: autotune would time, and key, a problem
+  the model never runs, so it says how to tune it instead."""
+  del user_cache
+  mesh = util.mesh((2, 4), ("dp", "x"))
+  x = jax.device_put(np.ones((8, 24, 10), np.float32),
+                     NamedSharding(mesh, P("dp", "x")))
+  w = np.ones((10, 28), np.float32)
+  with pytest.raises(ValueError, match=r"sharded over \['dp'\] besides 'x'"
+                     r".*ficco_jax.autotune_model"):
+    ficco_jax.autotune("all_gather_matmul", x, w, mesh=mesh, axis_name="x",
+                       axis=1, candidates=[RING], store=False)
 
 
 def test_autotune_result_is_correct_op_output():

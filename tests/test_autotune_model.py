@@ -224,7 +224,7 @@ def test_arguments_are_checked_before_any_timing(tmp_path):
     ficco_jax.autotune_model(step, w, x, margin=1.5)
   with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):
     ficco_jax.autotune_model(step, w, x, mesh="tp")
-  with pytest.raises(ValueError, match="makes no ficco call with"):
+  with pytest.raises(ValueError, match="makes no tensor-parallel ficco call with"):
     ficco_jax.autotune_model(lambda a: jnp.sum(a * 2), x)
   with pytest.raises(ValueError, match="must be a non-empty sequence"):
     ficco_jax.autotune_model(step, w, x, candidates=[])

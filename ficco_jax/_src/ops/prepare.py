@@ -81,8 +81,9 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
     raise ValueError(
         "schedule.compute_granularity='halving' is the reduce-scatter's;"
         " all_gather_matmul takes 'piece', 'step', 'flagged' or None.")
-  if resolution.source != "explicit":
-    # A site `ficco_jax.autotune_model` may tune (a no-op unless it traces).
+  if resolution.source != "explicit" and type(a).__name__ != "BatchTracer":
+    # A site `ficco_jax.autotune_model` may tune (a no-op unless it traces);
+    # not under jax.vmap, where a.shape is one example's, not the work.
     sites.record(op, x_shape=a.shape, w_shape=w.shape, dtype=a.dtype,
                  axis_size=p, axis=axis, axis_name=axis_name,
                  schedule=schedule, source=resolution.source)

@@ -117,6 +117,28 @@ def check_knobs(*, margin, warmup, rounds, iters) -> None:
       raise ValueError(f"{name}={v!r} must be a positive int.")
 
 
+def _check_only_axis_shards(op, x, mesh, axis_name) -> None:
+  """Refuses an ``x`` that the model shards over other axes of ``mesh``
+  too (batch over "dp", say): autotune times the op with x sharded over
+  ``axis_name`` alone, so its shapes, and the cache key, would be another
+  problem than the one the model runs, and the entry would never be used."""
+  spec = getattr(getattr(x, "sharding", None), "spec", None)
+  if spec is None:
+    return
+  used = {a for e in spec if e is not None
+          for a in (e if isinstance(e, tuple) else (e,))}
+  others = sorted(a for a in used - {axis_name}
+                  if a in mesh.shape and mesh.shape[a] > 1)
+  if others:
+    raise ValueError(
+        f"autotune: x {tuple(x.shape)} is sharded over {others} besides"
+        f" {axis_name!r} (spec {spec}), but {op} is timed with it sharded"
+        f" over {axis_name!r} alone, a different problem than the model's:"
+        f" pass one {others[0]!r} group's operand (x of that group's shape,"
+        " unsharded or on a mesh of the tensor-parallel axis alone), or"
+        " tune the whole model with ficco_jax.autotune_model.")
+
+
 def _local_shapes(op, x, w, p, axis):
   x_local = list(x.shape)
   if op == "all_gather_matmul":
@@ -313,6 +335,7 @@ def autotune(
         device=device)
   else:
     axis, args = axis % x.ndim, (x, w)
+    _check_only_axis_shards(op, x, mesh, axis_name)
     x_local, w_local = _local_shapes(op, x, w, p, axis)
     default = None
     axis_kw = {("gather_axis" if op == "all_gather_matmul"

@@ -118,11 +118,14 @@ def _parse(data: Any, where: str) -> dict[Key, schedule_lib.Schedule]:
       key, fields = Key.from_json(e["key"]), dict(e["schedule"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
       raise ValueError(f"{where}: entry {i} is malformed: {err}") from err
+    unknown = set(fields) - {f.name for f in dataclasses.fields(
+        schedule_lib.Schedule)}
+    if unknown:
+      raise ValueError(f"{where}: entry {i} is malformed: its schedule has"
+                       f" fields no Schedule has: {sorted(unknown)}.")
     try:
       out[key] = schedule_from_json(fields)
-    except TypeError as err:  # Fields a Schedule does not have.
-      raise ValueError(f"{where}: entry {i} is malformed: {err}") from err
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
       # A schedule that an earlier version stored and this one refuses:
       # that entry alone is dropped, not the file's other measurements.
       _log.warning("ficco_jax: %s: entry %d's schedule %s no longer"
@@ -262,6 +265,8 @@ def check_writable(path: pathlib.Path | None = None) -> pathlib.Path:
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
+      if path.exists() and not path.is_file():
+        raise IsADirectoryError(f"{path} is not a regular file")
       if path.exists() and not os.access(path, os.W_OK):
         raise PermissionError(f"{path} is read-only")
       if not os.access(path.parent, os.W_OK):
@@ -297,7 +302,9 @@ def store(key: Key, schedule: schedule_lib.Schedule, *,
         existing = _read(path)
         _parse(existing, str(path))
         data = existing
-      except (OSError, UnicodeDecodeError, ValueError) as err:
+      except (UnicodeDecodeError, ValueError) as err:
+        # Only a file that reads but does not parse: one that cannot be
+        # read at all is the caller's to fix (OSError), not to move.
         aside = path.with_name(f"{path.name}.corrupt-{time.time_ns()}")
         os.replace(path, aside)
         _log.warning("ficco_jax: the autotune cache %s did not read (%s);"

@@ -235,7 +235,10 @@ def autotune_model(
   on one group of its devices, with random operands of its shapes. Then ``fn`` is compiled with the winners and
   timed against the program it ran before, interleaved; the entries go to
   the user cache (`ficco_jax.set_autotune_cache`) only if the step is
-  faster with them. Calls with an explicit ``schedule`` are left alone.
+  faster with them. Calls with an explicit ``schedule`` are left alone,
+  and so are calls under ``jax.vmap`` (their traced shape is one
+  example's, not the work that runs) and the MoE ops (tune those with
+  `ficco_jax.autotune`, which takes their routing).
 
   It clears JAX's compilation caches (``jax.clear_caches``) so that every
   call is traced afresh; functions jitted before it retrace on their next
@@ -302,9 +305,12 @@ def autotune_model(
       by_key.setdefault(_key(c.site), []).append(c)
   if not by_key:
     raise ValueError(
-        f"autotune_model: {getattr(fn, '__name__', fn)!r} makes no ficco"
-        " call with schedule=None over an axis of size > 1 (calls with an"
-        " explicit schedule are not tuned).")
+        f"autotune_model: {getattr(fn, '__name__', fn)!r} makes no"
+        " tensor-parallel ficco call with schedule=None over an axis of"
+        " size > 1 outside jax.vmap (calls with an explicit schedule are not"
+        " tuned, nor are calls under vmap, whose per-example shape is not"
+        " the work that runs; the MoE ops are tuned one at a time with"
+        " ficco_jax.autotune(op, ..., group_sizes=...)).")
   meshes = _meshes_of((args, kwargs))
 
   results = []
