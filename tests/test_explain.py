@@ -146,7 +146,9 @@ def test_unknown_op_is_rejected():
     (dict(w_shape=(4096, 8192)), ValueError,
      r"expected x \[..., rows, ..., k\] and w \[k, n\] with equal"
      r" contraction sizes"),
-    (dict(axis=1), ValueError, r"axis=1 must name an axis of x other than"),
+    (dict(axis=1), ValueError, r"axis=1 is invalid for an operand of shape"
+     r" \(2048, 8192\): it must name one of its first 1 axes \(the last axis"
+     r" is the contraction\)"),
     (dict(op="all_to_all_matmul", x_shape=(4096, 1024),
           w_shape=(4, 2048, 1408)), ValueError,
      r"w_shape=\(4, 2048, 1408\) must be \[E_l, d, f\].*x_shape=\(4096,"

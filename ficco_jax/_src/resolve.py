@@ -233,12 +233,7 @@ def _check_problem(op: str, x_shape, w_shape, dtype, axis_size,
     raise ValueError(
         f"{where}: expected x [..., rows, ..., k] and w [k, n] with equal"
         " contraction sizes k.")
-  n = len(x_shape)
-  if not (isinstance(axis, (int, np.integer)) and -n <= axis < n
-          and axis % n != n - 1):
-    raise ValueError(f"{where}: axis={axis} must name an axis of x other"
-                     " than its last (the contraction).")
-  axis = int(axis) % n
+  axis = validation.normalize_axis("axis", axis, len(x_shape), x_shape)
   if op == "matmul_reduce_scatter" and x_shape[axis] % axis_size:
     raise ValueError(
         f"{where}: x_shape[{axis}] ({x_shape[axis]}) must be divisible by"

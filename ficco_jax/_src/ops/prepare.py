@@ -12,6 +12,7 @@ from ficco_jax._src import matmul
 from ficco_jax._src import resolve
 from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
+from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import sites
 
 
@@ -96,18 +97,13 @@ def prepare(op: str, a: jax.Array, w: jax.Array, *, a_name: str,
   return axis, st
 
 
-# What the Pallas kernels (Hopper's and the interpreter's) read and write.
-_PALLAS_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16,
-                                              jnp.float32))
-
-
 def _check_pallas_dtypes(op: str, a_name: str, dtype, out_dtype) -> None:
   """Before tracing, so that the error names the call's arguments rather
   than a kernel's buffer."""
   out_dtype = dtype if out_dtype is None else out_dtype
   for what, dt in ((f"{a_name} and w (promoted together)", dtype),
                    ("the result (preferred_element_type)", out_dtype)):
-    if jnp.dtype(dt) not in _PALLAS_DTYPES:
+    if jnp.dtype(dt) not in pallas_config.KERNEL_DTYPES:
       raise TypeError(
           f"{op}: compute='pallas' takes bfloat16, float16 or float32"
           f" operands and results; {what} would be {jnp.dtype(dt).name}."

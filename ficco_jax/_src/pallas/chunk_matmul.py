@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ficco_jax._src import devices
+from ficco_jax._src.pallas import config
 from ficco_jax._src.pallas import hopper
 from ficco_jax._src.pallas import portable
 from ficco_jax._src.pallas.config import ChunkMatmulConfig as ChunkMatmulConfig
@@ -50,7 +51,7 @@ from ficco_jax._src.pallas.offsets import piece_offsets
 from ficco_jax._src.pallas.offsets import static_rows
 
 # Dtypes the entry points take; the Hopper kernel's operands are 16-bit only.
-_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+_DTYPES = config.KERNEL_DTYPES
 
 
 # ----------------------------------------------------------------------------

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 
 # Dtypes the Hopper kernel's wgmma takes straight from shared memory.
 MGPU_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# What the chunk kernels (Hopper's and the interpreter's) read and write.
+KERNEL_DTYPES = MGPU_DTYPES + (jnp.dtype(jnp.float32),)
 # Shared memory a CTA may use on Hopper (227 KiB), less room for barriers.
 SMEM_BUDGET = 227 * 1024 - 1024
 

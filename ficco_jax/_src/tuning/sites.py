@@ -6,7 +6,8 @@ autotune cache is keyed by (op, local shapes, dtype, axis size, axis, and
 the kind of the devices the call is traced for), the axis name (to find
 devices to tune on), and what the call resolved to.
 Calls with an explicit ``schedule`` are the caller's choice, not a site to
-tune.
+tune, and calls under ``jax.vmap`` are not recorded (`ops.prepare`): their
+traced shape is one example's, not the work that runs.
 """
 
 from __future__ import annotations

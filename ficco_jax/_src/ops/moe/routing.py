@@ -87,7 +87,7 @@ def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
   wide = jnp.promote_types(group_sizes.dtype, at_least)
   gs = group_sizes.astype(wide)
   routed = jnp.clip(gs, 0, tokens + 1).sum(dtype=wide)
-  mine = jnp.stack([gs.min(), gs.max(), routed.astype(wide),
+  mine = jnp.stack([gs.min(), gs.max(), routed,
                     r.recv_total.astype(wide),
                     r.recv.sum(axis=1).max().astype(wide)])
   table = lax.all_gather(mine, axis_name)  # [P, 5]
