@@ -42,6 +42,11 @@
                 that change every call, each result checked; the window
                 transport's, or with $FICCO_TEST_SCHEDULE=flagged the
                 signalled all-gather and the pushing flagged reduce-scatter.
+  mode "twice": one traced site run several times at once in one
+                execution (a jitted layer called 4 times; its recomputation
+                under jax.grad of jax.checkpoint), window transport, every
+                result checked (GPUs only: their devices run a program in
+                one order, so the ranks pair the calls by epoch).
   mode "threads": in every process, two host threads dispatch those two
                 programs concurrently (unsupported: docs/protocol.md,
                 "Several dispatching threads"); every call must end, right
@@ -140,6 +145,41 @@ def _signalled_all_gather(mesh, rng, timeout_s):
 # names the ranks that never signalled, the poisoned window's advice, or the
 # advice to dispatch from one thread.
 CLEAR = ("never signalled", "clear_caches", "dispatch them from one thread")
+
+
+def _twice(mesh, rng) -> int:
+  """The "twice" mode (docs/protocol.md, "Several runs of one site")."""
+  p, calls = mesh.size, 4
+  layer = jax.jit(functools.partial(
+      ficco_jax.all_gather_matmul, axis_name="x",
+      schedule=Schedule(dataflow="direct", num_chunks=2, comm="dma",
+                        transport="window")))
+  xs = [rng.standard_normal((6 * p, 10)).astype(np.float32)
+        for _ in range(calls)]
+  w = rng.standard_normal((10, 3 * p)).astype(np.float32)
+  f = jax.jit(jax.shard_map(
+      lambda xs, w: [layer(x, w) for x in xs], mesh=mesh,
+      in_specs=([P("x")] * calls, P(None, "x")),
+      out_specs=[P(None, "x")] * calls))
+
+  def loss(x, w):
+    y = jax.shard_map(jax.checkpoint(layer), mesh=mesh,
+                      in_specs=(P("x"), P(None, "x")),
+                      out_specs=P(None, "x"))(x, w)
+    return jnp.sum(jnp.sin(y))
+
+  g = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  args = ([_global(mesh, P("x"), x) for x in xs], _global(mesh, P(None, "x"), w))
+  w64 = w.astype(np.float64)
+  c = np.cos(xs[0].astype(np.float64) @ w64)
+  for _ in range(20):
+    for out, x in zip(f(*args), xs):
+      _check(out, x.astype(np.float64) @ w64)
+    dx, dw = g(args[0][0], args[1])
+    _check(dx, c @ w64.T)
+    _check(dw, xs[0].astype(np.float64).T @ c)
+  print("twice: 20 rounds checked", flush=True)
+  return 0
 
 
 def _barrier(name: str, timeout_s: float = 120.0) -> None:
@@ -476,6 +516,8 @@ def main(mode: str) -> int:
     return 0
   if mode == "threads":
     return _threads(mesh, rng, x, w, h, w2)
+  if mode == "twice":
+    return _twice(mesh, rng)
   if mode == "moe":
     return _moe(mesh, rng)
   if mode == "sleep":

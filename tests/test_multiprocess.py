@@ -229,6 +229,17 @@ def test_two_programs_alternate_across_processes(schedule):
                  timeout_s=180) == 0
 
 
+@pytest.mark.skipif(not GPUS, reason="XLA:CPU may run a program's"
+                    " independent calls in different orders in different"
+                    " processes (docs/protocol.md, \"Several runs of one"
+                    " site\")")
+def test_one_site_run_several_times_at_once_across_processes(capfd):
+  # mp_worker checks every result of 20 rounds of a jitted layer called 4
+  # times in one program and of its recomputation under jax.checkpoint.
+  assert _launch("twice", timeout_s=240) == 0
+  assert "twice: 20 rounds checked" in capfd.readouterr().out
+
+
 def test_two_threads_per_process_end_right_or_with_a_clear_error(capfd):
   # mp_worker counts each call of two threads per process as right or as
   # failed with an error that says what to do, exits 0 only if none is

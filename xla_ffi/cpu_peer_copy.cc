@@ -37,6 +37,7 @@
 #include "peer_copy_plan.h"
 #include "peer_copy_protocol.h"
 #include "peer_copy_registry.h"
+#include "start_instance.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ficco {
@@ -249,10 +250,12 @@ ffi::Future FailedSync(int64_t run_id, int32_t device, ffi::Error error) {
   return Failed(std::move(error));
 }
 
-ffi::Error StartImpl(ffi::RunId run_id, int32_t device, ffi::RemainingArgs args,
+ffi::Error StartImpl(ffi::RunId run_id, StartInstance* instance,
+                     int32_t device, ffi::RemainingArgs args,
                      ffi::RemainingRets rets, Attrs attrs) {
   CpuBackend backend;
-  ffi::Error err = Start(backend, run_id.run_id, device, args, rets, attrs);
+  ffi::Error err = Start(backend, run_id.run_id, InstanceId(instance), device,
+                         args, rets, attrs);
   if (err.failure()) {
     DrainFailedRun(backend, run_id.run_id, device, err.message());
   }
@@ -384,6 +387,7 @@ int CpuIssueMode() { return Registry<CpuBackend>::Get().mode().load(); }
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPeerCopyStartCpu, ficco::StartImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::State<ficco::StartInstance>>()
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .RemainingArgs()                 // sources
                                   .RemainingRets()                 // landings

@@ -33,6 +33,7 @@
 #include "gemm.h"
 #include "push_protocol.h"
 #include "push_sum.h"
+#include "start_instance.h"
 #include "window.h"
 #include "window_protocol.h"
 #include "xla/ffi/api/ffi.h"
@@ -159,6 +160,12 @@ void PushWait(const std::shared_ptr<WindowInvocation<CpuBackend>>& inv,
                // A failed invocation skips its copies: stop waiting for
                // them too, so its queues drain at once (`WhenSettled`).
                if (inv->failed() || over()) return true;
+               // Another device here found the ranks' epochs disagree
+               // (epoch_runs.h): fail with its reason, not at the deadline.
+               if (inv->win->Poisoned()) {
+                 inv->Fail(inv->win->Sticky());
+                 return true;
+               }
                if (!deadline->has_value()) *deadline = DeadlineAfter(ms);
                if (Clock::now() < **deadline) return false;
                late();
@@ -515,11 +522,12 @@ ffi::Future Refused(int32_t device, const std::shared_ptr<Inv>& inv,
              : Failed(std::move(refused));
 }
 
-ffi::Error StartImpl(ffi::RunId run_id, int32_t device,
-                     ffi::RemainingArgs args, ffi::RemainingRets rets,
+ffi::Error StartImpl(ffi::RunId run_id, StartInstance* instance,
+                     int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets,
                      Attrs attrs) {
   CpuBackend backend;
-  return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
+  return WindowStart(backend, run_id.run_id, InstanceId(instance), device,
+                     args, rets, attrs);
 }
 
 ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
@@ -580,13 +588,15 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
                      "staging the sources and this rank's pulls");
 }
 
-ffi::Error PushArmImpl(int32_t device, ffi::Result<ffi::AnyBuffer> flags,
-                      ffi::Result<ffi::AnyBuffer> rank, Attrs attrs) {
+ffi::Error PushArmImpl(ffi::RunId run_id, int32_t device,
+                       ffi::Result<ffi::AnyBuffer> flags,
+                       ffi::Result<ffi::AnyBuffer> rank, Attrs attrs) {
   CpuBackend backend;
-  return PushArm(backend, device, *flags, *rank, attrs);
+  return PushArm(backend, run_id.run_id, device, *flags, *rank, attrs);
 }
 
-ffi::Error PushStartImpl(ffi::RunId run_id, int32_t device,
+ffi::Error PushStartImpl(ffi::RunId run_id, StartInstance* instance,
+                         int32_t device,
                          ffi::AnyBuffer parts, ffi::AnyBuffer flags,
                          ffi::Result<ffi::AnyBuffer> flags_out,
                          Attrs attrs) {
@@ -596,7 +606,8 @@ ffi::Error PushStartImpl(ffi::RunId run_id, int32_t device,
   CpuBackend backend;
   std::shared_ptr<Inv> drain;
   ffi::Error err =
-      PushStart(backend, run_id.run_id, device, parts, flags, attrs, &drain);
+      PushStart(backend, run_id.run_id, InstanceId(instance), device, parts,
+                flags, attrs, &drain);
   // Its queued pushes read parts (FailSettledNow). The twin's queue
   // operations never fail to enqueue, so this guards a backend change.
   if (err.failure() && drain != nullptr) {
@@ -622,14 +633,15 @@ ffi::Future PushFinishImpl(int32_t device, ffi::AnyBuffer parts,
                      "the peers' pieces and the sum");
 }
 
-ffi::Future PushGatherImpl(ffi::RunId run_id, int32_t device,
+ffi::Future PushGatherImpl(ffi::RunId run_id, StartInstance* instance,
+                           int32_t device,
                            ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> out,
                            ffi::Result<ffi::AnyBuffer> gathered,
                            Attrs attrs) {
   CpuBackend backend;
   std::shared_ptr<Inv> drain;
-  auto inv = PushGather(backend, run_id.run_id, device, x, w, *out,
+  auto inv = PushGather(backend, run_id.run_id, InstanceId(instance), device, x, w, *out,
                         *gathered, attrs, &drain);
   if (!inv.has_value()) {
     // Its queued copies and GEMMs use XLA's buffers (FailSettled).
@@ -678,6 +690,7 @@ void CpuWindowForget(int64_t family) {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowStartCpu, ficco::StartImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::State<ficco::StartInstance>>()
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .RemainingArgs()                 // sources
                                   .RemainingRets()                 // landings
@@ -700,6 +713,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowDoneCpu, ficco::DoneImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushArmCpu, ficco::PushArmImpl,
                               xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .Ret<xla::ffi::AnyBuffer>()      // flags
                                   .Ret<xla::ffi::AnyBuffer>()      // rank
@@ -708,6 +722,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushArmCpu, ficco::PushArmImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushStartCpu, ficco::PushStartImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::State<ficco::StartInstance>>()
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .Arg<xla::ffi::AnyBuffer>()      // parts
                                   .Arg<xla::ffi::AnyBuffer>()      // flags
@@ -725,6 +740,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushFinishCpu, ficco::PushFinishImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushGatherCpu, ficco::PushGatherImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::RunId>()          // execution
+                                  .Ctx<xla::ffi::State<ficco::StartInstance>>()
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .Arg<xla::ffi::AnyBuffer>()      // x
                                   .Arg<xla::ffi::AnyBuffer>()      // w

@@ -115,7 +115,8 @@ ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
   GpuStamp(device, stream, kTraceGpuStart);
-  ffi::Error err = Start(backend, run_id.run_id, device, args, rets, attrs);
+  ffi::Error err = Start(backend, run_id.run_id, /*instance=*/0, device, args,
+                         rets, attrs);
   if (err.failure()) {
     DrainFailedRun(backend, run_id.run_id, device, err.message());
   }

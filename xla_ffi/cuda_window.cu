@@ -287,7 +287,8 @@ ffi::Error StartImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
-  return WindowStart(backend, run_id.run_id, device, args, rets, attrs);
+  return WindowStart(backend, run_id.run_id, /*instance=*/0, device, args,
+                     rets, attrs);
 }
 
 // A wait or done that fails once it has found its invocation, a push
@@ -403,13 +404,13 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
   return ffi::Error::Success();
 }
 
-ffi::Error PushArmImpl(cudaStream_t stream, int32_t device,
-                      ffi::Result<ffi::AnyBuffer> flags,
-                      ffi::Result<ffi::AnyBuffer> rank, Attrs attrs) {
+ffi::Error PushArmImpl(cudaStream_t stream, ffi::RunId run_id,
+                       int32_t device, ffi::Result<ffi::AnyBuffer> flags,
+                       ffi::Result<ffi::AnyBuffer> rank, Attrs attrs) {
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
-  return PushArm(backend, device, *flags, *rank, attrs);
+  return PushArm(backend, run_id.run_id, device, *flags, *rank, attrs);
 }
 
 ffi::Error PushStartImpl(cudaStream_t stream, ffi::RunId run_id,
@@ -426,7 +427,8 @@ ffi::Error PushStartImpl(cudaStream_t stream, ffi::RunId run_id,
   CudaBackend backend(stream);
   std::shared_ptr<Inv> drain;
   ffi::Error err =
-      PushStart(backend, run_id.run_id, device, parts, flags, attrs, &drain);
+      PushStart(backend, run_id.run_id, /*instance=*/0, device, parts, flags,
+                attrs, &drain);
   // Its side-stream pushes may still read parts, behind the kernel's and
   // the peers' flags: drained as a failing done is, or XLA could reuse
   // parts under them.
@@ -470,7 +472,7 @@ ffi::Error PushGatherImpl(cudaStream_t stream, ffi::RunId run_id,
   if (auto err = scoped.Set(device); err.failure()) return err;
   CudaBackend backend(stream);
   std::shared_ptr<Inv> drain;
-  auto inv = PushGather(backend, run_id.run_id, device, x, w, *out,
+  auto inv = PushGather(backend, run_id.run_id, /*instance=*/0, device, x, w, *out,
                         *gathered, attrs, &drain);
   if (!inv.has_value()) {
     // Its side-stream copies may still write `gathered` and read x, and
@@ -584,6 +586,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoPushArmCuda, ficco::PushArmImpl,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .Ret<xla::ffi::AnyBuffer>()                     // flags
         .Ret<xla::ffi::AnyBuffer>()                     // rank

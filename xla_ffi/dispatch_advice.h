@@ -14,6 +14,18 @@ inline constexpr const char* kIfSeveralDispatchers =
     " XLA may run them in different orders on different devices: dispatch"
     " them from one thread, or hold one lock around each call";
 
+// Why a push start or arm finds its site's previous call unfinished in the
+// same execution, and what to do (docs/protocol.md, "Several runs of one
+// site").
+inline constexpr const char* kRunsTwice =
+    "one traced call site runs twice at once in this execution (a jitted"
+    " function holding the op, called twice in one program, or"
+    " jax.checkpoint's recomputation under jax.grad), and the push transport"
+    " runs a site's calls one at a time: trace each call on its own (call"
+    " the op outside the jitted function), or in one process use"
+    " transport='rendezvous'; then call jax.clear_caches(), since this"
+    " window's ranks no longer agree on epochs";
+
 // What to do after a window or push timeout: it poisons the window, so
 // the next call fails until the program is lowered onto fresh windows.
 inline constexpr const char* kAfterWindowTimeout =

@@ -46,7 +46,8 @@ namespace ficco {
 // FailDrained; cpu_window.cc, FailSettled).
 template <class B>
 ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
-    B& backend, int64_t run_id, int32_t device, ffi::AnyBuffer x,
+    B& backend, int64_t run_id, int64_t instance, int32_t device,
+    ffi::AnyBuffer x,
     ffi::AnyBuffer w, ffi::AnyBuffer out, ffi::AnyBuffer gathered,
     const Attrs& a, std::shared_ptr<WindowInvocation<B>>* drain) {
   using Inv = WindowInvocation<B>;
@@ -140,7 +141,8 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   };
   // The pooled window is shared by programs: pairing two of them at one
   // epoch would multiply one's shards into the other's result.
-  if (ffi::Error err = CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where);
+  if (ffi::Error err = CheckEpochRun(B::kPlatform, *win, e, run_id,
+                                     inv->where, instance);
       err.failure()) {
     return ffi::Unexpected(std::move(err));
   }

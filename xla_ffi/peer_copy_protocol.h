@@ -430,7 +430,8 @@ void RefuseJoin(const std::shared_ptr<Invocation<Backend>>& inv,
 // everyone's copies, so that no pool thread waits for a peer (last, the CPU
 // twin's default).
 template <class Backend>
-ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
+ffi::Error StartUntimed(Backend& backend, int64_t run_id, int64_t instance,
+                        int32_t device,
                         ffi::RemainingArgs args, ffi::RemainingRets rets,
                         const Attrs& attrs) {
   using Inv = Invocation<Backend>;
@@ -534,8 +535,8 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
     }
   }
 
-  const Key key{run_id, plan->site, pos.group,
-                registry.NextSeq(device, run_id, plan->site)};
+  const Key key{run_id, plan->site, instance, pos.group,
+                registry.NextSeq(device, run_id, plan->site, instance)};
   auto joined = registry.Join(key, plan, source_shapes[0].row_bytes, pos.rank);
   std::shared_ptr<Inv> inv = joined.inv;
   if (!joined.refused.empty()) {
@@ -606,12 +607,14 @@ ffi::Error StartUntimed(Backend& backend, int64_t run_id, int32_t device,
 }
 
 template <class Backend>
-ffi::Error Start(Backend& backend, int64_t run_id, int32_t device,
+ffi::Error Start(Backend& backend, int64_t run_id, int64_t instance,
+                 int32_t device,
                  ffi::RemainingArgs args, ffi::RemainingRets rets,
                  const Attrs& attrs) {
   const auto since = Clock::now();
   Trace(device, kTraceStartEnter, attrs.site);
-  ffi::Error err = StartUntimed(backend, run_id, device, args, rets, attrs);
+  ffi::Error err = StartUntimed(backend, run_id, instance, device, args, rets,
+                                attrs);
   if (err.failure()) {
     Registry<Backend>::Get().NoteFailure(device, run_id, err.message());
   }

@@ -159,12 +159,14 @@ struct HostStats {
   }
 };
 
-// Identifies one invocation: the same on the P devices of a group.
+// Identifies one invocation: the same on the P devices of a group. The
+// instance is the start instruction on XLA:CPU (start_instance.h), 0 on
+// CUDA, whose devices run a site's instructions in one order.
 struct Key {
-  int64_t run_id, site, group, seq;
+  int64_t run_id, site, instance, group, seq;
   bool operator<(const Key& o) const {
-    return std::tie(run_id, site, group, seq) <
-           std::tie(o.run_id, o.site, o.group, o.seq);
+    return std::tie(run_id, site, instance, group, seq) <
+           std::tie(o.run_id, o.site, o.instance, o.group, o.seq);
   }
 };
 
@@ -326,9 +328,11 @@ class Registry {
   // ops, never while one is in flight.
   std::atomic<int>& mode() { return mode_; }
 
-  // seq of a start: how many starts of `site` this device ran before in this
-  // execution. A scan runs one site many times under one run id.
-  int64_t NextSeq(int32_t device, int64_t run_id, int64_t site) {
+  // seq of a start: how many starts of `site` by start instruction
+  // `instance` this device ran before in this execution. A scan runs one
+  // instruction many times under one run id.
+  int64_t NextSeq(int32_t device, int64_t run_id, int64_t site,
+                  int64_t instance) {
     std::lock_guard<SpinMutex> lock(mu_);
     auto& runs = seqs_[device];
     auto it = std::find_if(runs.begin(), runs.end(),
@@ -337,11 +341,12 @@ class Registry {
       // Executions of one device may overlap on the CPU runtime, so a few
       // run ids are kept; older ones are finished and forgotten, which bounds
       // the map across runs.
-      runs.emplace_front(run_id, std::unordered_map<int64_t, int64_t>());
+      runs.emplace_front(run_id,
+                         std::map<std::pair<int64_t, int64_t>, int64_t>());
       if (runs.size() > kRunsKept) runs.pop_back();
       it = runs.begin();
     }
-    return it->second[site]++;
+    return it->second[{site, instance}]++;
   }
 
   // What Join found.
@@ -671,9 +676,11 @@ class Registry {
   std::map<Key, std::shared_ptr<Inv>> pending_;
   Index<int64_t> waits_;  // -> landing buffer index
   Index<int64_t> dones_;  // -> rank
-  std::unordered_map<int32_t,
-                     std::deque<std::pair<int64_t,
-                                          std::unordered_map<int64_t, int64_t>>>>
+  // device -> recent runs -> (site, instance) -> starts so far.
+  std::unordered_map<
+      int32_t,
+      std::deque<std::pair<int64_t, std::map<std::pair<int64_t, int64_t>,
+                                             int64_t>>>>
       seqs_;
   // Per device, its most recent executions that failed in a handler
   // (NoteFailure); older ones have long stopped running handlers.

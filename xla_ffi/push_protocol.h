@@ -60,17 +60,22 @@ class PushStates {
   struct Armed {
     const void* flags = nullptr;
     typename B::Event* ready = nullptr;
+    int64_t run_id = 0;
   };
   static PushStates& Get() {
     static PushStates* s = new PushStates();  // Leaked: handlers may run at exit.
     return *s;
   }
-  void PutArmed(int64_t family, int32_t device, Armed a) {
+  // False, changing nothing, if an arm of the same execution is still
+  // waiting for its start: the site runs twice at once (kRunsTwice).
+  bool PutArmed(int64_t family, int32_t device, Armed a) {
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = armed_[{family, device}];
+    if (slot.ready != nullptr && slot.run_id == a.run_id) return false;
     // An aborted execution's arm: its event goes back to the pool.
     if (slot.ready != nullptr) B::ReleaseEvent(device, slot.ready);
     slot = a;
+    return true;
   }
   bool TakeArmed(int64_t family, int32_t device, Armed* a) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -211,8 +216,9 @@ ffi::Error PushFailDrained(B& backend,
 // ficco_push_arm: zero the flags, write the rank, record the event after
 // which the flags are zero, for this window's next start on this device.
 template <class B>
-ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
-                   ffi::AnyBuffer rank, const Attrs& attrs) {
+ffi::Error PushArm(B& backend, int64_t run_id, int32_t device,
+                   ffi::AnyBuffer flags, ffi::AnyBuffer rank,
+                   const Attrs& attrs) {
   auto win = UsableWindow<B>(attrs.window, device, [&] {
     return PushWho("arm", attrs.op_name, device);
   });
@@ -235,8 +241,17 @@ ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
     B::ReleaseEvent(device, *ev);
     return err;
   }
-  PushStates<B>::Get().PutArmed(attrs.window, device,
-                                {flags.untyped_data(), *ev});
+  if (!PushStates<B>::Get().PutArmed(attrs.window, device,
+                                     {flags.untyped_data(), *ev, run_id})) {
+    B::ReleaseEvent(device, *ev);
+    const std::string why = PushWho("arm", attrs.op_name, device) +
+                            ": its previous arm in this execution has not" +
+                            " reached its start; " + kRunsTwice;
+    // Every device's window of the family: the peers' calls of this site
+    // fail with this message rather than a timeout's (on CPU at once).
+    Windows::Get().PoisonFamily(B::kPlatform, attrs.window, why);
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, why);
+  }
   return ffi::Error::Success();
 }
 
@@ -249,7 +264,8 @@ ffi::Error PushArm(B& backend, int32_t device, ffi::AnyBuffer flags,
 // flags and the peers' freed flags, so the caller drains it before the
 // error reaches XLA (PushFailDrained).
 template <class B>
-ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
+ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
+                     int32_t device,
                      ffi::AnyBuffer parts, ffi::AnyBuffer flags,
                      const Attrs& a,
                      std::shared_ptr<WindowInvocation<B>>* drain) {
@@ -259,17 +275,15 @@ ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
   if (!found.has_value()) return found.error();
   std::shared_ptr<Window> win = *found;
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
-    // Its finish never ran: two ops on one window interleaved (one traced op
-    // run twice in a program, docs/windows.md "Push"), or an execution failed
-    // between them. Either way the ranks' epochs may now disagree.
+    // Its finish never ran: an execution failed between them, or one traced
+    // op runs twice at once in a program (docs/protocol.md, "Several runs
+    // of one site"). Either way the ranks' epochs may now disagree.
     const std::string why =
         who() + ": the previous start of window " + std::to_string(a.window) +
-        " on this device never reached its finish (two ops sharing the"
-        " window ran interleaved, or an execution failed between them)";
+        " on this device never reached its finish: an execution failed" +
+        " between them, or " + kRunsTwice;
     win->Poison(why);
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      why + "; its ranks no longer agree on epochs: call"
-                      " jax.clear_caches() to lower onto fresh windows");
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, why);
   }
   typename PushStates<B>::Armed armed;
   if (!PushStates<B>::Get().TakeArmed(a.window, device, &armed)) {
@@ -342,7 +356,7 @@ ffi::Error PushStart(B& backend, int64_t run_id, int32_t device,
   // The pooled window is shared by programs: pairing two of them at one
   // epoch would add one's partials to the other's result.
   FICCO_RETURN_IF_FAILED(
-      CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where));
+      CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where, instance));
   auto fail = [&](ffi::Error err) {
     inv->Fail(inv->where + ": " + std::string(err.message()));
     return err;

@@ -15,6 +15,7 @@
 #define FICCO_XLA_FFI_WINDOW_H_
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -65,6 +66,7 @@ struct Window {
   std::atomic<uint32_t> epoch{0};
   mutable std::mutex mu;
   std::string sticky_error;  // a failed invocation poisons the window
+  std::atomic<bool> poisoned{false};  // sticky_error is set
 
   uint32_t* ReadyOf(char* window, int64_t q) const {
     return reinterpret_cast<uint32_t*>(window) + q;
@@ -81,13 +83,12 @@ struct Window {
     std::lock_guard<std::mutex> lock(mu);
     return sticky_error;
   }
-  bool Poisoned() const {
-    std::lock_guard<std::mutex> lock(mu);
-    return !sticky_error.empty();
-  }
+  // Lock-free: the CPU twin's flag waits poll it (cpu_window.cc).
+  bool Poisoned() const { return poisoned.load(std::memory_order_acquire); }
   void Poison(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu);
     if (sticky_error.empty()) sticky_error = why;
+    poisoned.store(true, std::memory_order_release);
   }
 };
 
@@ -102,6 +103,16 @@ class Windows {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find({platform, family, device});
     return it == map_.end() ? nullptr : it->second;
+  }
+  // Poisons the windows of `family` on every device of this process.
+  void PoisonFamily(int platform, int64_t family, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = map_.lower_bound({platform, family, INT32_MIN});
+         it != map_.end() && std::get<0>(it->first) == platform &&
+         std::get<1>(it->first) == family;
+         ++it) {
+      it->second->Poison(why);
+    }
   }
   void Add(std::shared_ptr<Window> w) {
     std::lock_guard<std::mutex> lock(mu_);

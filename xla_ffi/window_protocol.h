@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -97,11 +98,10 @@ struct WindowInvocation {
 inline constexpr int kIssued = 1, kIssueFailed = 2;
 
 // How wait and done find their invocation: by window family, device and
-// the address of the landing buffer (wait) or of sources[0] (done). Runs of
-// one site are sequential on a device (the next start follows this one's
-// done), so a window has at most one pending invocation: a start drops what
-// an earlier, aborted execution left behind on its window, and a stale entry
-// can never answer a later call.
+// the address of the landing buffer (wait) or of sources[0] (done), which
+// stay live until that wait or done. A window holds the pending invocations
+// of one execution: a start drops what an earlier, aborted execution left
+// behind on its window, so a stale entry can never answer a later call.
 template <class B>
 class WindowIndex {
  public:
@@ -113,22 +113,22 @@ class WindowIndex {
   void Add(const std::shared_ptr<Inv>& inv, int32_t device,
            const std::vector<const void*>& landings, const void* source0) {
     std::lock_guard<std::mutex> lock(mu_);
-    const Window* w = inv->win.get();
-    SweepLocked(w);
+    SweepLocked(*inv);
+    const int64_t family = inv->win->family;
     for (size_t b = 0; b < landings.size(); ++b) {
-      waits_[Key(w->family, device, landings[b])] =
+      waits_[Key(family, device, landings[b], inv->epoch)] =
           Entry{inv, static_cast<int64_t>(b)};
     }
-    dones_[Key(w->family, device, source0)] = Entry{inv, -1};
+    dones_[Key(family, device, source0, inv->epoch)] = Entry{inv, -1};
   }
   std::pair<std::shared_ptr<Inv>, int64_t> TakeWait(int64_t family,
                                                     int32_t device,
                                                     const void* addr) {
-    return Take(waits_, {family, device, addr});
+    return Take(waits_, family, device, addr);
   }
   std::shared_ptr<Inv> TakeDone(int64_t family, int32_t device,
                                 const void* addr) {
-    return Take(dones_, {family, device, addr}).first;
+    return Take(dones_, family, device, addr).first;
   }
   int64_t Pending() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -183,30 +183,46 @@ class WindowIndex {
   }
 
  private:
-  // Drops the entries of window `w` (an earlier run's, which a new start on
-  // it replaces) and those of poisoned windows: a failed execution stops
-  // before its later waits and dones run, and a poisoned window takes no
-  // more starts, so nothing would ever take them. (A wait or done that
-  // does still come finds its window's failure: `WindowMissError`.)
-  void SweepLocked(const Window* w) {
+  // Drops what an earlier, aborted execution left on `inv`'s window, and
+  // the entries of poisoned windows: a failed execution stops before its
+  // later waits and dones run, and a poisoned window takes no more starts,
+  // so nothing would ever take them. (A wait or done that does still come
+  // finds its window's failure: `WindowMissError`.) Entries of `inv`'s own
+  // execution stay: one traced site can run twice at once in one execution
+  // (docs/protocol.md, "Several runs of one site"), and its buffers, live
+  // until its wait and done, key them apart.
+  void SweepLocked(const Inv& inv) {
     for (auto* m : {&waits_, &dones_}) {
       for (auto it = m->begin(); it != m->end();) {
-        const Window* mine = it->second.inv->win.get();
-        it = mine == w || mine->Poisoned() ? m->erase(it) : std::next(it);
+        const Inv& other = *it->second.inv;
+        const bool stale = other.win == inv.win && other.run_id != inv.run_id;
+        it = stale || other.win->Poisoned() ? m->erase(it) : std::next(it);
       }
     }
   }
 
-  using Key = std::tuple<int64_t, int32_t, const void*>;
+  // The epoch last: two pending invocations of one execution can share
+  // sources[0] (one buffer gathered twice, as a recomputation under
+  // jax.checkpoint does), and a done takes the older. Which done ends which
+  // of them does not matter: every start has one source, so they stage the
+  // same buffer, which outlives both dones, and each one's landing buffers
+  // and flags are complete before the op's result, which its done gates,
+  // is computed.
+  using Key = std::tuple<int64_t, int32_t, const void*, uint32_t>;
   struct Entry {
     std::shared_ptr<Inv> inv;
     int64_t landing = -1;
   };
   using Map = std::map<Key, Entry>;
-  std::pair<std::shared_ptr<Inv>, int64_t> Take(Map& m, const Key& key) {
+  std::pair<std::shared_ptr<Inv>, int64_t> Take(Map& m, int64_t family,
+                                                int32_t device,
+                                                const void* addr) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = m.find(key);
-    if (it == m.end()) return {nullptr, -1};
+    auto it = m.lower_bound(Key(family, device, addr, 0));
+    if (it == m.end() || std::get<0>(it->first) != family ||
+        std::get<1>(it->first) != device || std::get<2>(it->first) != addr) {
+      return {nullptr, -1};
+    }
     Entry e = std::move(it->second);
     m.erase(it);
     return {std::move(e.inv), e.landing};
@@ -546,7 +562,8 @@ ffi::Error WindowMissError(int64_t family, std::string_view phase,
 
 // start on `device`: see docs/windows.md, "start, wait and done".
 template <class B>
-ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
+ffi::Error WindowStart(B& backend, int64_t run_id, int64_t instance,
+                       int32_t device,
                        ffi::RemainingArgs args, ffi::RemainingRets rets,
                        const Attrs& attrs) {
   using Inv = WindowInvocation<B>;
@@ -631,7 +648,7 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int32_t device,
   // From here on this rank has taken epoch e: any failure must poison the
   // window, or its ranks would pair different invocations from now on.
   FICCO_RETURN_IF_FAILED(
-      CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where));
+      CheckEpochRun(B::kPlatform, *win, e, run_id, inv->where, instance));
   if (ffi::Error staged = WindowStage(backend, device, inv, source_ptrs,
                                       sources);
       staged.failure()) {

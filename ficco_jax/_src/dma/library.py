@@ -35,6 +35,13 @@ TARGETS: dict[str, str] = {
     "ficco_test_late_landing_join": "FiccoTestLateLandingJoin",
 }
 
+# CPU targets with an instantiate stage: it names the start instruction
+# (xla_ffi/start_instance.h), by which the CPU twin pairs, or checks, the
+# devices' calls when one site runs twice in an execution.
+_INSTANTIATED_ON_CPU = frozenset({
+    "ficco_peer_copy_start", "ficco_window_start", "ficco_push_start",
+    "ficco_push_gather"})
+
 _lock = threading.Lock()
 _registered = False
 
@@ -118,6 +125,8 @@ def _library() -> ctypes.CDLL:
   lib.FiccoTestSetFault.argtypes = [ctypes.c_int, ctypes.c_int]
   lib.FiccoTestSetFault.restype = None
   lib.FiccoTestClearFaults.restype = None
+  lib.FiccoStartInstanceTypeId.restype = ctypes.c_void_p
+  lib.FiccoStartInstanceTypeInfo.restype = ctypes.c_void_p
   return lib
 
 
@@ -157,11 +166,19 @@ def ensure_registered() -> None:
     platforms = [("cpu", "Cpu")]
     if cuda_compiled() and _has_cuda_backend():
       platforms.append(("CUDA", "Cuda"))
+    # Before the handlers whose state it types.
+    jax.ffi.register_ffi_type(
+        "ficco_start_instance",
+        {"type_id": jax.ffi.pycapsule(lib.FiccoStartInstanceTypeId()),
+         "type_info": jax.ffi.pycapsule(lib.FiccoStartInstanceTypeInfo())},
+        platform="cpu")
+    instantiate = jax.ffi.pycapsule(lib.FiccoStartInstantiateCpu)
     for platform, suffix in platforms:
       for target, stem in TARGETS.items():
-        handler = getattr(lib, stem + suffix)
-        jax.ffi.register_ffi_target(
-            target, jax.ffi.pycapsule(handler), platform=platform)
+        handler = jax.ffi.pycapsule(getattr(lib, stem + suffix))
+        if platform == "cpu" and target in _INSTANTIATED_ON_CPU:
+          handler = {"instantiate": instantiate, "execute": handler}
+        jax.ffi.register_ffi_target(target, handler, platform=platform)
     _registered = True
 
 
