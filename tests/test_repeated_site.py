@@ -22,11 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import ficco_jax
 from ficco_jax import Schedule
-from ficco_jax._src.dma import library
 
 import util
 
@@ -38,20 +37,8 @@ REFUSED = ("runs twice in this execution", "runs twice at once in this"
            " execution")
 
 
-def _mesh(platform, n=4):
-  if platform == "cpu":
-    devices = jax.devices("cpu")
-  else:
-    if not library.cuda_compiled():
-      pytest.skip("CUDA handlers not compiled in")
-    try:
-      devices = jax.devices("cuda")
-    except RuntimeError:
-      pytest.skip("no CUDA backend")
-    n = min(n, len(devices))
-    if n < 2:
-      pytest.skip("needs 2 GPUs in this process")
-  return Mesh(np.asarray(devices[:n]), ("x",))
+def _mesh(platform):
+  return util.platform_mesh(platform, at_least=2)
 
 
 def _layer(transport, platform):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import ficco_jax
 from ficco_jax import Schedule
@@ -35,23 +35,7 @@ def platform(request):
   return request.param
 
 
-def _mesh(platform, n=4, at_least=None):
-  """The first ``n`` devices; with ``at_least``, as many as there are up to
-  ``n`` (a 2-GPU machine still runs the test)."""
-  if platform == "cpu":
-    devices = jax.devices("cpu")
-  else:
-    if not library.cuda_compiled():
-      pytest.skip("CUDA handlers not compiled in")
-    try:
-      devices = jax.devices("cuda")
-    except RuntimeError:
-      pytest.skip("no CUDA backend")
-  if at_least is not None and at_least <= len(devices) < n:
-    n = len(devices)
-  if len(devices) < n:
-    pytest.skip(f"needs {n} {platform} devices, has {len(devices)}")
-  return Mesh(np.asarray(devices[:n]), ("x",))
+_mesh = util.platform_mesh
 
 
 def _ag(mesh, schedule, timeout_s=TIMEOUT_S):

@@ -36,6 +36,28 @@ def mesh(shape, names):
   return jax.make_mesh(shape, names, devices=devices[:need])
 
 
+def platform_mesh(platform: str, n: int = 4, at_least: int | None = None):
+  """A 1-D mesh (axis "x") of the first ``n`` ``platform`` ("cpu" or
+  "cuda") devices; with ``at_least``, as many as there are up to ``n`` (a
+  2-GPU machine still runs the test). Skips when there are too few, or no
+  CUDA handlers or backend."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+  if platform == "cpu":
+    devices = jax.devices("cpu")
+  else:
+    if not library.cuda_compiled():
+      pytest.skip("CUDA handlers not compiled in")
+    try:
+      devices = jax.devices("cuda")
+    except RuntimeError:
+      pytest.skip("no CUDA backend")
+  if at_least is not None and at_least <= len(devices) < n:
+    n = len(devices)
+  if len(devices) < n:
+    pytest.skip(f"needs {n} {platform} devices, has {len(devices)}")
+  return jax.sharding.Mesh(np.asarray(devices[:n]), ("x",))
+
+
 def tp_mesh(max_size: int = 4, name: str = "x"):
   """A 1-D mesh of every test device up to ``max_size`` (at least 2): the
   ops' tests run at P = 4 on CPU and at the GPU count on a 2- or 4-GPU
