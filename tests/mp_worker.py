@@ -51,7 +51,14 @@
                 programs concurrently (unsupported: docs/protocol.md,
                 "Several dispatching threads"); every call must end, right
                 or with an error that says what to do, and the programs,
-                lowered afresh, must work from one thread afterwards.
+                lowered afresh, must work from one thread afterwards. The
+                window transport's, or with $FICCO_TEST_SCHEDULE=push the
+                push all-gather and the flagged reduce-scatter, which
+                share one pooled push window.
+  mode "mismatch": each process runs a program of its own (same op, same
+                shapes, another name) on the pooled push window, so the
+                ranks pair two programs at one epoch: every process must
+                fail naming the cause (push_ident.h).
 
 """
 
@@ -119,6 +126,9 @@ def _dma_all_gather(mesh, x, w, timeout_s):
 # pushing reduce-scatter.
 FLAGGED = Schedule(dataflow="direct", comm="dma", compute="pallas",
                    compute_granularity="flagged")
+# The push all-gather (docs/windows.md, "Push all-gather").
+PUSH_GATHER = Schedule(dataflow="direct", num_chunks=1, comm="dma",
+                       compute="xla", compute_granularity="flagged")
 
 
 def _pallas_case():
@@ -182,6 +192,34 @@ def _twice(mesh, rng) -> int:
   return 0
 
 
+def _mismatch(mesh, rng) -> int:
+  """Mode "mismatch" (see the module docstring)."""
+  p = mesh.size
+  x = rng.standard_normal((6 * p, 10)).astype(np.float32)
+  w = rng.standard_normal((10, 3 * p)).astype(np.float32)
+
+  def layer_a(x, w):
+    return ficco_jax.all_gather_matmul(x, w, axis_name="x",
+                                       schedule=PUSH_GATHER, timeout_s=10.0)
+
+  def layer_b(x, w):
+    return ficco_jax.all_gather_matmul(x, w, axis_name="x",
+                                       schedule=PUSH_GATHER, timeout_s=10.0)
+
+  # Equal data, so that only the check can tell the two programs apart.
+  layer = layer_a if jax.process_index() == 0 else layer_b
+  f = jax.jit(jax.shard_map(layer, mesh=mesh, in_specs=(P("x"), P(None, "x")),
+                            out_specs=P(None, "x")))
+  try:
+    f(_global(mesh, P("x"), x),
+      _global(mesh, P(None, "x"), w)).block_until_ready()
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    print(f"mismatch: {str(e)[:1500]}", flush=True)
+    return 0 if "ran another op at this epoch" in str(e) else 10
+  print("mismatch: no error", flush=True)
+  return 9
+
+
 def _barrier(name: str, timeout_s: float = 120.0) -> None:
   """Waits until every process is here, through the job's coordination
   service rather than an XLA collective: NCCL refuses processes that share
@@ -195,7 +233,18 @@ def _threads(mesh, rng, x, w, h, w2) -> int:
   """Mode "threads" (see the module docstring); prints its counts."""
   calls, depth = int(os.environ.get("FICCO_TEST_CALLS", "60")), 8
 
+  tol = 1e-5
+  if os.environ.get("FICCO_TEST_SCHEDULE") == "push":
+    gpu, m, k, n, dtype, tol = _pallas_case()
+    p = mesh.size
+    x, w = rng.standard_normal((m * p, k)).astype(dtype), rng.standard_normal(
+        (k, n * p)).astype(dtype)
+    h, w2 = rng.standard_normal((m * p, k * p)).astype(dtype), \
+        rng.standard_normal((k * p, n)).astype(dtype)
+
   def programs():
+    if os.environ.get("FICCO_TEST_SCHEDULE") == "push":
+      return _push_programs()
     dma = Schedule(dataflow="direct", comm="dma")
     return {
         "all_gather_matmul": (
@@ -210,11 +259,26 @@ def _threads(mesh, rng, x, w, h, w2) -> int:
             h.astype(np.float64) @ w2),
     }
 
+  def _push_programs():
+    # Both push through the k-th pooled push window of their program.
+    return {
+        "all_gather_matmul": (
+            _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+                     P(None, "x"), PUSH_GATHER, check_vma=gpu, timeout_s=2.0),
+            (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w)),
+            x.astype(np.float64) @ w),
+        "matmul_reduce_scatter": (
+            _program(ficco_jax.matmul_reduce_scatter, mesh, P(None, "x"),
+                     P("x"), P("x"), FLAGGED, check_vma=gpu, timeout_s=2.0),
+            (_global(mesh, P(None, "x"), h), _global(mesh, P("x"), w2)),
+            h.astype(np.float64) @ w2),
+    }
+
   def outcome(out, ref):
     try:
       if isinstance(out, Exception):
         raise out
-      _check(out, ref)
+      _check(out, ref, tol)
       return "right"
     except AssertionError as e:
       return f"wrong result: {e}"
@@ -516,6 +580,8 @@ def main(mode: str) -> int:
     return 0
   if mode == "threads":
     return _threads(mesh, rng, x, w, h, w2)
+  if mode == "mismatch":
+    return _mismatch(mesh, rng)
   if mode == "twice":
     return _twice(mesh, rng)
   if mode == "moe":

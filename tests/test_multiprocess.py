@@ -240,17 +240,30 @@ def test_one_site_run_several_times_at_once_across_processes(capfd):
   assert "twice: 20 rounds checked" in capfd.readouterr().out
 
 
-def test_two_threads_per_process_end_right_or_with_a_clear_error(capfd):
+@pytest.mark.parametrize("schedule", ["window", "push"])
+def test_two_threads_per_process_end_right_or_with_a_clear_error(
+    capfd, schedule):
   # mp_worker counts each call of two threads per process as right or as
   # failed with an error that says what to do, exits 0 only if none is
   # anything else and both programs work from one thread afterwards; a hang
-  # shows as the launcher's timeout.
+  # shows as the launcher's timeout. The push programs share a pooled
+  # window, whose ranks could pair the two programs at one epoch.
   t0 = time.monotonic()
-  assert _launch("threads", env=dict(FICCO_TEST_CALLS="60"),
+  assert _launch("threads", env=dict(FICCO_TEST_CALLS="60",
+                                     FICCO_TEST_SCHEDULE=schedule),
                  timeout_s=240) == 0
   out = capfd.readouterr().out
   assert "right from one thread afterwards" in out, out[-4000:]
-  print(f"two threads per process: {time.monotonic() - t0:.1f} s")
+  print(f"two threads per process ({schedule}): {time.monotonic() - t0:.1f} s")
+
+
+def test_two_programs_paired_at_one_epoch_fail_naming_the_cause(capfd):
+  # Each process runs its own program on the pooled push window (same op
+  # and data, another name): without the identity check (push_ident.h) the
+  # ranks would pair them silently; mp_worker exits 0 only if every process
+  # fails saying so.
+  assert _launch("mismatch", timeout_s=120) == 0
+  assert "ran another op at this epoch" in capfd.readouterr().out
 
 
 def test_launch_checks_its_arguments():

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +109,16 @@ struct CpuBackend {
   // Queues of the window and push transports (cpu_window.cc).
   FICCO_BACKEND_QUEUE_OPS(WindowInv)
   FICCO_BACKEND_WINDOW_OPS(WindowInv)
+  // Host work in queue order, for what a host-ordered backend does on the
+  // host before it enqueues (push_ident.h): this host does not order the
+  // peers, its lanes do.
+  ffi::Error InLane(const std::shared_ptr<WindowInv>& inv, int32_t device,
+                    int64_t queue, std::function<void()> op);
+  // A lane wait until `over()`, bounded like WaitFlag's, whose timeout
+  // names `who`.
+  ffi::Error WaitUntil(const std::shared_ptr<WindowInv>& inv, int32_t device,
+                       int64_t queue, std::function<bool()> over,
+                       const std::string& who);
 };
 
 }  // namespace ficco

@@ -226,6 +226,18 @@ ffi::Error CpuBackend::WaitFlag(const std::shared_ptr<WindowInv>& inv,
   return ffi::Error::Success();
 }
 
+ffi::Error CpuBackend::WaitUntil(const std::shared_ptr<WindowInv>& inv,
+                                 int32_t device, int64_t queue,
+                                 std::function<bool()> over,
+                                 const std::string& who) {
+  const int64_t ms = inv->plan.timeout_ms;
+  PushWait(inv, device, queue, ms, std::move(over), [inv, ms, who] {
+    inv->Fail(inv->where + ": waited more than " + std::to_string(ms) +
+              " ms for " + who + Late(*inv));
+  });
+  return ffi::Error::Success();
+}
+
 ffi::Error CpuBackend::FlagOps(const std::shared_ptr<WindowInv>& inv,
                                int32_t device, int64_t queue,
                                const std::vector<FlagOp>& ops) {
@@ -234,6 +246,13 @@ ffi::Error CpuBackend::FlagOps(const std::shared_ptr<WindowInv>& inv,
         op.write ? WriteFlag(inv, device, queue, op.addr, op.value)
                  : WaitFlag(inv, device, queue, op.addr, op.value, op.who));
   }
+  return ffi::Error::Success();
+}
+
+ffi::Error CpuBackend::InLane(const std::shared_ptr<WindowInv>& inv,
+                              int32_t device, int64_t queue,
+                              std::function<void()> op) {
+  Push(inv, device, queue, std::move(op));
   return ffi::Error::Success();
 }
 

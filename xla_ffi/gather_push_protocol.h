@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "push_ident.h"
 #include "push_protocol.h"
 #include "window.h"
 #include "window_protocol.h"
@@ -121,6 +122,7 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   inv->plan.axis_size = size;
   inv->plan.timeout_ms = a.timeout_ms;
   const uint32_t e = win->epoch.fetch_add(1) + 1;
+  const uint32_t ident = PushIdent(a);
   inv->epoch = e;
   inv->freed_lag = 2;  // The landing halves.
   inv->where = PushWhere("all-gather", a.op_name, *win, e);
@@ -182,6 +184,12 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
                               std::to_string(e - 2);
                      })});
     }
+    if constexpr (!B::kHostOrdered) {
+      FICCO_RETURN_IF_FAILED(backend.FlagOps(inv, device, kPushQueue, ops));
+      ops.clear();
+    }
+    FICCO_RETURN_IF_FAILED(
+        PublishIdentAfterFreed(backend, inv, device, kPushQueue, ident));
     // Nearest peer first: it is the one whose GEMM comes first.
     for (int64_t s = 1; s < size; ++s) {
       const int64_t t = (me + s) % size;
@@ -224,11 +232,11 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
     // about to wait on, must be enqueued.
     for (int64_t q = 0; q < size; ++q) {
       if (q == me) continue;
-      if (ffi::Error err = HostWait(*win, q, kStagedEnqueued, e, a.timeout_ms,
-                                    inv->where);
-          err.failure()) {
-        return fail_drained(std::move(err));
-      }
+      ffi::Error err = HostWait(*win, q, kStagedEnqueued, e, a.timeout_ms,
+                                inv->where);
+      // Its shard is about to be multiplied: it must be this op's.
+      if (err.success()) err = CheckIdentOnHost(*inv, q, ident);
+      if (err.failure()) return fail_drained(std::move(err));
     }
   }
   // On queue `on`, per peer in push order: wait until its shard of epoch e
@@ -236,6 +244,10 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   const char* landed = PushHalf(*win, win->base, e);
   auto each_landed = [&](int64_t on, const char* why,
                          auto&& use) -> ffi::Error {
+    if constexpr (!B::kHostOrdered) {
+      FICCO_RETURN_IF_FAILED(
+          CheckIdentsInLane(backend, inv, device, on, ident));
+    }
     for (int64_t s = 1; s < size; ++s) {
       const int64_t q = (me - s + size) % size;
       FICCO_RETURN_IF_FAILED(backend.FlagOps(

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "peer_copy_protocol.h"  // ShapeOf
+#include "push_ident.h"
 #include "window.h"
 #include "window_protocol.h"     // WindowInvocation, HostWait, HostPublish
 #include "xla/ffi/api/ffi.h"
@@ -346,6 +347,7 @@ ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
   }
 
   const uint32_t e = win->epoch.fetch_add(1) + 1;
+  const uint32_t ident = PushIdent(a);
   inv->epoch = e;
   inv->freed_lag = 2;  // The landing halves.
   inv->where = PushWhere("start", a.op_name, *win, e);
@@ -401,6 +403,9 @@ ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
                               std::to_string(e - 2);
                      })});
     }
+    if constexpr (!B::kHostOrdered) FICCO_RETURN_IF_FAILED(flush());
+    FICCO_RETURN_IF_FAILED(
+        PublishIdentAfterFreed(backend, inv, device, kPushQueue, ident));
     const char* src = static_cast<const char*>(parts.untyped_data());
     uint32_t* flag_words = static_cast<uint32_t*>(flags.untyped_data());
     int64_t waited_flag = -1;
@@ -500,15 +505,18 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
         std::to_string(a.half_bytes) + " bytes"));
   }
   const uint32_t e = inv->epoch;
+  const uint32_t ident = PushIdent(a);
   if constexpr (B::kHostOrdered) {
     // The peers' pushes of epoch e, whose ready flags the compute stream is
     // about to wait on, must be enqueued (usually long since: each rank
     // pushes right after its kernel launch, well before its finish).
     for (int64_t q = 0; q < size; ++q) {
       if (q == me) continue;
-      if (ffi::Error err = HostWait(*win, q, kStagedEnqueued, e, a.timeout_ms,
-                                    inv->where);
-          err.failure()) {
+      ffi::Error err = HostWait(*win, q, kStagedEnqueued, e, a.timeout_ms,
+                                inv->where);
+      // Its pieces are about to be summed: they must be this op's.
+      if (err.success()) err = CheckIdentOnHost(*inv, q, ident);
+      if (err.failure()) {
         // It names the invocation: kept over PushFailDrained's message.
         inv->Fail(std::string(err.message()));
         return drained(inv, std::move(err));
@@ -517,6 +525,10 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
   }
   const int64_t queue = B::kComputeQueue;
   auto run = [&]() -> ffi::Error {
+    if constexpr (!B::kHostOrdered) {
+      FICCO_RETURN_IF_FAILED(
+          CheckIdentsInLane(backend, inv, device, queue, ident));
+    }
     std::vector<FlagOp> ops;
     for (int64_t q = 0; q < size; ++q) {
       if (q == me) continue;

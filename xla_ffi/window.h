@@ -39,7 +39,10 @@ inline constexpr int64_t kHeaderBytes = 2 * kMaxRanks * 4;
 // [kStagedEnqueued] the last epoch whose stage and ready writes this rank
 // has enqueued; [kAllEnqueued] the last epoch whose every operation it has
 // enqueued. See docs/windows.md, "Why the host orders the waits".
+// [kIdentBase + 2 (e % kIdentKept)] and the word after it: the identity of
+// the op this rank ran at epoch e of a push window, and e (push_ident.h).
 inline constexpr int64_t kStagedEnqueued = 0, kAllEnqueued = 1;
+inline constexpr int64_t kIdentBase = 2, kIdentKept = 4;
 inline constexpr int64_t kHostBytes = 4096;
 // One slot: the next run of a site stages once every peer has read the
 // previous one (consecutive runs of a site are ordered by the program
