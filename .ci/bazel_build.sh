@@ -13,7 +13,7 @@ fi
 
 export PYTHON_BIN_PATH="${PYTHON_BIN_PATH:-$(command -v python3)}"
 bazel build //:libficco_ffi.so
-for symbol in FiccoPeerCopyStartCpu FiccoPeerCopySyncCpu \
+for symbol in FiccoPeerCopyStartCpu FiccoPeerCopySyncCpu FiccoStartInstantiateCpu \
               FiccoCudaCompiled; do
   nm -D --defined-only bazel-bin/libficco_ffi.so | grep -qw "$symbol" \
     || { echo "bazel-bin/libficco_ffi.so does not export $symbol" >&2; exit 1; }
