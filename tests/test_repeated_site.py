@@ -11,8 +11,8 @@ cause, never mix the calls' data, crash or hang:
   by order on GPUs, whose devices run a program in one order: always right.
 - window: pairs by epoch (start order); right on GPUs; on XLA:CPU, whose
   devices may run independent calls in different orders, right or refused.
-- push: runs a site's calls one at a time: right when XLA did not overlap
-  them, else refused.
+- push: runs a site's calls one at a time: right when XLA orders them one
+  after the other (a data dependence between them does), else refused.
 """
 
 import functools
@@ -120,6 +120,40 @@ def test_independent_calls_of_one_site(platform, transport):
       transport == "window" and platform == "cpu")
   if _right_or_refused(lambda: f(*args), refs, refusable):
     _after_refusal(platform, mesh, layer, specs, not interpret, xs[0], w)
+  assert util.window_entries_after(platform) == 0
+  assert util.library_entries_after(platform) == 0
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+@pytest.mark.parametrize("transport", ["rendezvous", "window", "push"])
+def test_calls_of_one_site_ordered_by_data_are_right(platform, transport):
+  """Each call's input depends on the previous call's result, so XLA runs
+  them one after the other: every transport, push included, is right."""
+  mesh = _mesh(platform)
+  p = mesh.devices.size
+  layer, specs, interpret = _layer(transport, platform)
+  rng = np.random.default_rng(2)
+  shape = (5 * p, 3 * p) if transport == "push" else (6 * p, 9)
+  x = rng.standard_normal(shape).astype(np.float32)
+  w = rng.standard_normal((shape[1], 7 if transport == "push" else 7 * p)
+                          ).astype(np.float32)
+
+  def chain(x, w):
+    outs = []
+    for _ in range(CALLS):
+      # A zero that XLA cannot fold away: the next call's input waits for
+      # this call's result.
+      outs.append(layer(x + 0 * jnp.sum(outs[-1]) if outs else x, w))
+    return outs
+
+  f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=specs[:2],
+                            out_specs=[specs[2]] * CALLS,
+                            check_vma=not interpret))
+  args = (_put(mesh, specs[0], x), _put(mesh, specs[1], w))
+  ref = np.float64(x) @ np.float64(w)
+  for _ in range(3):
+    for out in f(*args):
+      assert util.rel_err(out, ref) < util.tol(np.float32)
   assert util.window_entries_after(platform) == 0
   assert util.library_entries_after(platform) == 0
 

@@ -105,6 +105,37 @@ def test_scan_runs_one_site_many_times_and_leaves_nothing_pending(platform):
   assert util.window_entries_after(platform) == 0
 
 
+def test_retracing_a_program_maps_no_new_windows(platform):
+  """Traces of one program (after jax.clear_caches(), under new jax.jit
+  wrappers) share its windows, and two live traces called alternately,
+  unblocked, from one thread stay right (one window, one program at a time
+  on each device)."""
+  mesh = _mesh(platform, at_least=2)
+  s = Schedule(dataflow="ring", num_chunks=2, comm="dma", transport="window")
+  rng = np.random.default_rng(5)
+  xs = [rng.standard_normal((24, 10)).astype(np.float32) for _ in range(2)]
+  w_np = rng.standard_normal((10, 28)).astype(np.float32)
+  refs = [np.asarray(x, np.float64) @ np.asarray(w_np, np.float64)
+          for x in xs]
+  args = [(_put(mesh, P("x"), x), _put(mesh, P(None, "x"), w_np))
+          for x in xs]
+  pid = library.platform_id(platform)
+  assert util.rel_err(_ag(mesh, s)(*args[0]), refs[0]) < _tol(
+      platform, np.float32)
+  count = windows.window_count(pid)
+  for _ in range(3):
+    jax.clear_caches()
+    assert util.rel_err(_ag(mesh, s)(*args[1]), refs[1]) < _tol(
+        platform, np.float32)
+  f, g = _ag(mesh, s), _ag(mesh, s)
+  outs = [(h(*args[i % 2]), i % 2)
+          for i, h in enumerate([f, g] * 10)]
+  for out, i in outs:
+    assert util.rel_err(out, refs[i]) < _tol(platform, np.float32)
+  assert windows.window_count(pid) == count
+  assert util.window_entries_after(platform) == 0
+
+
 def test_a_rank_that_never_arrives_fails_its_peers_then_caches_recover(
     platform):
   mesh = _mesh(platform, at_least=2)

@@ -608,6 +608,7 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
 }
 
 ffi::Error PushArmImpl(ffi::RunId run_id, int32_t device,
+                       ffi::AnyBuffer /*after*/,
                        ffi::Result<ffi::AnyBuffer> flags,
                        ffi::Result<ffi::AnyBuffer> rank, Attrs attrs) {
   CpuBackend backend;
@@ -734,6 +735,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoPushArmCpu, ficco::PushArmImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::RunId>()          // execution
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
+                                  .Arg<xla::ffi::AnyBuffer>()      // after
                                   .Ret<xla::ffi::AnyBuffer>()      // flags
                                   .Ret<xla::ffi::AnyBuffer>()      // rank
                                   .Attrs<ficco::Attrs>());

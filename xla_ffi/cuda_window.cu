@@ -405,7 +405,8 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
 }
 
 ffi::Error PushArmImpl(cudaStream_t stream, ffi::RunId run_id,
-                       int32_t device, ffi::Result<ffi::AnyBuffer> flags,
+                       int32_t device, ffi::AnyBuffer /*after*/,
+                       ffi::Result<ffi::AnyBuffer> flags,
                        ffi::Result<ffi::AnyBuffer> rank, Attrs attrs) {
   ScopedDevice scoped;
   if (auto err = scoped.Set(device); err.failure()) return err;
@@ -588,6 +589,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
         .Ctx<xla::ffi::RunId>()                         // execution
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // after
         .Ret<xla::ffi::AnyBuffer>()                     // flags
         .Ret<xla::ffi::AnyBuffer>()                     // rank
         .Attrs<ficco::Attrs>());

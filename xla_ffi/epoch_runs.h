@@ -21,7 +21,6 @@
 #ifndef FICCO_XLA_FFI_EPOCH_RUNS_H_
 #define FICCO_XLA_FFI_EPOCH_RUNS_H_
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -50,34 +49,46 @@ class EpochRuns {
   // Records that a device of this process runs epoch `epoch` of `family`
   // in execution `run_id`, by start instruction `instance` (0: unknown);
   // if another device of this process ran that epoch in another execution,
-  // or by another instruction, returns what it ran instead.
+  // or by another instruction, returns what it ran instead. `local` is the
+  // number of devices of the family in this process: once each has
+  // recorded an epoch, it is dropped. An epoch is kept until then however
+  // far the other devices have run ahead (XLA:CPU may run one device's
+  // starts of independent calls well before another's), so no epoch goes
+  // unchecked; only a failed execution, whose devices never all record its
+  // epochs (the family is poisoned then), leaves some, at most kMaxKept.
   std::optional<Conflict> Record(int platform, int64_t family, uint32_t epoch,
-                                 int64_t run_id, int64_t instance) {
+                                 int64_t run_id, int64_t instance,
+                                 int64_t local) {
     std::lock_guard<std::mutex> lock(mu_);
-    Slot& s = families_[{platform, family}][epoch % kEpochsKept];
-    if (s.used && s.epoch == epoch) {
-      if (s.run_id != run_id) return Conflict{s.run_id, false};
-      if (s.instance != 0 && instance != 0 && s.instance != instance) {
-        return Conflict{s.run_id, true};
-      }
-      return std::nullopt;
+    std::map<uint32_t, Slot>& epochs = families_[{platform, family}];
+    auto [it, added] = epochs.try_emplace(epoch, Slot{run_id, instance, 0});
+    Slot& s = it->second;
+    std::optional<Conflict> conflict;
+    if (!added && s.run_id != run_id) {
+      conflict = Conflict{s.run_id, false};
+    } else if (!added && s.instance != 0 && instance != 0 &&
+               s.instance != instance) {
+      conflict = Conflict{s.run_id, true};
     }
-    s = Slot{true, epoch, run_id, instance};
-    return std::nullopt;
+    if (++s.recorded >= local) {
+      epochs.erase(it);
+    } else if (static_cast<int64_t>(epochs.size()) > kMaxKept) {
+      epochs.erase(epochs.begin());
+    }
+    return conflict;
   }
 
  private:
-  // The ranks of a window are at most two epochs apart (a push waits for
-  // its receivers to have read epoch e - 2), so a few slots suffice.
-  static constexpr uint32_t kEpochsKept = 8;
+  // Epochs a family keeps that not every local device has recorded: far
+  // more than any run of calls XLA puts in flight at once.
+  static constexpr int64_t kMaxKept = 4096;
   struct Slot {
-    bool used = false;
-    uint32_t epoch = 0;
     int64_t run_id = 0;
     int64_t instance = 0;
+    int64_t recorded = 0;  // local devices that recorded this epoch
   };
   std::mutex mu_;
-  std::map<std::pair<int, int64_t>, std::array<Slot, kEpochsKept>> families_;
+  std::map<std::pair<int, int64_t>, std::map<uint32_t, Slot>> families_;
 };
 
 // A start's check, right after it took epoch `epoch` of `win` in execution
@@ -86,8 +97,9 @@ class EpochRuns {
 inline ffi::Error CheckEpochRun(int platform, Window& win, uint32_t epoch,
                                 int64_t run_id, const std::string& where,
                                 int64_t instance) {
-  const auto other =
-      EpochRuns::Get().Record(platform, win.family, epoch, run_id, instance);
+  const auto other = EpochRuns::Get().Record(
+      platform, win.family, epoch, run_id, instance,
+      Windows::Get().LocalCount(platform, win.family));
   if (!other.has_value()) return ffi::Error::Success();
   const std::string why =
       other->other_instance

@@ -60,15 +60,14 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   std::shared_ptr<Window> win = *found;
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
     // A flagged reduce-scatter's start on this window never reached its
-    // finish: two ops on one window interleaved, or an execution failed.
+    // finish: an execution failed between them, or two push ops of one
+    // site (or of one pooled window) overlap in this execution.
     const std::string why =
         who() + ": a push start of window " + std::to_string(a.window) +
-        " on this device never reached its finish";
-    win->Poison(why);
-    return failed(ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                             why + "; its ranks no longer agree on epochs:"
-                             " call jax.clear_caches() to lower onto fresh"
-                             " windows"));
+        " on this device never reached its finish: an execution failed"
+        " between them, or " + kRunsTwice;
+    Windows::Get().PoisonFamily(B::kPlatform, a.window, why);
+    return failed(ffi::Error(ffi::ErrorCode::kFailedPrecondition, why));
   }
   auto xd = x.dimensions();
   auto wd = w.dimensions();

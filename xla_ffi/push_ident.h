@@ -14,7 +14,8 @@
 // and each rank compares its peers' with its own before it consumes their
 // pieces: a mismatch fails the call and poisons the window, naming the
 // cause, instead of mixing. (Two runs of one program, dispatched from two
-// threads, have one identity: that mix stays undetected across processes.)
+// threads, have one identity, and so do two programs of one name running
+// one op of one size: those mixes stay undetected across processes.)
 //
 // The identity lives in the host words (window.h), a ring of kIdentKept
 // epochs. Publishing comes after the start's waits for every receiver to
@@ -70,13 +71,19 @@ inline std::string IdentMismatch(const Window& w, int64_t q, uint32_t e,
   const uint32_t at = __atomic_load_n(slot + 1, __ATOMIC_ACQUIRE);
   const uint32_t theirs = __atomic_load_n(slot, __ATOMIC_RELAXED);
   if (at == e && theirs == ident) return "";
+  if (at != e) {
+    // The callers check only once the peer has published epoch e, and it
+    // cannot be kIdentKept epochs further on: a broken invariant, not a
+    // dispatch order.
+    return where + ": internal error (please report): " + RankName(w, q) +
+           "'s identity slot holds epoch " + std::to_string(at) +
+           " where this op checks epoch " + std::to_string(e) +
+           kAfterWindowTimeout;
+  }
   return where + ": " + RankName(w, q) +
-         (at == e ? " ran another op at this epoch of the shared window"
-                    " (identity " + std::to_string(theirs) + ", this op's " +
-                    std::to_string(ident) + ")"
-                  : " published epoch " + std::to_string(at) +
-                    " where this op expects epoch " + std::to_string(e)) +
-         ": programs that share the window ran in different orders on"
+         " ran another op at this epoch of the shared window (identity " +
+         std::to_string(theirs) + ", this op's " + std::to_string(ident) +
+         "): programs that share the window ran in different orders on"
          " different ranks, and pairing them would mix their data; " +
          kIfSeveralDispatchers + kAfterWindowTimeout;
 }

@@ -283,7 +283,9 @@ ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
         who() + ": the previous start of window " + std::to_string(a.window) +
         " on this device never reached its finish: an execution failed" +
         " between them, or " + kRunsTwice;
-    win->Poison(why);
+    // Every device's window of the family, as a refused arm does: the
+    // peers' calls fail with this message at once, not at their timeout.
+    Windows::Get().PoisonFamily(B::kPlatform, a.window, why);
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition, why);
   }
   typename PushStates<B>::Armed armed;

@@ -4,12 +4,13 @@
 // A window is memory a device owns and every rank of its group has mapped
 // (peer access, CUDA IPC, or POSIX shared memory on the CPU twin): a header
 // of 32-bit flags and a slot that holds the sources of one invocation. Each
-// start call site has windows of its own, created and mapped once, from
-// Python at lowering time (the handles travel through JAX's distributed
-// key-value store), so a call needs no host rendezvous: ranks synchronise
-// through the flags alone. Per site, because devices need not run
-// independent call sites in the same order (XLA:CPU does not), while the
-// n-th run of one site is the same invocation on every device.
+// start of a program has windows of its own (its later traces reuse them),
+// created and mapped once, from Python at lowering time (the handles travel
+// through JAX's distributed key-value store), so a call needs no host
+// rendezvous: ranks synchronise through the flags alone. Per start, because
+// devices need not run independent call sites in the same order (XLA:CPU
+// does not), while the n-th run of one site is the same invocation on every
+// device.
 
 #ifndef FICCO_XLA_FFI_WINDOW_H_
 #define FICCO_XLA_FFI_WINDOW_H_
@@ -116,6 +117,18 @@ class Windows {
          ++it) {
       it->second->Poison(why);
     }
+  }
+  // The devices of this process with a window of `family`.
+  int64_t LocalCount(int platform, int64_t family) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = 0;
+    for (auto it = map_.lower_bound({platform, family, INT32_MIN});
+         it != map_.end() && std::get<0>(it->first) == platform &&
+         std::get<1>(it->first) == family;
+         ++it) {
+      ++n;
+    }
+    return n;
   }
   void Add(std::shared_ptr<Window> w) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -204,10 +204,10 @@ class WindowIndex {
   // The epoch last: two pending invocations of one execution can share
   // sources[0] (one buffer gathered twice, as a recomputation under
   // jax.checkpoint does), and a done takes the older. Which done ends which
-  // of them does not matter: every start has one source, so they stage the
-  // same buffer, which outlives both dones, and each one's landing buffers
-  // and flags are complete before the op's result, which its done gates,
-  // is computed.
+  // of them does not matter: every start has one source (the lowering refuses
+  // more, peer_copy.py), so they stage the same buffer, which outlives both
+  // dones, and each one's landing buffers and flags are complete before the
+  // op's result, which its done gates, is computed.
   using Key = std::tuple<int64_t, int32_t, const void*, uint32_t>;
   struct Entry {
     std::shared_ptr<Inv> inv;

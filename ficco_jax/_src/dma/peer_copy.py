@@ -424,6 +424,14 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
   elif kind == "rendezvous":
     extra.update(src_flag=np.full(len(plan.transfers), -1, np.int64))
   if kind == "window":
+    if num_sources != 1:
+      # The handlers find a done's invocation by its first source: two
+      # pending starts of one execution may share it, which is harmless
+      # only when it is their only source (window_protocol.h, WindowIndex).
+      raise ValueError(
+          f"The window transport takes one source per start, got"
+          f" {num_sources}; concatenate them, or use"
+          f" Schedule(transport='rendezvous').")
     # Every piece comes from its owner's window (no forwarding), and the
     # window must hold this rank's sources.
     plan = plan_lib.owner_pulls(plan)
@@ -431,7 +439,9 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
     slot = sum(align(int(np.prod(a.shape)) * a.dtype.itemsize)
                for a in ctx.avals_in)
     fam = windows.family_for(mesh, axis_name, site=site, slot_bytes=slot,
-                             platform=primitives.platform_of(ctx))
+                             platform=primitives.platform_of(ctx),
+                             program=_program(ctx),
+                             name=primitives.program_name(ctx))
     extra["window"] = fam.id
 
   def column(field):
@@ -448,10 +458,15 @@ def _start_lowering(ctx, *sources, plan: GatherPlan, axis_name: str,
       site=site, op_name=op_name, timeout_ms=timeout_ms, **extra)
 
 
+def _program(ctx) -> dict:
+  return primitives.program_state(ctx, ("ficco_jax", "window sites"))
+
+
 def _window_of(ctx, mesh, axis_name: str, site: int) -> dict:
   """The window family a window wait or done of ``site`` syncs on."""
   fam = windows.lowered_family(mesh, axis_name, site=site,
-                               platform=primitives.platform_of(ctx))
+                               platform=primitives.platform_of(ctx),
+                               program=_program(ctx))
   return {"window": fam.id}
 
 

@@ -63,6 +63,13 @@ def platform_of(ctx) -> int:
   return library.platform_id(platforms[0])
 
 
+def program_state(ctx, key: tuple) -> dict:
+  """State that lives exactly as long as the program being lowered: a dict
+  in JAX's per-module lowering cache (shared by every ``replace`` copy of
+  the module's context, gone with the module), one per ``key``."""
+  return ctx.module_context.cached_primitive_lowerings.setdefault(key, {})
+
+
 def program_name(ctx) -> str:
   """The name of the program being lowered (its module, e.g. "jit_layer"),
   for the handlers' messages: a timeout names the program of the stalled op

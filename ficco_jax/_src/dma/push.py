@@ -59,7 +59,8 @@ def arm(like: jax.Array, num_flags: int, half: int, *, axis_name: str,
   the k-th pooled window (`windows.pooled_family`).
 
   Args:
-    like: any value varying over ``axis_name`` (types the rank; not read).
+    like: a value varying over ``axis_name`` that the op's kernel reads
+      (types the rank, and orders the arm after it; not read).
     num_flags: flags the kernel bumps (one per piece it writes).
     half: bytes of a landing half (`half_bytes`).
     axis_name, site, op_name: the gathered axis, the call site
@@ -214,11 +215,7 @@ _PROGRAM_KEY = ("ficco_jax", "push windows")
 
 
 def _program(ctx) -> dict:
-  """State that lives exactly as long as the program being lowered: a dict
-  in JAX's per-module lowering cache (shared by every ``replace`` copy of
-  the module's context, gone with the module)."""
-  return ctx.module_context.cached_primitive_lowerings.setdefault(
-      _PROGRAM_KEY, {})
+  return primitives.program_state(ctx, _PROGRAM_KEY)
 
 
 def _family(ctx, axis_name: str, site: int, half: int, *, create: bool) -> int:
@@ -234,11 +231,15 @@ def _family(ctx, axis_name: str, site: int, half: int, *, create: bool) -> int:
 
 def _arm_lowering(ctx, flags_like, like, *, half: int, axis_name: str,
                   site: int, op_name: str, **_):
-  del flags_like, like  # Typing only: the handler takes no operands.
+  # `like` (the op's input) is an operand only to order the arm after it:
+  # a later call of the site whose input depends on an earlier call's
+  # result then arms only after that call's finish, as the protocol needs
+  # (the handler never reads it).
+  del flags_like  # Typing only.
   library.ensure_registered()
   window = _family(ctx, axis_name, site, half, create=True)
-  return attrs.lower("ficco_push_arm", ctx.replace(avals_in=[]),
-                     window=window, op_name=op_name)
+  return attrs.lower("ficco_push_arm", ctx.replace(avals_in=[ctx.avals_in[1]]),
+                     like, window=window, op_name=op_name)
 
 
 def _start_lowering(ctx, parts, flags, *, pieces, flag_target: int, half: int,

@@ -14,9 +14,10 @@ they create the same families in the same order; keys in the store carry
 the group's device ids and a generation (the count of families made for
 that group), so they match across processes: every member of a group
 lowers the same starts over it, whatever other groups a process also
-holds. A family lives as long as the process: each lowered start site of
-the window transport holds one copy of its sources per device; the push
-protocol's sites share a pool (`pooled_family`).
+holds. A family lives as long as the process: each start of a program of
+the window transport holds one copy of its sources per device, shared by
+the program's later traces (`family_for`); the push protocol's sites share
+a pool (`pooled_family`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Family:
 
 
 _lock = threading.Lock()
+# (platform, groups, program name, k, slot bytes) -> the family of the k-th
+# window-transport start of the last program lowered that way.
 _families: dict[tuple, Family] = {}
 _generations: dict[tuple, int] = {}
 _next_id = [1]
@@ -187,20 +190,47 @@ def _new_family(groups, sig, axis_name: str, slot_bytes: int,
 
 
 def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
-               slot_bytes: int, platform: int) -> Family:
+               slot_bytes: int, platform: int, program: dict,
+               name: str) -> Family:
   """The window family of start call site ``site`` over this process's
-  groups of ``axis_name``, with a slot of at least ``slot_bytes``; creates
-  (and exchanges) one if needed. Lowering a site again reuses its family
-  unless a failure poisoned it."""
+  groups of ``axis_name``, with a slot of ``slot_bytes``; creates (and
+  exchanges) one if needed.
+
+  Every trace of a program (after ``jax.clear_caches()``, under a new
+  ``jax.jit`` wrapper) makes new sites, but lowers the same starts in the
+  same order: the k-th start of program ``name`` with a slot of
+  ``slot_bytes`` reuses the family of the last program lowered that way,
+  unless a failure poisoned it, so re-tracing maps no new windows. Distinct
+  starts of one program never share (XLA may interleave independent ops, and
+  their epochs would pair wrongly); two programs that share a family run
+  one after the other on each device when one thread dispatches them, as
+  one site run twice does.
+
+  Args:
+    mesh, axis_name: the mesh and the axis whose groups share a window.
+    site: the start's call site (`peer_copy.new_site`).
+    slot_bytes: the slot the start needs (its sources, 256-byte aligned).
+    platform: `library.platform_id` of the lowering.
+    program: a dict that lives exactly as long as the program being
+      lowered (`primitives.program_state`).
+    name: the program's name (`primitives.program_name`).
+
+  Returns:
+    The family; `lowered_family` gives it back for the site's waits and
+    done.
+  """
   groups, sig = _local_groups(mesh, axis_name)
-  key = (platform, sig, site)
   with _lock:
-    fam = _families.get(key)
-    if fam is not None and fam.slot_bytes >= slot_bytes and not _poisoned(
-        fam, groups, platform):
+    sites = program.setdefault((platform, sig), {})
+    fam = sites.get(site)
+    if fam is not None:  # The site lowered again in this program.
       return fam
-    fam = _new_family(groups, sig, axis_name, slot_bytes, platform)
-    _families[key] = fam
+    key = (platform, sig, name, len(sites), slot_bytes)
+    fam = _families.get(key)
+    if fam is None or _poisoned(fam, groups, platform):
+      fam = _new_family(groups, sig, axis_name, slot_bytes, platform)
+      _families[key] = fam
+    sites[site] = fam
     return fam
 
 
@@ -275,12 +305,12 @@ def program_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
 
 
 def lowered_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
-                   platform: int) -> Family:
-  """The family `family_for` gave start ``site`` (its waits and done are
-  lowered after it, in the same module)."""
+                   platform: int, program: dict) -> Family:
+  """The family `family_for` gave start ``site`` in this program (its waits
+  and done are lowered after it, in the same module)."""
   _, sig = _local_groups(mesh, axis_name)
   with _lock:
-    fam = _families.get((platform, sig, site))
+    fam = program.get((platform, sig), {}).get(site)
   if fam is None:
     raise ValueError(
         f"peer-copy site {site}: its wait or done is lowered without its"
