@@ -12,7 +12,10 @@ namespace ficco {
 inline constexpr const char* kIfSeveralDispatchers =
     "if several host threads dispatch programs that share these devices,"
     " XLA may run them in different orders on different devices: dispatch"
-    " them from one thread, or hold one lock around each call";
+    " them from one thread, or hold one lock around each call (XLA:CPU"
+    " does so from one thread too when programs over different, overlapping"
+    " sets of devices are called without waiting: block on a result before"
+    " calling a program over another set)";
 
 // Why a push start or arm finds its site's previous call unfinished in the
 // same execution, and what to do (docs/protocol.md, "Several runs of one
@@ -26,11 +29,18 @@ inline constexpr const char* kRunsTwice =
     " transport='rendezvous'; then call jax.clear_caches(), since this"
     " window's ranks no longer agree on epochs";
 
+// jax.clear_caches() re-lowers jitted programs onto fresh windows; one
+// compiled ahead of time keeps its windows until compiled again. A macro,
+// so that messages can splice it into string literals.
+#define FICCO_AOT_ADVICE                                                \
+  "a program compiled ahead of time, with .lower().compile(), must be" \
+  " lowered and compiled again"
+
 // What to do after a window or push timeout: it poisons the window, so
 // the next call fails until the program is lowered onto fresh windows.
 inline constexpr const char* kAfterWindowTimeout =
     ". The ranks of this window no longer agree on epochs: call"
-    " jax.clear_caches() before calling again";
+    " jax.clear_caches() before calling again (" FICCO_AOT_ADVICE ")";
 
 // The tail of a window or push timeout: the ranks that never signalled
 // (e.g. "rank 1 (device 1)"), why that may be, and what to do next.

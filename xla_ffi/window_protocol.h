@@ -533,7 +533,7 @@ ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
         ffi::ErrorCode::kFailedPrecondition,
         who() + ": an earlier invocation on this window failed, so its ranks"
         " no longer agree on epochs; call jax.clear_caches() to lower onto"
-        " fresh windows. The failure: " + sticky));
+        " fresh windows (" FICCO_AOT_ADVICE "). The failure: " + sticky));
   }
   if (Faults(device, step)) {
     return ffi::Unexpected(ffi::Error(
@@ -554,7 +554,7 @@ ffi::Error WindowMissError(int64_t family, std::string_view phase,
           ffi::ErrorCode::kFailedPrecondition,
           WindowWho(phase, op, device) + ": an earlier invocation on this"
           " window failed; call jax.clear_caches() to lower onto fresh"
-          " windows. The failure: " + sticky);
+          " windows (" FICCO_AOT_ADVICE "). The failure: " + sticky);
     }
   }
   return ffi::Error::InvalidArgument(WindowMiss(phase, op, device));
