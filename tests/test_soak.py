@@ -195,7 +195,7 @@ def _shared_mapped_mib() -> float:
 def test_windows_are_flat_over_many_traces(platform):
   """Traces of one program after jax.clear_caches() share its windows:
   neither the window count nor the shared memory mapped grows with them
-  (8 MiB shards on 4 devices: each trace mapped 32 MiB more before).
+  (8 MiB shards on 4 devices: new windows would map 32 MiB a trace).
   Resident memory is printed, not checked: over the first traces it rises
   by a few times the gathered buffer and then steps up and down by one
   (malloc keeping freed 32 MiB buffers), with XLA's collectives as with

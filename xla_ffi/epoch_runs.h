@@ -97,9 +97,8 @@ class EpochRuns {
 inline ffi::Error CheckEpochRun(int platform, Window& win, uint32_t epoch,
                                 int64_t run_id, const std::string& where,
                                 int64_t instance) {
-  const auto other = EpochRuns::Get().Record(
-      platform, win.family, epoch, run_id, instance,
-      Windows::Get().LocalCount(platform, win.family));
+  const auto other = EpochRuns::Get().Record(platform, win.family, epoch,
+                                             run_id, instance, win.local);
   if (!other.has_value()) return ffi::Error::Success();
   const std::string why =
       other->other_instance

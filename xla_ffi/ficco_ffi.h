@@ -129,7 +129,9 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
                    int peer_device, const char* handle, int64_t handle_len,
                    char* error, int64_t error_len);
 
-// Every peer has mapped this window: drop its name (CPU shared memory).
+// Every peer has mapped this window, and every window of its family in this
+// process exists: count them (Window::local) and drop its shared-memory
+// name.
 void FiccoWindowSealed(int platform, int64_t family, int device);
 
 // Starts so far on the window (-1: none), whether a failure poisoned it

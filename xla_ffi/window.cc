@@ -196,6 +196,7 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
 }
 
 void FiccoWindowSealed(int platform, int64_t family, int device) {
+  ficco::Windows::Get().CountFamily(platform, family);
   auto w = ficco::Windows::Get().Find(platform, family, device);
   // Every peer has mapped it: the names can go, the memory stays until the
   // last process that maps it exits (no leftovers in /dev/shm).

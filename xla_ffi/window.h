@@ -56,6 +56,7 @@ struct Window {
   int64_t family = 0;
   int32_t device = 0;  // local ordinal (the handler's DeviceOrdinal)
   int64_t rank = 0, size = 0;
+  int64_t local = 1;  // windows of the family in this process (sealing sets)
   int64_t slot_bytes = 0;
   char* base = nullptr;      // this device's window
   std::string handle;        // what peers in other processes map
@@ -110,25 +111,14 @@ class Windows {
   }
   // Poisons the windows of `family` on every device of this process.
   void PoisonFamily(int platform, int64_t family, const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = map_.lower_bound({platform, family, INT32_MIN});
-         it != map_.end() && std::get<0>(it->first) == platform &&
-         std::get<1>(it->first) == family;
-         ++it) {
-      it->second->Poison(why);
-    }
+    ForFamily(platform, family, [&why](Window& w) { w.Poison(why); });
   }
-  // The devices of this process with a window of `family`.
-  int64_t LocalCount(int platform, int64_t family) {
-    std::lock_guard<std::mutex> lock(mu_);
+  // Once every window of `family` in this process exists (sealing): each
+  // learns how many there are (`Window::local`).
+  void CountFamily(int platform, int64_t family) {
     int64_t n = 0;
-    for (auto it = map_.lower_bound({platform, family, INT32_MIN});
-         it != map_.end() && std::get<0>(it->first) == platform &&
-         std::get<1>(it->first) == family;
-         ++it) {
-      ++n;
-    }
-    return n;
+    ForFamily(platform, family, [&n](Window&) { ++n; });
+    ForFamily(platform, family, [n](Window& w) { w.local = n; });
   }
   void Add(std::shared_ptr<Window> w) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -142,6 +132,17 @@ class Windows {
   }
 
  private:
+  template <class F>
+  void ForFamily(int platform, int64_t family, F f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = map_.lower_bound({platform, family, INT32_MIN});
+         it != map_.end() && std::get<0>(it->first) == platform &&
+         std::get<1>(it->first) == family;
+         ++it) {
+      f(*it->second);
+    }
+  }
+
   std::mutex mu_;
   std::map<std::tuple<int, int64_t, int32_t>, std::shared_ptr<Window>> map_;
 };

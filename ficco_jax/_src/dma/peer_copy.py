@@ -464,9 +464,10 @@ def _program(ctx) -> dict:
 
 def _window_of(ctx, mesh, axis_name: str, site: int) -> dict:
   """The window family a window wait or done of ``site`` syncs on."""
-  fam = windows.lowered_family(mesh, axis_name, site=site,
+  fam = windows.program_family(mesh, axis_name, site=site,
                                platform=primitives.platform_of(ctx),
-                               program=_program(ctx))
+                               program=_program(ctx), first="start",
+                               later="waits and done")
   return {"window": fam.id}
 
 

@@ -226,7 +226,8 @@ def _family(ctx, axis_name: str, site: int, half: int, *, create: bool) -> int:
                                  slot_bytes=2 * half, platform=platform,
                                  program=_program(ctx)).id
   return windows.program_family(mesh, axis_name, site=site, platform=platform,
-                                program=_program(ctx)).id
+                                program=_program(ctx), first="arm",
+                                later="start and finish").id
 
 
 def _arm_lowering(ctx, flags_like, like, *, half: int, axis_name: str,

@@ -216,7 +216,7 @@ def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
     name: the program's name (`primitives.program_name`).
 
   Returns:
-    The family; `lowered_family` gives it back for the site's waits and
+    The family; `program_family` gives it back for the site's waits and
     done.
   """
   groups, sig = _local_groups(mesh, axis_name)
@@ -291,30 +291,27 @@ def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
 
 
 def program_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
-                   platform: int, program: dict) -> Family:
-  """The family `pooled_family` gave ``site`` in this program."""
+                   platform: int, program: dict, first: str,
+                   later: str) -> Family:
+  """The family `family_for` or `pooled_family` gave ``site`` in this
+  program, for the steps lowered after its first (in the same module).
+
+  Args:
+    mesh, axis_name, site, platform, program: as given to the first step.
+    first, later: the site's first step and its later ones, for the error
+      when the first was not lowered in this program (e.g. "arm" and
+      "start or finish").
+
+  Returns:
+    The family.
+  """
   _, sig = _local_groups(mesh, axis_name)
   with _lock:
     fam = program.get((platform, sig), {}).get(site)
   if fam is None:
     raise ValueError(
-        f"push site {site}: its start or finish is lowered without its arm"
-        " in this program; pass each arm's site to its own start and"
-        " finish.")
-  return fam
-
-
-def lowered_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
-                   platform: int, program: dict) -> Family:
-  """The family `family_for` gave start ``site`` in this program (its waits
-  and done are lowered after it, in the same module)."""
-  _, sig = _local_groups(mesh, axis_name)
-  with _lock:
-    fam = program.get((platform, sig), {}).get(site)
-  if fam is None:
-    raise ValueError(
-        f"peer-copy site {site}: its wait or done is lowered without its"
-        " start; pass each start's site to its own waits and done.")
+        f"site {site}: its {later} is lowered without its {first} in this"
+        f" program; pass each {first}'s site to its own {later}.")
   return fam
 
 
