@@ -55,6 +55,11 @@
                 window transport's, or with $FICCO_TEST_SCHEDULE=push the
                 push all-gather and the flagged reduce-scatter, which
                 share one pooled push window.
+  mode "recover": process 1's window start fails (the fault hook) in 4
+                calls of the window all-gather; every process must fail,
+                lower afresh and be right again, and the failed families'
+                windows must be freed (CUDA: but for device memory the other
+                process maps, which stays).
   mode "mismatch": each process runs a program of its own (same op, same
                 shapes, another name) on the pooled push window, so the
                 ranks pair two programs at one epoch: every process must
@@ -227,6 +232,46 @@ def _barrier(name: str, timeout_s: float = 120.0) -> None:
   same client for their handles.)"""
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   distributed.global_state.client.wait_at_barrier(name, int(timeout_s * 1000))
+
+
+def _recover(mesh, x, w) -> int:
+  """Mode "recover" (see the module docstring)."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+  me = jax.process_index()
+  device = jax.local_devices()[0]
+  pid = library.platform_id(jax.default_backend())
+  ordinal = windows.handler_ordinal(device, pid)
+  ref = x.astype(np.float64) @ w.astype(np.float64)
+  f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
+  _check(f(*args), ref)
+  counts = []
+  for i in range(4):
+    _barrier(f"recover {i} armed")
+    if me == 1:
+      library.set_fault(ordinal, "start")
+    try:
+      jax.block_until_ready(f(*args))
+      print(f"recover: call {i} did not fail", flush=True)
+      return 11
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      if not any(c in str(e) for c in ("test hook", "never signalled")):
+        print(f"recover: unexpected error {str(e)[:1500]}", flush=True)
+        return 12
+    finally:
+      library.clear_faults()
+    time.sleep(1.5)  # Every peer has given up.
+    _barrier(f"recover {i} failed")
+    jax.clear_caches()
+    f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
+    _check(f(*args), ref)
+    counts.append(windows.window_count(pid))
+  print(f"recover: windows {counts}", flush=True)
+  # A window's device memory that the other process maps stays (CUDA).
+  kept = 1 if jax.default_backend() == "gpu" else 0
+  grown = [c - counts[0] for c in counts]
+  if any(g > kept * k for k, g in enumerate(grown)):
+    return 13
+  return 0
 
 
 def _threads(mesh, rng, x, w, h, w2) -> int:
@@ -582,6 +627,8 @@ def main(mode: str) -> int:
     return _threads(mesh, rng, x, w, h, w2)
   if mode == "mismatch":
     return _mismatch(mesh, rng)
+  if mode == "recover":
+    return _recover(mesh, x, w)
   if mode == "twice":
     return _twice(mesh, rng)
   if mode == "moe":

@@ -206,3 +206,43 @@ def test_a_retry_loop_gets_through_after_a_stall():
   assert refused >= 1, "the retries were never refused: nothing was tested"
   assert util.rel_err(out, ref) < util.tol(dtype)
   print(f"through after {took:.2f} s, {refused} refused")
+
+
+@pytest.mark.parametrize("transport", ["window", "push"])
+def test_recovering_from_failures_frees_the_poisoned_windows(transport):
+  """A loop that recovers from failures by lowering again holds at most the
+  windows of its last failure: lowering retires a poisoned family and frees
+  it once its calls have ended. A program still compiled against a freed
+  family (ahead of time, here) fails at once, saying to lower again and
+  what the first failure was."""
+  op, label, _ = CASES[transport]
+  mesh = util.tp_mesh()
+  last = mesh.devices.size - 1
+  platform = util.platform_name()
+  pid = library.platform_id(platform)
+  ordinal = windows.handler_ordinal(mesh.devices.flat[last], pid)
+  rng = np.random.default_rng(11)
+  args, ref, dtype = _inputs(mesh, op, rng)
+  f = _program(mesh, op, label)
+  compiled = f.lower(*args).compile()
+  assert util.rel_err(compiled(*args), ref) < util.tol(dtype)
+  counts = []
+  for i in range(6):
+    with util.failing_at(ordinal, ("wait", "done")[i % 2]):
+      with pytest.raises(Exception) as info:
+        jax.block_until_ready(f(*args))
+    assert "test hook" in str(info.value) or f"rank {last}" in str(
+        info.value), str(info.value)
+    time.sleep(TIMEOUT_S + 0.5)  # Every peer has given up.
+    jax.clear_caches()
+    f = _program(mesh, op, label)
+    assert util.rel_err(f(*args), ref) < util.tol(dtype), i
+    counts.append(windows.window_count(pid))
+  # Before, each failure kept its family: the count grew by a family a failure.
+  assert max(counts[1:]) <= counts[0], counts
+  with pytest.raises(Exception) as info:
+    jax.block_until_ready(compiled(*args))
+  message = str(info.value)
+  assert "lower" in message and ("test hook" in message or
+                                  f"rank {last}" in message), message
+  assert util.window_entries_after(platform) == 0

@@ -266,6 +266,14 @@ def test_two_programs_paired_at_one_epoch_fail_naming_the_cause(capfd):
   assert "ran another op at this epoch" in capfd.readouterr().out
 
 
+def test_recovering_from_failures_across_processes_frees_windows(capfd):
+  """A failure, clear_caches and lowering again, four times: every process
+  is right again each time, and the failed families' windows are freed."""
+  assert _launch("recover", timeout_s=240) == 0, capfd.readouterr().out
+  out = capfd.readouterr().out
+  assert out.count("recover: windows") == LAYOUT["num_processes"], out
+
+
 def test_launch_checks_its_arguments():
   with pytest.raises(ValueError, match="num_processes=0 must be >= 1"):
     launch.launch([WORKER, "ops"], 0, gpus=0)

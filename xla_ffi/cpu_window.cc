@@ -6,6 +6,8 @@
 // finish return futures, as in the rendezvous twin (XLA:CPU's handler pool
 // is small).
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -679,8 +681,11 @@ ffi::Future PushGatherImpl(ffi::RunId run_id, StartInstance* instance,
 // The window is shared memory, so its host words sit in it too.
 ffi::Error CpuWindowAllocate(Window& w, std::string* handle) {
   const std::string name = ShmName("w", w);
-  auto p = ShmCreate(name, kHeaderBytes + kHostBytes + kSlots * w.slot_bytes);
+  const size_t bytes = kHeaderBytes + kHostBytes + kSlots * w.slot_bytes;
+  auto p = ShmCreate(name, bytes);
   if (!p.has_value()) return p.error();
+  // Peers in other processes keep the memory while they map it.
+  w.release.push_back([base = *p, bytes](bool) { munmap(base, bytes); });
   w.base = *p;
   w.host = reinterpret_cast<uint32_t*>(w.base + kHeaderBytes);
   *handle = name;
@@ -689,8 +694,10 @@ ffi::Error CpuWindowAllocate(Window& w, std::string* handle) {
 }
 
 ffi::Error CpuWindowMap(Window& w, int64_t peer, const std::string& handle) {
-  auto p = ShmOpen(handle, kHeaderBytes + kHostBytes + kSlots * w.slot_bytes);
+  const size_t bytes = kHeaderBytes + kHostBytes + kSlots * w.slot_bytes;
+  auto p = ShmOpen(handle, bytes);
   if (!p.has_value()) return p.error();
+  w.release.push_back([base = *p, bytes](bool) { munmap(base, bytes); });
   w.peers[peer] = *p;
   w.peer_host[peer] = reinterpret_cast<uint32_t*>(*p + kHeaderBytes);
   return ffi::Error::Success();

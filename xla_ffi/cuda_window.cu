@@ -12,6 +12,7 @@
 
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -513,6 +514,15 @@ ffi::Error CudaWindowAllocate(Window& w, std::string* handle) {
   w.host_name = ShmName("h", w);
   auto host = ShmCreate(w.host_name, kHostBytes);
   if (!host.has_value()) return host.error();
+  // The memory stays if any peer is in another process (`remote_peers`,
+  // known once mapped): that process may still copy from it, and nothing
+  // here relies on CUDA keeping a freed block for its importers.
+  w.release.push_back([p, host = *host, device = w.device](bool remote) {
+    munmap(host, kHostBytes);
+    if (remote) return;
+    ScopedDevice scoped;
+    if (!scoped.Set(device).failure()) cudaFree(p);
+  });
   w.base = static_cast<char*>(p);
   w.host = reinterpret_cast<uint32_t*>(*host);
   handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
@@ -532,13 +542,25 @@ ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle) {
   auto host = ShmOpen(handle.substr(sizeof(h)), kHostBytes);
   if (!host.has_value()) return host.error();
   w.peer_host[peer] = reinterpret_cast<uint32_t*>(*host);
+  w.release.push_back([host = *host](bool) { munmap(host, kHostBytes); });
   ScopedDevice scoped;
   if (auto err = scoped.Set(w.device); err.failure()) return err;
   void* p = nullptr;
   FICCO_CUDA_RETURN_IF_ERROR(
       cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+  w.release.push_back([p, device = w.device](bool) {
+    ScopedDevice scoped;
+    if (!scoped.Set(device).failure()) cudaIpcCloseMemHandle(p);
+  });
   w.peers[peer] = static_cast<char*>(p);
   return ffi::Error::Success();
+}
+
+void CudaSyncDevices(const std::vector<int32_t>& devices) {
+  ScopedDevice scoped;
+  for (int32_t d : devices) {
+    if (!scoped.Set(d).failure()) cudaDeviceSynchronize();
+  }
 }
 
 int64_t CudaWindowPending() {

@@ -78,6 +78,12 @@ class EpochRuns {
     return conflict;
   }
 
+  // Drops a retired family's epochs.
+  void Forget(int platform, int64_t family) {
+    std::lock_guard<std::mutex> lock(mu_);
+    families_.erase({platform, family});
+  }
+
  private:
   // Epochs a family keeps that not every local device has recorded: far
   // more than any run of calls XLA puts in flight at once.

@@ -135,7 +135,9 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
 void FiccoWindowSealed(int platform, int64_t family, int device);
 
 // Starts so far on the window (-1: none), whether a failure poisoned it
-// (1, 0, or -1: none), windows alive, and wait/done entries pending.
+// (1, 0, or -1: none), windows whose memory is held (in use, retired and
+// not yet reaped, or reaped with device memory another process maps), and
+// wait/done entries pending.
 int64_t FiccoWindowEpoch(int platform, int64_t family, int device);
 int FiccoWindowPoisoned(int platform, int64_t family, int device);
 int64_t FiccoWindowCount(int platform);
@@ -144,6 +146,15 @@ int64_t FiccoWindowPending(int platform);
 // The family is abandoned (a failure replaced its pool): drop the push
 // protocol's arm/start entries its failed execution left behind.
 void FiccoWindowForget(int platform, int64_t family);
+
+// Lowering replaced the family (a failure poisoned it): forget its push
+// entries, poison and remove its windows in this process, with `why` for
+// any call that still names it (Windows::Retire).
+void FiccoWindowRetire(int platform, int64_t family, const char* why);
+
+// Frees the retired families nothing holds any more; returns the number of
+// windows whose memory it freed.
+int64_t FiccoWindowReap(int platform);
 
 }  // extern "C"
 

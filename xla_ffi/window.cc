@@ -17,9 +17,75 @@
 #include <sstream>
 #include <string>
 
+#include "epoch_runs.h"
 #include "ficco_ffi.h"
 
 namespace ficco {
+
+void Windows::Retire(int platform, int64_t family, const std::string& why) {
+  // The failure that poisoned a window (on any device) is what a later
+  // call is told, on every device; `why` when none failed.
+  std::string reason;
+  ForFamily(platform, family, [&reason](Window& w) {
+    if (reason.empty()) reason = w.Sticky();
+  });
+  if (reason.empty()) reason = why;
+  PoisonFamily(platform, family, reason);
+  EpochRuns::Get().Forget(platform, family);
+  std::lock_guard<std::mutex> lock(mu_);
+  Retiree r;
+  r.platform = platform;
+  for (auto it = map_.lower_bound({platform, family, INT32_MIN});
+       it != map_.end() && std::get<0>(it->first) == platform &&
+       std::get<1>(it->first) == family;) {
+    Window& w = *it->second;
+    r.windows.push_back(it->second);
+    r.devices.push_back(w.device);
+    r.kept += platform != kFiccoCpu && w.remote_peers;
+    // Only lowering (which holds the registry's callers apart) touches it.
+    for (auto& f : w.release) {
+      r.release.push_back(
+          [f = std::move(f), remote = w.remote_peers] { f(remote); });
+    }
+    w.release.clear();
+    it = map_.erase(it);
+  }
+  if (r.windows.empty()) return;
+  retired_why_[{platform, family}] = reason;
+  retired_.push_back(std::move(r));
+}
+
+int64_t Windows::Reap(int platform) {
+  std::vector<Retiree> free;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      const bool held = std::any_of(
+          it->windows.begin(), it->windows.end(),
+          [](const std::weak_ptr<Window>& w) { return !w.expired(); });
+      if (it->platform != platform || held) {
+        ++it;
+        continue;
+      }
+      kept_[platform] += it->kept;
+      free.push_back(std::move(*it));
+      it = retired_.erase(it);
+    }
+  }
+  int64_t n = 0;
+  for (Retiree& r : free) {
+    // No invocation holds the windows, but a device's queue may still run
+    // what one enqueued (the watchdog ends every wait on them by its
+    // deadline), and a device may read its peers' windows, so every device
+    // of the family finishes before any of its memory goes.
+#ifdef FICCO_WITH_CUDA
+    if (platform == kFiccoCuda) CudaSyncDevices(r.devices);
+#endif
+    for (auto& f : r.release) f();
+    n += static_cast<int64_t>(r.windows.size()) - r.kept;
+  }
+  return n;
+}
 
 std::string WindowWhere(const Plan& plan, const Window& w, uint32_t epoch) {
   std::ostringstream os;
@@ -183,6 +249,7 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
     return 0;
   }
   const std::string h(handle, handle_len);
+  w->remote_peers = true;  // So rank `peer`'s process maps this one too.
   if (platform == kFiccoCpu) {
     return ficco::Report(ficco::CpuWindowMap(*w, peer, h), error, error_len);
   }
@@ -222,6 +289,15 @@ void FiccoWindowForget(int platform, int64_t family) {
 #ifdef FICCO_WITH_CUDA
   if (platform == kFiccoCuda) ficco::CudaWindowForget(family);
 #endif
+}
+
+void FiccoWindowRetire(int platform, int64_t family, const char* why) {
+  FiccoWindowForget(platform, family);
+  ficco::Windows::Get().Retire(platform, family, why);
+}
+
+int64_t FiccoWindowReap(int platform) {
+  return ficco::Windows::Get().Reap(platform);
 }
 
 int64_t FiccoWindowPending(int platform) {

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,6 +73,12 @@ struct Window {
   mutable std::mutex mu;
   std::string sticky_error;  // a failed invocation poisons the window
   std::atomic<bool> poisoned{false};  // sticky_error is set
+  // What frees this window's memory and unmaps the peers' windows it mapped
+  // from other processes (the platform's allocate and map add to it); run
+  // by Windows::Reap once the family is retired and nothing holds it, told
+  // whether `remote_peers` (the window is gone by then).
+  std::vector<std::function<void(bool remote_peers)>> release;
+  bool remote_peers = false;  // some rank's window is in another process
 
   uint32_t* ReadyOf(char* window, int64_t q) const {
     return reinterpret_cast<uint32_t*>(window) + q;
@@ -113,6 +120,21 @@ class Windows {
   void PoisonFamily(int platform, int64_t family, const std::string& why) {
     ForFamily(platform, family, [&why](Window& w) { w.Poison(why); });
   }
+  // Takes `family` out of use in this process: poisons its windows with
+  // `why`, so a call still in flight on them fails at once, and removes
+  // them, so a later call that names the family finds `why` (Retired). Their
+  // memory goes at a later Reap, once no invocation holds any of them.
+  void Retire(int platform, int64_t family, const std::string& why);
+  // Frees the memory of the retired families that nothing holds any more
+  // (their invocations have ended, and on CUDA their devices' queued work
+  // with them). Returns how many windows it freed.
+  int64_t Reap(int platform);
+  // Why `family` was retired, or "" if it was not.
+  std::string Retired(int platform, int64_t family) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = retired_why_.find({platform, family});
+    return it == retired_why_.end() ? std::string() : it->second;
+  }
   // Once every window of `family` in this process exists (sealing): each
   // learns how many there are (`Window::local`).
   void CountFamily(int platform, int64_t family) {
@@ -124,11 +146,16 @@ class Windows {
     std::lock_guard<std::mutex> lock(mu_);
     map_[{w->platform, w->family, w->device}] = std::move(w);
   }
+  // Windows whose memory is held: in use, or retired and not yet reaped.
   int64_t Count(int platform) {
     std::lock_guard<std::mutex> lock(mu_);
     int64_t n = 0;
     for (const auto& [key, w] : map_) n += std::get<0>(key) == platform;
-    return n;
+    for (const Retiree& r : retired_) {
+      if (r.platform == platform) n += static_cast<int64_t>(r.windows.size());
+    }
+    auto kept = kept_.find(platform);
+    return n + (kept == kept_.end() ? 0 : kept->second);
   }
 
  private:
@@ -143,8 +170,23 @@ class Windows {
     }
   }
 
+  // A retired family's windows in this process, until Reap frees them.
+  struct Retiree {
+    int platform = 0;
+    std::vector<std::weak_ptr<Window>> windows;
+    std::vector<int32_t> devices;
+    std::vector<std::function<void()>> release;
+    int64_t kept = 0;  // CUDA windows a process of another rank maps
+  };
+
   std::mutex mu_;
   std::map<std::tuple<int, int64_t, int32_t>, std::shared_ptr<Window>> map_;
+  std::vector<Retiree> retired_;
+  // Why each retired family was (a line per failure, kept for the error of
+  // a program compiled against it that runs again).
+  std::map<std::pair<int, int64_t>, std::string> retired_why_;
+  // Per platform: reaped windows whose device memory stays (Retiree::kept).
+  std::map<int, int64_t> kept_;
 };
 
 // "ficco window copy of 'op' (site 3, epoch 7) on device 2 (rank 2 of 4)".
@@ -165,6 +207,8 @@ void CpuWindowForget(int64_t family);
 ffi::Error CudaWindowAllocate(Window& w, std::string* handle);
 ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle);
 ffi::Error CudaEnablePeer(int32_t device, int32_t peer_device);
+// Waits for every device's queued work (before a retired family is freed).
+void CudaSyncDevices(const std::vector<int32_t>& devices);
 int64_t CudaWindowPending();
 void CudaWindowForget(int64_t family);
 #endif

@@ -523,12 +523,16 @@ ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
                                                    int32_t device, Who who,
                                                    int step = kFaultStart) {
   std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
-  if (win == nullptr) {
+  const std::string sticky = win != nullptr
+                                 ? win->Sticky()
+                                 : Windows::Get().Retired(B::kPlatform, family);
+  if (win == nullptr && sticky.empty()) {
     return ffi::Unexpected(ffi::Error::InvalidArgument(
         who() + ": no window of family " + std::to_string(family) +
         " (windows are made when the op is lowered, in this process)"));
   }
-  if (std::string sticky = win->Sticky(); !sticky.empty()) {
+  // A retired family (lowering replaced it) has no windows left here.
+  if (!sticky.empty()) {
     return ffi::Unexpected(ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,
         who() + ": an earlier invocation on this window failed, so its ranks"
@@ -548,14 +552,15 @@ template <class B>
 ffi::Error WindowMissError(int64_t family, std::string_view phase,
                            std::string_view op, int32_t device) {
   std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
-  if (win != nullptr) {
-    if (std::string sticky = win->Sticky(); !sticky.empty()) {
-      return ffi::Error(
-          ffi::ErrorCode::kFailedPrecondition,
-          WindowWho(phase, op, device) + ": an earlier invocation on this"
-          " window failed; call jax.clear_caches() to lower onto fresh"
-          " windows (" FICCO_AOT_ADVICE "). The failure: " + sticky);
-    }
+  const std::string sticky = win != nullptr
+                                 ? win->Sticky()
+                                 : Windows::Get().Retired(B::kPlatform, family);
+  if (!sticky.empty()) {
+    return ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        WindowWho(phase, op, device) + ": an earlier invocation on this"
+        " window failed; call jax.clear_caches() to lower onto fresh"
+        " windows (" FICCO_AOT_ADVICE "). The failure: " + sticky);
   }
   return ffi::Error::InvalidArgument(WindowMiss(phase, op, device));
 }

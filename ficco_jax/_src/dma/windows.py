@@ -14,10 +14,11 @@ they create the same families in the same order; keys in the store carry
 the group's device ids and a generation (the count of families made for
 that group), so they match across processes: every member of a group
 lowers the same starts over it, whatever other groups a process also
-holds. A family lives as long as the process: each start of a program of
-the window transport holds one copy of its sources per device, shared by
-the program's later traces (`family_for`); the push protocol's sites share
-a pool (`pooled_family`).
+holds. A family lives as long as the process unless a failure poisons it:
+each start of a program of the window transport holds one copy of its
+sources per device, shared by the program's later traces (`family_for`);
+the push protocol's sites share a pool (`pooled_family`). A poisoned family
+that lowering replaces is retired and freed once nothing uses it.
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ def _lib():
   lib.FiccoWindowPending.restype = i64
   lib.FiccoWindowForget.argtypes = [ctypes.c_int, i64]
   lib.FiccoWindowForget.restype = None
+  lib.FiccoWindowRetire.argtypes = [ctypes.c_int, i64, ctypes.c_char_p]
+  lib.FiccoWindowRetire.restype = None
+  lib.FiccoWindowReap.argtypes = [ctypes.c_int]
+  lib.FiccoWindowReap.restype = i64
   return lib
 
 
@@ -175,9 +180,20 @@ def _local_groups(mesh: jax.sharding.Mesh, axis_name: str):
   return groups, tuple(tuple(int(d.id) for d in g) for g in groups)
 
 
+def _retire(fam: Family, platform: int, why: str) -> None:
+  """Takes a family that lowering replaced out of use: its windows here are
+  poisoned (a program still compiled against it fails, saying to lower
+  again) and freed by a later `_new_family` once no call holds them."""
+  _lib().FiccoWindowRetire(platform, fam.id, why.encode())
+
+
 def _new_family(groups, sig, axis_name: str, slot_bytes: int,
                 platform: int) -> Family:
   """Creates (and exchanges) a family; the caller holds `_lock`."""
+  # Lowering is where families come and go: free the retired ones whose
+  # calls have all ended first, so a loop that recovers from failures by
+  # lowering again holds at most the families of its last failure.
+  _lib().FiccoWindowReap(platform)
   _check_one_host(groups, axis_name, EXCHANGE_TIMEOUT_S)
   gens = []
   for g in sig:
@@ -200,7 +216,9 @@ def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
   ``jax.jit`` wrapper) makes new sites, but lowers the same starts in the
   same order: the k-th start of program ``name`` with a slot of
   ``slot_bytes`` reuses the family of the last program lowered that way,
-  unless a failure poisoned it, so re-tracing maps no new windows. Distinct
+  unless a failure poisoned it, so re-tracing maps no new windows. A
+  poisoned family is retired (`_retire`) and its memory freed once its
+  calls have ended. Distinct
   starts of one program never share (XLA may interleave independent ops, and
   their epochs would pair wrongly); two programs that share a family run
   one after the other on each device when one thread dispatches them, as
@@ -227,7 +245,11 @@ def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
       return fam
     key = (platform, sig, name, len(sites), slot_bytes)
     fam = _families.get(key)
-    if fam is None or _poisoned(fam, groups, platform):
+    if fam is not None and _poisoned(fam, groups, platform):
+      _retire(fam, platform, f"program {name!r} was lowered again after a"
+              " failure poisoned this window")
+      fam = None
+    if fam is None:
       fam = _new_family(groups, sig, axis_name, slot_bytes, platform)
       _families[key] = fam
     sites[site] = fam
@@ -256,7 +278,10 @@ def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
   it), so the windows of an ordinal add up to at most twice the last; and a
   failure anywhere in the pool (a poisoned family) replaces every family of
   the group's pool, since the failed program may have left its other
-  windows with ranks at different epochs.
+  windows with ranks at different epochs: they are retired (a program
+  still compiled against one fails, saying to lower again) and freed once
+  their calls have ended. Outgrown families are not in the pool any more
+  and stay.
 
   Args:
     mesh, axis_name: the mesh and the axis whose groups share a window.
@@ -279,7 +304,8 @@ def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
     mine = [k for k in _pool if k[:2] == (platform, sig)]
     if not sites and any(_poisoned(_pool[k], groups, platform) for k in mine):
       for k in mine:  # Checked once per program, before its first site.
-        _lib().FiccoWindowForget(platform, _pool.pop(k).id)
+        _retire(_pool.pop(k), platform, "a failure poisoned a window of this"
+                " group's push pool, so the pool was replaced")
     key = (platform, sig, len(sites))
     fam = _pool.get(key)
     if fam is None or fam.slot_bytes < slot_bytes:
@@ -364,6 +390,9 @@ def epoch(family: int, device_ordinal: int, platform: int) -> int:
 
 
 def window_count(platform: int) -> int:
+  """Windows whose memory this process holds: in use, retired after a
+  failure and not yet freed, or freed but for CUDA device memory that a
+  process of another rank maps (docs/windows.md, "Failure and timeouts")."""
   return _lib().FiccoWindowCount(platform)
 
 
