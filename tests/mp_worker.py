@@ -55,11 +55,16 @@
                 window transport's, or with $FICCO_TEST_SCHEDULE=push the
                 push all-gather and the flagged reduce-scatter, which
                 share one pooled push window.
-  mode "recover": process 1's window start fails (the fault hook) in 4
-                calls of the window all-gather; every process must fail,
-                lower afresh and be right again, and the failed families'
-                windows must be freed (CUDA: but for device memory the other
-                process maps, which stays).
+  mode "recover": process 1's window start, then its wait, fails (the
+                fault hook) in 4 calls of the window all-gather; its call
+                must fail (a failed start fails every process's: their
+                starts wait for it; after a failed wait the others' may
+                succeed); then every process lowers afresh and must be right
+                again (a process that succeeded must take the others'
+                failure for its own, or lowering would pair different
+                windows), and the failed families' windows must be freed
+                (CUDA: but for device memory the other process maps, which
+                stays).
   mode "mismatch": each process runs a program of its own (same op, same
                 shapes, another name) on the pooled push window, so the
                 ranks pair two programs at one epoch: every process must
@@ -247,12 +252,14 @@ def _recover(mesh, x, w) -> int:
   counts = []
   for i in range(4):
     _barrier(f"recover {i} armed")
+    step = ("start", "wait")[i % 2]
     if me == 1:
-      library.set_fault(ordinal, "start")
+      library.set_fault(ordinal, step)
     try:
-      jax.block_until_ready(f(*args))
-      print(f"recover: call {i} did not fail", flush=True)
-      return 11
+      _check(f(*args), ref)
+      if me == 1 or step == "start":
+        print(f"recover: call {i} did not fail", flush=True)
+        return 11
     except Exception as e:  # pylint: disable=broad-exception-caught
       if not any(c in str(e) for c in ("test hook", "never signalled")):
         print(f"recover: unexpected error {str(e)[:1500]}", flush=True)

@@ -134,8 +134,9 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
 // name.
 void FiccoWindowSealed(int platform, int64_t family, int device);
 
-// Starts so far on the window (-1: none), whether a failure poisoned it
-// (1, 0, or -1: none), windows whose memory is held (in use, retired and
+// Starts so far on the window (-1: none), whether a failure poisoned it or
+// a peer's window of its family, in this process or another (1, 0, or -1:
+// none), windows whose memory is held (in use, retired and
 // not yet reaped, or reaped with device memory another process maps), and
 // wait/done entries pending.
 int64_t FiccoWindowEpoch(int platform, int64_t family, int device);

@@ -277,7 +277,7 @@ int64_t FiccoWindowEpoch(int platform, int64_t family, int device) {
 
 int FiccoWindowPoisoned(int platform, int64_t family, int device) {
   auto w = ficco::Windows::Get().Find(platform, family, device);
-  return w ? static_cast<int>(w->Poisoned()) : -1;
+  return w ? static_cast<int>(w->Poisoned() || w->PeerPoisoned()) : -1;
 }
 
 int64_t FiccoWindowCount(int platform) {

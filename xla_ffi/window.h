@@ -15,9 +15,11 @@
 #ifndef FICCO_XLA_FFI_WINDOW_H_
 #define FICCO_XLA_FFI_WINDOW_H_
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -43,9 +45,17 @@ inline constexpr int64_t kHeaderBytes = 2 * kMaxRanks * 4;
 // enqueued. See docs/windows.md, "Why the host orders the waits".
 // [kIdentBase + 2 (e % kIdentKept)] and the word after it: the identity of
 // the op this rank ran at epoch e of a push window, and e (push_ident.h).
+// [kPoisonedWord]: 1 once this rank's window is poisoned, with its failure
+// (NUL-terminated) from byte kPoisonText: every rank reads its peers', so a
+// failure in one process poisons the family in the others too (they would
+// otherwise reuse it after lowering again while this one makes a new one).
 inline constexpr int64_t kStagedEnqueued = 0, kAllEnqueued = 1;
 inline constexpr int64_t kIdentBase = 2, kIdentKept = 4;
+inline constexpr int64_t kPoisonedWord = kIdentBase + 2 * kIdentKept;
+inline constexpr int64_t kPoisonText = 64, kPoisonTextBytes = 1024;
 inline constexpr int64_t kHostBytes = 4096;
+static_assert(4 * (kPoisonedWord + 1) <= kPoisonText &&
+              kPoisonText + kPoisonTextBytes <= kHostBytes);
 // One slot: the next run of a site stages once every peer has read the
 // previous one (consecutive runs of a site are ordered by the program
 // anyway), and memory stays at one copy of the site's sources.
@@ -99,8 +109,35 @@ struct Window {
   bool Poisoned() const { return poisoned.load(std::memory_order_acquire); }
   void Poison(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu);
-    if (sticky_error.empty()) sticky_error = why;
+    if (sticky_error.empty()) {
+      sticky_error = why;
+      if (host != nullptr) {  // For the peers (kPoisonedWord).
+        char* text = reinterpret_cast<char*>(host) + kPoisonText;
+        const size_t n =
+            std::min<size_t>(why.size(), kPoisonTextBytes - 1);
+        std::memcpy(text, why.data(), n);
+        text[n] = '\0';
+        __atomic_store_n(host + kPoisonedWord, 1u, __ATOMIC_RELEASE);
+      }
+    }
     poisoned.store(true, std::memory_order_release);
+  }
+  // Whether a peer's window of this family is poisoned (in this process or
+  // another); if so, poisons this one too, naming the peer and its failure.
+  bool PeerPoisoned() {
+    for (int64_t q = 0; q < size; ++q) {
+      const uint32_t* words = q == rank ? nullptr : peer_host[q];
+      if (words == nullptr ||
+          __atomic_load_n(words + kPoisonedWord, __ATOMIC_ACQUIRE) == 0) {
+        continue;
+      }
+      const char* text = reinterpret_cast<const char*>(words) + kPoisonText;
+      Poison("rank " + std::to_string(q) + " (device " +
+             std::to_string(group_ids[q]) + ") failed on this window: " +
+             std::string(text, strnlen(text, kPoisonTextBytes)));
+      return true;
+    }
+    return false;
   }
 };
 

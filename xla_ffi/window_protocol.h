@@ -523,15 +523,19 @@ ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
                                                    int32_t device, Who who,
                                                    int step = kFaultStart) {
   std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
-  const std::string sticky = win != nullptr
-                                 ? win->Sticky()
-                                 : Windows::Get().Retired(B::kPlatform, family);
+  std::string sticky = win != nullptr
+                           ? win->Sticky()
+                           : Windows::Get().Retired(B::kPlatform, family);
   if (win == nullptr && sticky.empty()) {
     return ffi::Unexpected(ffi::Error::InvalidArgument(
         who() + ": no window of family " + std::to_string(family) +
         " (windows are made when the op is lowered, in this process)"));
   }
-  // A retired family (lowering replaced it) has no windows left here.
+  // A retired family (lowering replaced it) has no windows left here. A
+  // call's first step also takes a peer's failure for its own.
+  if (sticky.empty() && step == kFaultStart && win->PeerPoisoned()) {
+    sticky = win->Sticky();
+  }
   if (!sticky.empty()) {
     return ffi::Unexpected(ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,
