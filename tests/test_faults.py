@@ -246,3 +246,36 @@ def test_recovering_from_failures_frees_the_poisoned_windows(transport):
   assert "lower" in message and ("test hook" in message or
                                   f"rank {last}" in message), message
   assert util.window_entries_after(platform) == 0
+
+
+def test_a_failure_to_make_the_new_windows_is_retried(monkeypatch):
+  """Lowering after a failure retires the poisoned family before it makes
+  the new one; if making it fails (shared memory full, cudaMalloc out of
+  memory, a peer process that never publishes), the next lowering tries
+  again instead of reusing the retired family for good."""
+  op, label, _ = CASES["window"]
+  mesh = util.tp_mesh()
+  last = mesh.devices.size - 1
+  pid = library.platform_id(util.platform_name())
+  ordinal = windows.handler_ordinal(mesh.devices.flat[last], pid)
+  args, ref, dtype = _inputs(mesh, op, np.random.default_rng(1))
+  f = _program(mesh, op, label)
+  assert util.rel_err(f(*args), ref) < util.tol(dtype)
+  with util.failing_at(ordinal, "wait"), pytest.raises(Exception):
+    jax.block_until_ready(f(*args))
+  time.sleep(TIMEOUT_S + 0.5)  # Every peer has given up.
+  real, calls = windows._create_and_map, []  # pylint: disable=protected-access
+
+  def fails_once(*a, **kw):
+    calls.append(1)
+    if len(calls) == 1:
+      raise RuntimeError("ficco window: no memory (injected)")
+    return real(*a, **kw)
+
+  monkeypatch.setattr(windows, "_create_and_map", fails_once)
+  jax.clear_caches()
+  with pytest.raises(Exception, match="injected"):
+    _program(mesh, op, label)(*args)
+  jax.clear_caches()
+  assert util.rel_err(_program(mesh, op, label)(*args), ref) < util.tol(dtype)
+  assert len(calls) == 2

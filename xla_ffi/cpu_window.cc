@@ -77,7 +77,9 @@ class Lane {
     {
       std::lock_guard<std::mutex> lock(*mu);
       Lane*& l = (*lanes)[{w, device, queue}];
-      // Windows live as long as the process, and so do their lanes.
+      // Lanes outlive their windows (a retired window is freed once its
+      // ops, which hold it, have run): a window made later at the same
+      // address takes over the empty lane.
       if (l == nullptr) l = new Lane(&Queue(device, kQueueBase + queue));
       lane = l;
     }

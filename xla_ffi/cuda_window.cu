@@ -556,11 +556,14 @@ ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle) {
   return ffi::Error::Success();
 }
 
-void CudaSyncDevices(const std::vector<int32_t>& devices) {
+bool CudaSyncDevices(const std::vector<int32_t>& devices) {
   ScopedDevice scoped;
   for (int32_t d : devices) {
-    if (!scoped.Set(d).failure()) cudaDeviceSynchronize();
+    if (scoped.Set(d).failure() || cudaDeviceSynchronize() != cudaSuccess) {
+      return false;
+    }
   }
+  return true;
 }
 
 int64_t CudaWindowPending() {

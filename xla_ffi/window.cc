@@ -31,10 +31,10 @@ void Windows::Retire(int platform, int64_t family, const std::string& why) {
   });
   if (reason.empty()) reason = why;
   PoisonFamily(platform, family, reason);
-  EpochRuns::Get().Forget(platform, family);
   std::lock_guard<std::mutex> lock(mu_);
   Retiree r;
   r.platform = platform;
+  r.family = family;
   for (auto it = map_.lower_bound({platform, family, INT32_MIN});
        it != map_.end() && std::get<0>(it->first) == platform &&
        std::get<1>(it->first) == family;) {
@@ -74,12 +74,19 @@ int64_t Windows::Reap(int platform) {
   }
   int64_t n = 0;
   for (Retiree& r : free) {
+    // No start holds a window now, so none records an epoch again.
+    EpochRuns::Get().Forget(platform, r.family);
     // No invocation holds the windows, but a device's queue may still run
     // what one enqueued (the watchdog ends every wait on them by its
     // deadline), and a device may read its peers' windows, so every device
-    // of the family finishes before any of its memory goes.
+    // of the family finishes before any of its memory goes; if one cannot
+    // say so, the memory stays (counted as kept).
 #ifdef FICCO_WITH_CUDA
-    if (platform == kFiccoCuda) CudaSyncDevices(r.devices);
+    if (platform == kFiccoCuda && !CudaSyncDevices(r.devices)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      kept_[platform] += static_cast<int64_t>(r.windows.size()) - r.kept;
+      continue;
+    }
 #endif
     for (auto& f : r.release) f();
     n += static_cast<int64_t>(r.windows.size()) - r.kept;

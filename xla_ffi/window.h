@@ -210,6 +210,7 @@ class Windows {
   // A retired family's windows in this process, until Reap frees them.
   struct Retiree {
     int platform = 0;
+    int64_t family = 0;
     std::vector<std::weak_ptr<Window>> windows;
     std::vector<int32_t> devices;
     std::vector<std::function<void()>> release;
@@ -244,8 +245,9 @@ void CpuWindowForget(int64_t family);
 ffi::Error CudaWindowAllocate(Window& w, std::string* handle);
 ffi::Error CudaWindowMap(Window& w, int64_t peer, const std::string& handle);
 ffi::Error CudaEnablePeer(int32_t device, int32_t peer_device);
-// Waits for every device's queued work (before a retired family is freed).
-void CudaSyncDevices(const std::vector<int32_t>& devices);
+// Waits for every device's queued work (before a retired family is freed);
+// false if a device could not be synchronized.
+bool CudaSyncDevices(const std::vector<int32_t>& devices);
 int64_t CudaWindowPending();
 void CudaWindowForget(int64_t family);
 #endif

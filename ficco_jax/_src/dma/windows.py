@@ -248,6 +248,9 @@ def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
     if fam is not None and _poisoned(fam, groups, platform):
       _retire(fam, platform, f"program {name!r} was lowered again after a"
               " failure poisoned this window")
+      # Out of the cache before the new one exists: if making it fails,
+      # the next lowering tries again rather than reuse the retired one.
+      del _families[key]
       fam = None
     if fam is None:
       fam = _new_family(groups, sig, axis_name, slot_bytes, platform)
@@ -342,9 +345,11 @@ def program_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
 
 
 def _poisoned(fam: Family, groups, platform: int) -> bool:
+  """Whether a window of ``fam`` here is poisoned (or a peer's is: the
+  library reads their marks), or gone (-1: retired)."""
   here = jax.process_index()
   return any(_lib().FiccoWindowPoisoned(
-      platform, fam.id, handler_ordinal(d, platform)) == 1
+      platform, fam.id, handler_ordinal(d, platform)) != 0
              for g in groups for d in g if d.process_index == here)
 
 
