@@ -257,12 +257,13 @@ def _recover(mesh, x, w) -> int:
       library.set_fault(ordinal, step)
     try:
       _check(f(*args), ref)
+      print(f"recover: call {i} ({step} fails) right", flush=True)
       if me == 1 or step == "start":
-        print(f"recover: call {i} did not fail", flush=True)
         return 11
     except Exception as e:  # pylint: disable=broad-exception-caught
+      print(f"recover: call {i} ({step} fails) failed: {str(e)[:300]}",
+            flush=True)
       if not any(c in str(e) for c in ("test hook", "never signalled")):
-        print(f"recover: unexpected error {str(e)[:1500]}", flush=True)
         return 12
     finally:
       library.clear_faults()
