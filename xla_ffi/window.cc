@@ -52,6 +52,8 @@ void Windows::Retire(int platform, int64_t family, const std::string& why) {
   }
   if (r.windows.empty()) return;
   retired_why_[{platform, family}] = reason;
+  // Bounded: the oldest families (ids grow) are the least likely to run.
+  if (retired_why_.size() > kRetiredKept) retired_why_.erase(retired_why_.begin());
   retired_.push_back(std::move(r));
 }
 

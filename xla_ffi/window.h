@@ -221,7 +221,9 @@ class Windows {
   std::map<std::tuple<int, int64_t, int32_t>, std::shared_ptr<Window>> map_;
   std::vector<Retiree> retired_;
   // Why each retired family was (a line per failure, kept for the error of
-  // a program compiled against it that runs again).
+  // a program compiled against it that runs again), for the last
+  // kRetiredKept families.
+  static constexpr size_t kRetiredKept = 1024;
   std::map<std::pair<int, int64_t>, std::string> retired_why_;
   // Per platform: reaped windows whose device memory stays (Retiree::kept).
   std::map<int, int64_t> kept_;
