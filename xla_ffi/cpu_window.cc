@@ -686,8 +686,12 @@ ffi::Error CpuWindowAllocate(Window& w, std::string* handle) {
   const size_t bytes = kHeaderBytes + kHostBytes + kSlots * w.slot_bytes;
   auto p = ShmCreate(name, bytes);
   if (!p.has_value()) return p.error();
-  // Peers in other processes keep the memory while they map it.
-  w.release.push_back([base = *p, bytes](bool) { munmap(base, bytes); });
+  // Peers in other processes keep the memory while they map it; the name
+  // is gone already unless the family was never sealed.
+  w.release.push_back([base = *p, bytes, name](bool) {
+    shm_unlink(name.c_str());
+    munmap(base, bytes);
+  });
   w.base = *p;
   w.host = reinterpret_cast<uint32_t*>(w.base + kHeaderBytes);
   *handle = name;

@@ -517,7 +517,9 @@ ffi::Error CudaWindowAllocate(Window& w, std::string* handle) {
   // The memory stays if any peer is in another process (`remote_peers`,
   // known once mapped): that process may still copy from it, and nothing
   // here relies on CUDA keeping a freed block for its importers.
-  w.release.push_back([p, host = *host, device = w.device](bool remote) {
+  w.release.push_back([p, host = *host, device = w.device,
+                       name = w.host_name](bool remote) {
+    shm_unlink(name.c_str());  // Gone already unless never sealed.
     munmap(host, kHostBytes);
     if (remote) return;
     ScopedDevice scoped;

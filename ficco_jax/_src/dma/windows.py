@@ -88,10 +88,24 @@ class _Directory:
     else:
       self._client().key_value_set(key, value)
 
-  def get(self, key: str, timeout_s: float) -> str:
+  def get(self, key: str, timeout_s: float, what: str = "") -> str:
+    """The value of ``key``, once published; ``what`` names it (and who
+    should publish it) in the error when it is not within ``timeout_s``."""
     if jax.process_count() == 1:
       return self._local[key]
-    return self._client().blocking_key_value_get(key, int(timeout_s * 1000))
+    try:
+      return self._client().blocking_key_value_get(key, int(timeout_s * 1000))
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      if not what:
+        raise
+      raise RuntimeError(
+          f"ficco window exchange: {what} did not come within"
+          f" {timeout_s:.0f} s (key {key!r}). Every process of the job must"
+          " lower the same programs in the same order, and after a failure"
+          " every process must lower again (jax.clear_caches(), then call):"
+          " a process that lowers again alone waits here. If one process"
+          " already did, their windows no longer pair: restart the job."
+          f" ({type(e).__name__}: {e})") from e
 
 
 _directory = _Directory()
@@ -162,7 +176,8 @@ def _check_one_host(groups, axis_name: str, timeout_s: float) -> None:
     _directory.set(f"ficco/host/{me}", _hosts[me])
   for p in procs:
     if p not in _hosts:
-      _hosts[p] = _directory.get(f"ficco/host/{p}", timeout_s)
+      _hosts[p] = _directory.get(f"ficco/host/{p}", timeout_s,
+                                 f"the host name of process {p}")
   hosts = {p: _hosts[p] for p in procs}
   if len(set(hosts.values())) > 1:
     where = ", ".join(f"process {p} on {h!r}" for p, h in sorted(hosts.items()))
@@ -201,7 +216,13 @@ def _new_family(groups, sig, axis_name: str, slot_bytes: int,
     _generations[(platform, g)] = gens[-1]
   fam = Family(id=_next_id[0], slot_bytes=slot_bytes, generations=tuple(gens))
   _next_id[0] += 1
-  _create_and_map(fam, groups, platform)
+  try:
+    _create_and_map(fam, groups, platform)
+  except BaseException:
+    # The windows made so far go (and their shared-memory names with them).
+    _retire(fam, platform, "its windows could not all be made")
+    _lib().FiccoWindowReap(platform)
+    raise
   return fam
 
 
@@ -261,6 +282,9 @@ def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
 
 # The k-th pooled site of any program over a group layout -> its family.
 _pool: dict[tuple, Family] = {}
+# Per group layout: pool families a larger one replaced (programs compiled
+# against them still use them).
+_outgrown: dict[tuple, list[Family]] = {}
 
 
 def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
@@ -280,11 +304,10 @@ def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
   twice its slot (the outgrown one stays, for the programs compiled against
   it), so the windows of an ordinal add up to at most twice the last; and a
   failure anywhere in the pool (a poisoned family) replaces every family of
-  the group's pool, since the failed program may have left its other
-  windows with ranks at different epochs: they are retired (a program
-  still compiled against one fails, saying to lower again) and freed once
-  their calls have ended. Outgrown families are not in the pool any more
-  and stay.
+  the group's pool, outgrown ones included, since the failed program may
+  have left its other windows with ranks at different epochs: they are
+  retired (a program still compiled against one fails, saying to lower
+  again) and freed once their calls have ended.
 
   Args:
     mesh, axis_name: the mesh and the axis whose groups share a window.
@@ -305,16 +328,23 @@ def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
     if fam is not None:  # The site lowered again in this program.
       return fam
     mine = [k for k in _pool if k[:2] == (platform, sig)]
-    if not sites and any(_poisoned(_pool[k], groups, platform) for k in mine):
-      for k in mine:  # Checked once per program, before its first site.
-        _retire(_pool.pop(k), platform, "a failure poisoned a window of this"
-                " group's push pool, so the pool was replaced")
+    pool = [_pool[k] for k in mine] + _outgrown.get((platform, sig), [])
+    # Checked once per program, before its first site.
+    if not sites and any(_poisoned(f, groups, platform) for f in pool):
+      for k in mine:
+        _pool.pop(k)
+      for f in pool:
+        _retire(f, platform, "a failure poisoned a window of this group's"
+                " push pool, so the pool was replaced")
+      _outgrown.pop((platform, sig), None)
     key = (platform, sig, len(sites))
     fam = _pool.get(key)
     if fam is None or fam.slot_bytes < slot_bytes:
       grown = max(slot_bytes, 2 * fam.slot_bytes) if fam else slot_bytes
-      fam = _new_family(groups, sig, axis_name, grown, platform)
-      _pool[key] = fam
+      made = _new_family(groups, sig, axis_name, grown, platform)
+      if fam is not None:
+        _outgrown.setdefault((platform, sig), []).append(fam)
+      fam = _pool[key] = made
     sites[site] = fam
     return fam
 
@@ -374,7 +404,9 @@ def _create_and_map(fam: Family, groups, platform: int) -> None:
       if q == r:
         continue
       info = json.loads(_directory.get(
-          f"ficco/window/{tag(g)}/{q}", EXCHANGE_TIMEOUT_S))
+          f"ficco/window/{tag(g)}/{q}", EXCHANGE_TIMEOUT_S,
+          f"the window of rank {q} (device {peer.id}, process"
+          f" {peer.process_index})"))
       raw = bytes.fromhex(info["handle"])
       same = info["process"] == here
       _call(lib.FiccoWindowMap, platform, fam.id, handler_ordinal(d, platform), q,
@@ -383,9 +415,10 @@ def _create_and_map(fam: Family, groups, platform: int) -> None:
   for g, r, d in mine:
     _directory.set(f"ficco/mapped/{tag(g)}/{r}", "1")
   for g, r, d in mine:
-    for q in range(len(g)):
-      _directory.get(f"ficco/mapped/{tag(g)}/{q}",
-                     EXCHANGE_TIMEOUT_S)
+    for q, peer in enumerate(g):
+      _directory.get(f"ficco/mapped/{tag(g)}/{q}", EXCHANGE_TIMEOUT_S,
+                     f"the word that rank {q} (device {peer.id}, process"
+                     f" {peer.process_index}) mapped its peers' windows")
     lib.FiccoWindowSealed(platform, fam.id, handler_ordinal(d, platform))
 
 
