@@ -66,6 +66,14 @@ def _program(mesh, op, label):
       check_vma=util.on_gpu()))
 
 
+def _last_rank(mesh):
+  """The mesh's last rank, which the tests make fail, and the ordinal its
+  handlers see (what the fault hook takes)."""
+  last = mesh.devices.size - 1
+  pid = library.platform_id(util.platform_name())
+  return last, windows.handler_ordinal(mesh.devices.flat[last], pid)
+
+
 def _inputs(mesh, op, rng):
   p = mesh.devices.size
   if util.on_gpu():  # Whole Hopper tiles for the flagged kernels.
@@ -86,13 +94,11 @@ def test_a_rank_that_fails_at_a_step_ends_the_call_and_the_next_works(
     transport, step):
   op, label, _ = CASES[transport]
   mesh = util.tp_mesh()
-  last = mesh.devices.size - 1
+  last, ordinal = _last_rank(mesh)
   f = _program(mesh, op, label)
   args, ref, dtype = _inputs(mesh, op, np.random.default_rng(3))
   assert util.rel_err(f(*args), ref) < util.tol(dtype)
   platform = util.platform_name()
-  ordinal = windows.handler_ordinal(mesh.devices.flat[last],
-                                    library.platform_id(platform))
 
   t0 = time.monotonic()
   with util.failing_at(ordinal, step), pytest.raises(Exception) as info:
@@ -136,12 +142,10 @@ def test_failed_syncs_leave_no_copy_behind(transport, calls):
   each, as its error says."""
   op, label, _ = CASES[transport]
   mesh = util.tp_mesh()
-  last = mesh.devices.size - 1
+  last, ordinal = _last_rank(mesh)
   f = _program(mesh, op, label)
   rng = np.random.default_rng(5)
   platform = util.platform_name()
-  ordinal = windows.handler_ordinal(mesh.devices.flat[last],
-                                    library.platform_id(platform))
   for i in range(calls):
     args, _, _ = _inputs(mesh, op, rng)
     with util.failing_at(ordinal, ("wait", "done")[i % 2]):
@@ -218,10 +222,9 @@ def test_recovering_from_failures_frees_the_poisoned_windows(transport):
   what the first failure was."""
   op, label, _ = CASES[transport]
   mesh = util.tp_mesh()
-  last = mesh.devices.size - 1
+  last, ordinal = _last_rank(mesh)
   platform = util.platform_name()
   pid = library.platform_id(platform)
-  ordinal = windows.handler_ordinal(mesh.devices.flat[last], pid)
   rng = np.random.default_rng(11)
   args, ref, dtype = _inputs(mesh, op, rng)
   f = _program(mesh, op, label)
@@ -258,9 +261,7 @@ def test_a_failure_to_make_the_new_windows_is_retried(monkeypatch):
   again instead of reusing the retired family for good."""
   op, label, _ = CASES["window"]
   mesh = util.tp_mesh()
-  last = mesh.devices.size - 1
-  pid = library.platform_id(util.platform_name())
-  ordinal = windows.handler_ordinal(mesh.devices.flat[last], pid)
+  _, ordinal = _last_rank(mesh)
   args, ref, dtype = _inputs(mesh, op, np.random.default_rng(1))
   f = _program(mesh, op, label)
   assert util.rel_err(f(*args), ref) < util.tol(dtype)
@@ -290,10 +291,9 @@ def test_a_push_pool_of_two_slot_sizes_recovers_without_growing():
   outgrown; a failure on either replaces the whole pool, outgrown families
   included, so a recover loop holds at most its last failure's windows."""
   mesh = util.tp_mesh()
-  last = mesh.devices.size - 1
+  _, ordinal = _last_rank(mesh)
   platform = util.platform_name()
   pid = library.platform_id(platform)
-  ordinal = windows.handler_ordinal(mesh.devices.flat[last], pid)
   rng = np.random.default_rng(13)
   cases = [(op, _inputs(mesh, op, rng)) for op in ("rs", "ag")]
   labels = {"rs": CASES["push"][1], "ag": CASES["push-ag"][1]}

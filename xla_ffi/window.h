@@ -172,6 +172,12 @@ class Windows {
     auto it = retired_why_.find({platform, family});
     return it == retired_why_.end() ? std::string() : it->second;
   }
+  // What a call naming `family` is told it failed on: `win`'s sticky
+  // error, or why the family was retired when `win` is gone (null); "" if
+  // neither.
+  std::string Failure(int platform, int64_t family, const Window* win) {
+    return win != nullptr ? win->Sticky() : Retired(platform, family);
+  }
   // Once every window of `family` in this process exists (sealing): each
   // learns how many there are (`Window::local`).
   void CountFamily(int platform, int64_t family) {

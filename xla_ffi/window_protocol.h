@@ -523,9 +523,7 @@ ffi::ErrorOr<std::shared_ptr<Window>> UsableWindow(int64_t family,
                                                    int32_t device, Who who,
                                                    int step = kFaultStart) {
   std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
-  std::string sticky = win != nullptr
-                           ? win->Sticky()
-                           : Windows::Get().Retired(B::kPlatform, family);
+  std::string sticky = Windows::Get().Failure(B::kPlatform, family, win.get());
   if (win == nullptr && sticky.empty()) {
     return ffi::Unexpected(ffi::Error::InvalidArgument(
         who() + ": no window of family " + std::to_string(family) +
@@ -556,9 +554,8 @@ template <class B>
 ffi::Error WindowMissError(int64_t family, std::string_view phase,
                            std::string_view op, int32_t device) {
   std::shared_ptr<Window> win = Windows::Get().Find(B::kPlatform, family, device);
-  const std::string sticky = win != nullptr
-                                 ? win->Sticky()
-                                 : Windows::Get().Retired(B::kPlatform, family);
+  const std::string sticky =
+      Windows::Get().Failure(B::kPlatform, family, win.get());
   if (!sticky.empty()) {
     return ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,
