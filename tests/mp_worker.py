@@ -65,6 +65,19 @@
                 windows), and the failed families' windows must be freed
                 (CUDA: but for device memory the other process maps, which
                 stays).
+  mode "alone": process 1's start fails, failing both processes' calls;
+                then process 1 alone lowers again twice, each time waiting
+                out a short exchange timeout (process 0 does not lower);
+                then both lower again and must pair and be right (a failed
+                exchange does not count a generation).
+  mode "shapes": the processes lower one program with different shapes
+                (slots of different sizes): both must fail naming the
+                other's window, not pair them; then, lowering the same
+                shapes, they must pair and be right.
+  mode "late":  process 1's exchange fails (as if by its timeout) just
+                after process 0 mapped its windows; its second lowering must
+                pair with process 0's first (which maps process 1's new
+                windows instead of waiting out its timeout), and be right.
   mode "mismatch": each process runs a program of its own (same op, same
                 shapes, another name) on the pooled push window, so the
                 ranks pair two programs at one epoch: every process must
@@ -281,6 +294,120 @@ def _recover(mesh, x, w) -> int:
   grown = [c - counts[0] for c in counts]
   if any(g > kept * k + held for k, g in enumerate(grown)):
     return 13
+  return 0
+
+
+def _alone(mesh, x, w) -> int:
+  """Mode "alone" (see the module docstring)."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+  me = jax.process_index()
+  pid = library.platform_id(jax.default_backend())
+  ordinal = windows.handler_ordinal(jax.local_devices()[0], pid)
+  ref = x.astype(np.float64) @ w.astype(np.float64)
+  f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
+  _check(f(*args), ref)
+  _barrier("alone armed")
+  if me == 1:
+    library.set_fault(ordinal, "start")
+  try:
+    _check(f(*args), ref)
+    return 21  # A failed start fails every process's call.
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    print(f"alone: the faulted call failed: {str(e)[:200]}", flush=True)
+  finally:
+    library.clear_faults()
+  time.sleep(1.5)  # Every peer has given up.
+  _barrier("alone failed")
+  if me == 1:
+    windows.EXCHANGE_TIMEOUT_S, before = 2.0, windows.EXCHANGE_TIMEOUT_S
+    for i in range(2):
+      jax.clear_caches()
+      f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
+      try:
+        f(*args)
+        return 22  # Process 0 has not lowered again: nothing to pair with.
+      except RuntimeError as e:
+        if "did not come within" not in str(e):
+          raise
+        print(f"alone: lowering alone {i} timed out", flush=True)
+    windows.EXCHANGE_TIMEOUT_S = before
+  _barrier("alone retried", timeout_s=60.0)
+  jax.clear_caches()
+  f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
+  for _ in range(3):
+    _check(f(*args), ref)
+  print("alone: paired and right after lowering again together", flush=True)
+  return 0
+
+
+def _shapes(mesh, x, w) -> int:
+  """Mode "shapes" (see the module docstring)."""
+  p = mesh.size
+  rows = 4 * (1 + jax.process_index())  # Differs between the processes.
+  f, _ = _dma_all_gather(mesh, np.zeros((rows * p, 10), np.float32),
+                         np.zeros((10, 3 * p), np.float32), timeout_s=1.0)
+  spec = lambda shape, s: jax.ShapeDtypeStruct(
+      shape, np.float32, sharding=NamedSharding(mesh, s))
+  try:
+    f.lower(spec((rows * p, 10), P("x")), spec((10, 3 * p), P(None, "x")))
+    return 32
+  except ValueError as e:
+    print(f"shapes: {e}", flush=True)
+    if "the same shapes" not in str(e):
+      return 31
+  # Process 1 comes later: process 0 must wait for it rather than take its
+  # withdrawn window, which refused the last attempt, for this one.
+  if jax.process_index() == 1:
+    time.sleep(1.0)
+  f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
+  _check(f(*args), x.astype(np.float64) @ w.astype(np.float64))
+  print("shapes: paired and right with the same shapes", flush=True)
+  return 0
+
+
+def _late(mesh, x, w) -> int:
+  """Mode "late" (see the module docstring)."""
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  me = jax.process_index()
+  windows.EXCHANGE_TIMEOUT_S = 20.0
+  if me == 1:
+    real, armed = windows._directory.get, [True]  # pylint: disable=protected-access
+
+    def get(key, timeout_s, what="", match=lambda value: True):
+      if armed and key.startswith("ficco/window/") and key.endswith("/0"):
+        armed.clear()
+        client = distributed.global_state.client
+        while True:  # Until process 0 has published (and reads ours).
+          try:
+            client.key_value_try_get(key)
+            break
+          except Exception:  # pylint: disable=broad-exception-caught
+            time.sleep(0.01)
+        time.sleep(0.3)
+        raise RuntimeError("late: the exchange timed out (simulated)")
+      return real(key, timeout_s, what, match)
+
+    windows._directory.get = get  # pylint: disable=protected-access
+  else:
+    time.sleep(1.0)  # Process 1 publishes first.
+  ref = x.astype(np.float64) @ w.astype(np.float64)
+  failed = 0
+  while True:
+    f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
+    start = time.monotonic()
+    try:
+      out = f(*args)
+      break
+    except RuntimeError as e:
+      if me == 0 or failed or "simulated" not in str(e):
+        raise
+      failed += 1
+      jax.clear_caches()
+  for _ in range(3):
+    _check(out, ref)
+    out = f(*args)
+  print(f"late: process {me} paired after {failed} failed lowering(s),"
+        f" {time.monotonic() - start:.1f} s", flush=True)
   return 0
 
 
@@ -639,6 +766,12 @@ def main(mode: str) -> int:
     return _mismatch(mesh, rng)
   if mode == "recover":
     return _recover(mesh, x, w)
+  if mode == "alone":
+    return _alone(mesh, x, w)
+  if mode == "shapes":
+    return _shapes(mesh, x, w)
+  if mode == "late":
+    return _late(mesh, x, w)
   if mode == "twice":
     return _twice(mesh, rng)
   if mode == "moe":

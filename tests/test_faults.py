@@ -14,6 +14,7 @@ after the one ``jax.clear_caches()`` that a poisoned window asks for.
 
 import functools
 import os
+import threading
 import time
 
 import jax
@@ -377,6 +378,41 @@ def test_a_window_exchange_that_times_out_says_what_to_do(monkeypatch):
         " process 1)")
   message = str(info.value)
   for part in ("rank 1 (device 1, process 1)", "within 3 s",
-               "every process must lower again", "restart the job",
-               "DEADLINE_EXCEEDED"):
+               "every process must lower again",
+               "pairs it with the others once they do", "DEADLINE_EXCEEDED"):
     assert part in message, message
+
+
+def test_a_window_exchange_waits_out_a_stale_value(monkeypatch):
+  """A peer's key may still hold its failed attempt's value (withdrawn, or
+  another attempt's nonces): the exchange waits until the peer replaces
+  it, fails by the timeout if it never does, and fails at once if the
+  value is wrong rather than late (``match`` raises)."""
+  store = {"k": "old"}
+
+  class Client:
+
+    def blocking_key_value_get(self, key, timeout_ms):
+      del timeout_ms
+      return store[key]
+
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(windows._Directory, "_client",  # pylint: disable=protected-access
+                      staticmethod(Client))
+  directory = windows._directory  # pylint: disable=protected-access
+  timer = threading.Timer(0.3, lambda: store.update(k="new"))
+  timer.start()
+  start = time.monotonic()
+  assert directory.get("k", 5.0, "the key", lambda v: v == "new") == "new"
+  assert 0.25 < time.monotonic() - start < 4.0
+  timer.join()
+  start = time.monotonic()
+  with pytest.raises(RuntimeError, match="the key did not come within"):
+    directory.get("k", 0.5, "the key", lambda v: v == "newer")
+  assert time.monotonic() - start < 3.0
+
+  def wrong(value):
+    raise ValueError(f"a window of another kind: {value}")
+
+  with pytest.raises(ValueError, match="another kind: new"):
+    directory.get("k", 5.0, "the key", wrong)

@@ -274,6 +274,34 @@ def test_recovering_from_failures_across_processes_frees_windows(capfd):
   assert out.count("recover: windows") == LAYOUT["num_processes"], out
 
 
+def test_a_process_that_lowers_again_alone_pairs_once_the_others_do(capfd):
+  # mp_worker exits 0 only if process 1's two lone lowerings time out and
+  # the job, lowered again by both, is right.
+  assert _launch("alone", timeout_s=240) == 0, capfd.readouterr().out
+  out = capfd.readouterr().out
+  assert out.count("lowering alone") == 2, out
+  assert out.count("paired and right") == LAYOUT["num_processes"], out
+
+
+def test_processes_lowering_different_shapes_fail_naming_it(capfd):
+  # Their slots differ: pairing the windows would let copies overrun.
+  assert _launch("shapes", timeout_s=240) == 0, capfd.readouterr().out
+  out = capfd.readouterr().out
+  assert out.count("made a window for start 0 of program") == LAYOUT[
+      "num_processes"], out
+  assert out.count("paired and right with the same shapes") == LAYOUT[
+      "num_processes"], out
+
+
+def test_a_process_whose_exchange_fails_late_pairs_on_its_retry(capfd):
+  # Process 0 mapped process 1's windows just before process 1 gave up:
+  # it maps process 1's next ones instead of waiting out its 20 s timeout.
+  assert _launch("late", timeout_s=240) == 0, capfd.readouterr().out
+  out = capfd.readouterr().out
+  assert "process 0 paired after 0 failed" in out, out
+  assert "process 1 paired after 1 failed" in out, out
+
+
 def test_launch_checks_its_arguments():
   with pytest.raises(ValueError, match="num_processes=0 must be >= 1"):
     launch.launch([WORKER, "ops"], 0, gpus=0)

@@ -11,10 +11,16 @@ its own window in it.
 
 All processes of a job lower the same programs in the same order (SPMD), so
 they create the same families in the same order; keys in the store carry
-the group's device ids and a generation (the count of families made for
-that group), so they match across processes: every member of a group
-lowers the same starts over it, whatever other groups a process also
-holds. A family lives as long as the process unless a failure poisons it:
+the group's device ids and a generation (one more than the group's
+exchanges completed), so they match across processes: every member of a
+group lowers the same starts over it, whatever other groups a process also
+holds. An exchange that fails (a peer that never came) does not count: a
+process that lowers again alone retries the same generation, and pairs
+with its peers once they lower again. Each attempt carries a nonce, and
+the ranks agree on the attempt of every window they map (not a stale one
+of the same generation) and on its kind and slot (not another program's)
+before any is used. A family lives as long as the process unless a
+failure poisons it:
 each start of a program of the window transport holds one copy of its
 sources per device, shared by the program's later traces (`family_for`);
 the push protocol's sites share a pool (`pooled_family`). A poisoned family
@@ -27,8 +33,10 @@ import ctypes
 import dataclasses
 import functools
 import json
+import secrets
 import socket
 import threading
+import time
 
 import jax
 import numpy as np
@@ -83,29 +91,65 @@ class _Directory:
     return client
 
   def set(self, key: str, value: str) -> None:
+    """Publishes ``value`` under ``key``, replacing an earlier value (a
+    retried exchange publishes its generation's keys again)."""
     if jax.process_count() == 1:
       self._local[key] = value
     else:
-      self._client().key_value_set(key, value)
+      self._client().key_value_set(key, value, allow_overwrite=True)
 
-  def get(self, key: str, timeout_s: float, what: str = "") -> str:
-    """The value of ``key``, once published; ``what`` names it (and who
-    should publish it) in the error when it is not within ``timeout_s``."""
+  def peek(self, key: str) -> str | None:
+    """The value of ``key`` now, or None if it is not published."""
     if jax.process_count() == 1:
-      return self._local[key]
+      return self._local.get(key)
     try:
-      return self._client().blocking_key_value_get(key, int(timeout_s * 1000))
+      return self._client().key_value_try_get(key)
+    except Exception:  # pylint: disable=broad-exception-caught
+      return None  # NOT_FOUND
+
+  def get(self, key: str, timeout_s: float, what: str = "",
+          match=lambda value: True) -> str:
+    """The value of ``key`` once published and ``match(value)`` holds: a
+    value from an earlier attempt at the same generation (a failed one
+    withdraws its keys) may still be there, and its owner replaces it when
+    it gets here. ``what`` names the key (and who should publish it) in the
+    error when it does not come within ``timeout_s``; ``match`` may raise
+    a ValueError for a value that is wrong rather than late."""
+    if jax.process_count() == 1:
+      value = self._local.get(key)
+      if value is None or not match(value):
+        # One process publishes every key before reading any.
+        raise RuntimeError(f"ficco window exchange: internal error: {what}"
+                           f" is missing (key {key!r}).")
+      return value
+    deadline = time.monotonic() + timeout_s
+    try:
+      while True:
+        left = max(deadline - time.monotonic(), 0.001)
+        value = self._client().blocking_key_value_get(key, int(left * 1000))
+        if match(value):
+          return value
+        if time.monotonic() > deadline:
+          raise TimeoutError(f"the value of {key!r} never matched")
+        time.sleep(0.05)
+    except (ValueError, TypeError):
+      raise  # From ``match``: the peer's value is wrong, not late.
     except Exception as e:  # pylint: disable=broad-exception-caught
       if not what:
         raise
-      raise RuntimeError(
-          f"ficco window exchange: {what} did not come within"
-          f" {timeout_s:.0f} s (key {key!r}). Every process of the job must"
-          " lower the same programs in the same order, and after a failure"
-          " every process must lower again (jax.clear_caches(), then call):"
-          " a process that lowers again alone waits here. If one process"
-          " already did, their windows no longer pair: restart the job."
-          f" ({type(e).__name__}: {e})") from e
+      raise late(what, key, timeout_s, f"{type(e).__name__}: {e}") from e
+
+
+def late(what: str, key: str, timeout_s: float, cause: str) -> RuntimeError:
+  """The error of an exchange that waited ``timeout_s`` for ``what``."""
+  return RuntimeError(
+      f"ficco window exchange: {what} did not come within"
+      f" {timeout_s:.0f} s (key {key!r}). Every process of the job must"
+      " lower the same programs in the same order, and after a failure"
+      " every process must lower again (jax.clear_caches(), then call):"
+      " a process that lowers again alone waits here, and lowering"
+      " again pairs it with the others once they do."
+      f" ({cause})")
 
 
 _directory = _Directory()
@@ -203,26 +247,40 @@ def _retire(fam: Family, platform: int, why: str) -> None:
 
 
 def _new_family(groups, sig, axis_name: str, slot_bytes: int,
-                platform: int) -> Family:
-  """Creates (and exchanges) a family; the caller holds `_lock`."""
+                platform: int, kind: str) -> Family:
+  """Creates (and exchanges) a family; the caller holds `_lock`.
+
+  ``kind`` says what the family is for ("start 0 of program 'jit_f'", "the
+  push pool"): every rank must make one of the same kind and slot.
+  """
   # Lowering is where families come and go: free the retired ones whose
   # calls have all ended first, so a loop that recovers from failures by
   # lowering again holds at most the families of its last failure.
   _lib().FiccoWindowReap(platform)
   _check_one_host(groups, axis_name, EXCHANGE_TIMEOUT_S)
+  # One more than the group's exchanges completed (here, or by a peer that
+  # saw every rank agree after this process gave up): a failed one is
+  # retried at the same generation, so a process that lowered again alone
+  # still pairs.
   gens = []
   for g in sig:
-    gens.append(_generations.get((platform, g), 0) + 1)
-    _generations[(platform, g)] = gens[-1]
-  fam = Family(id=_next_id[0], slot_bytes=slot_bytes, generations=tuple(gens))
+    done = _generations.get((platform, g), 0)
+    ids = "-".join(str(i) for i in g)
+    while _directory.peek(f"ficco/done/{ids}/{done + 1}") is not None:
+      done += 1
+    gens.append(done + 1)
+  gens = tuple(gens)
+  fam = Family(id=_next_id[0], slot_bytes=slot_bytes, generations=gens)
   _next_id[0] += 1
   try:
-    _create_and_map(fam, groups, platform)
+    _create_and_map(fam, groups, platform, kind)
   except BaseException:
     # The windows made so far go (and their shared-memory names with them).
     _retire(fam, platform, "its windows could not all be made")
     _lib().FiccoWindowReap(platform)
     raise
+  for g, gen in zip(sig, gens):
+    _generations[(platform, g)] = gen
   return fam
 
 
@@ -274,7 +332,8 @@ def family_for(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
       del _families[key]
       fam = None
     if fam is None:
-      fam = _new_family(groups, sig, axis_name, slot_bytes, platform)
+      fam = _new_family(groups, sig, axis_name, slot_bytes, platform,
+                        f"start {len(sites)} of program {name!r}")
       _families[key] = fam
     sites[site] = fam
     return fam
@@ -341,7 +400,8 @@ def pooled_family(mesh: jax.sharding.Mesh, axis_name: str, *, site: int,
     fam = _pool.get(key)
     if fam is None or fam.slot_bytes < slot_bytes:
       grown = max(slot_bytes, 2 * fam.slot_bytes) if fam else slot_bytes
-      made = _new_family(groups, sig, axis_name, grown, platform)
+      made = _new_family(groups, sig, axis_name, grown, platform,
+                         f"family {key[2]} of the push pool")
       if fam is not None:
         _outgrown.setdefault((platform, sig), []).append(fam)
       fam = _pool[key] = made
@@ -383,42 +443,150 @@ def _poisoned(fam: Family, groups, platform: int) -> bool:
              for g in groups for d in g if d.process_index == here)
 
 
-def _create_and_map(fam: Family, groups, platform: int) -> None:
+def _live_window(value: str, who: str, kind: str, slot_bytes: int,
+                 nonce: str, refused: list[str]) -> bool:
+  """Whether a peer's published window ``value`` is live (not withdrawn by
+  a failed attempt). One of another kind or slot is an error, live or
+  withdrawn because it refused this attempt's window (``nonce``) for that;
+  the nonces of the live ones go to ``refused``."""
+  info = json.loads(value)
+  if (info.get("kind"), info.get("slot")) != (kind, slot_bytes) and (
+      "handle" in info or nonce in info.get("refused", ())):
+    if "handle" in info:
+      refused.append(info["nonce"])
+    # Mapping it would let copies run past the smaller slot.
+    raise ValueError(
+        f"ficco window exchange: {who} made a window for {info.get('kind')}"
+        f" with a slot of {info.get('slot')} bytes where this process makes"
+        f" one for {kind} with {slot_bytes} bytes. Every process must lower"
+        " the same programs, with the same shapes, in the same order.")
+  # Withdrawn (no handle): its process may make another attempt.
+  return "handle" in info
+
+
+def _who(q: int, peer) -> str:
+  return f"rank {q} (device {peer.id}, process {peer.process_index})"
+
+
+def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
   lib, here = _lib(), jax.process_index()
   gen = {id(g): fam.generations[i] for i, g in enumerate(groups)}
   tag = lambda g: "-".join(str(d.id) for d in g) + f"/{gen[id(g)]}"
   mine = [(g, r, d) for g in groups for r, d in enumerate(g)
           if d.process_index == here]
+  # This attempt's windows, told apart from another attempt's at the same
+  # generation (one that failed, or a peer's retry).
+  nonce = secrets.token_hex(8)
+  published = []
+  # Per group, the nonce of each rank's window that this process maps (its
+  # own at its ranks), in rank order: every rank must map the same ones.
+  mapped = {id(g): [None] * len(g) for g, _, _ in mine}
+
+  def map_peer(g, q, info):
+    """Maps rank ``q``'s window ``info`` on this process's ranks of ``g``
+    (again, if it made another attempt: the old mapping is released with
+    the family)."""
+    for g2, r, d in mine:
+      if g2 is g and r != q:
+        raw = bytes.fromhex(info["handle"])
+        same = info["process"] == here
+        _call(lib.FiccoWindowMap, platform, fam.id,
+              handler_ordinal(d, platform), q,
+              info["local"] if same else -1, raw, len(raw))
+    mapped[id(g)][q] = info["nonce"]
+
+  def publish_mapped(g):
+    for g2, r, _ in mine:
+      if g2 is g:
+        key = f"ficco/mapped/{tag(g)}/{r}"
+        _directory.set(key, json.dumps(mapped[id(g)]))
+        if key not in published:
+          published.append(key)
+
+  by_group = list({id(g): g for g, _, _ in mine}.values())
+  own = {}  # (group, rank) -> this process's published window
+  refused = []  # Peers' windows of another kind or slot, by nonce.
+  try:
+    # 1. Create and publish this process's windows.
+    for g, r, d in mine:
+      ids = (ctypes.c_int64 * len(g))(*[d2.id for d2 in g])
+      handle = ctypes.create_string_buffer(_HANDLE_BYTES)
+      n = ctypes.c_int64(_HANDLE_BYTES)
+      _call(lib.FiccoWindowCreate, platform, fam.id,
+            handler_ordinal(d, platform), r, len(g), ids, fam.slot_bytes,
+            handle, ctypes.byref(n))
+      key = f"ficco/window/{tag(g)}/{r}"
+      own[(id(g), r)] = {
+          "process": here, "local": handler_ordinal(d, platform),
+          "handle": handle.raw[:n.value].hex(), "nonce": nonce,
+          "kind": kind, "slot": fam.slot_bytes}
+      _directory.set(key, json.dumps(own[(id(g), r)]))
+      published.append(key)
+    # 2. Map every peer's window: this process's by pointer, the others'
+    # once published and live.
+    for g in by_group:
+      for q, peer in enumerate(g):
+        if peer.process_index == here:
+          map_peer(g, q, own[(id(g), q)])
+        else:
+          who = _who(q, peer)
+          map_peer(g, q, json.loads(_directory.get(
+              f"ficco/window/{tag(g)}/{q}", EXCHANGE_TIMEOUT_S,
+              f"the window of {who}",
+              functools.partial(_live_window, who=who, kind=kind,
+                                slot_bytes=fam.slot_bytes, nonce=nonce,
+                                refused=refused))))
+    # 3. Publish which windows this process mapped, and 4. wait until every
+    # rank of each group has mapped the same ones. A peer whose window
+    # changed meanwhile (its attempt failed and it made another) is mapped
+    # again; this process's own windows stay, so the ranks converge.
+    for g in by_group:
+      publish_mapped(g)
+    deadline = time.monotonic() + EXCHANGE_TIMEOUT_S
+    while True:
+      behind = None
+      for g in by_group:
+        want = json.dumps(mapped[id(g)])
+        for q, peer in enumerate(g):
+          if peer.process_index == here:
+            continue
+          if _directory.peek(f"ficco/mapped/{tag(g)}/{q}") == want:
+            continue
+          behind = behind or (g, q, peer)
+          value = _directory.peek(f"ficco/window/{tag(g)}/{q}")
+          if value is None or not _live_window(
+              value, _who(q, peer), kind, fam.slot_bytes, nonce, refused):
+            continue
+          info = json.loads(value)
+          if info["nonce"] != mapped[id(g)][q]:
+            map_peer(g, q, info)
+            publish_mapped(g)
+      if behind is None:
+        break
+      if time.monotonic() > deadline:
+        g, q, peer = behind
+        raise late(f"the word that {_who(q, peer)} mapped this attempt's"
+                   " windows", f"ficco/mapped/{tag(g)}/{q}",
+                   EXCHANGE_TIMEOUT_S, "its windows were not those mapped"
+                   " here, or it never published")
+      time.sleep(0.02)
+  except BaseException:
+    # Withdrawn, so that a peer that comes late waits for this process's
+    # next attempt instead of mapping windows about to be freed; the peers
+    # whose windows this attempt refused learn why from it.
+    for key in published:
+      gone = ({"kind": kind, "slot": fam.slot_bytes, "refused": refused}
+              if key.startswith("ficco/window/") else [])
+      try:
+        _directory.set(key, json.dumps(gone))
+      except Exception:  # pylint: disable=broad-exception-caught
+        pass  # The nonces still refuse a stale window.
+    raise
+  for g in by_group:
+    # The group's generation is spent: a peer whose own exchange failed
+    # after this one saw every rank agree moves past it too (`_new_family`).
+    _directory.set(f"ficco/done/{tag(g)}", "1")
   for g, r, d in mine:
-    ids = (ctypes.c_int64 * len(g))(*[d2.id for d2 in g])
-    handle = ctypes.create_string_buffer(_HANDLE_BYTES)
-    n = ctypes.c_int64(_HANDLE_BYTES)
-    _call(lib.FiccoWindowCreate, platform, fam.id, handler_ordinal(d, platform), r,
-          len(g), ids, fam.slot_bytes, handle, ctypes.byref(n))
-    _directory.set(
-        f"ficco/window/{tag(g)}/{r}",
-        json.dumps({"process": here, "local": handler_ordinal(d, platform),
-                    "handle": handle.raw[:n.value].hex()}))
-  for g, r, d in mine:
-    for q, peer in enumerate(g):
-      if q == r:
-        continue
-      info = json.loads(_directory.get(
-          f"ficco/window/{tag(g)}/{q}", EXCHANGE_TIMEOUT_S,
-          f"the window of rank {q} (device {peer.id}, process"
-          f" {peer.process_index})"))
-      raw = bytes.fromhex(info["handle"])
-      same = info["process"] == here
-      _call(lib.FiccoWindowMap, platform, fam.id, handler_ordinal(d, platform), q,
-            info["local"] if same else -1, raw, len(raw))
-  # Every peer has mapped every window before any name is dropped.
-  for g, r, d in mine:
-    _directory.set(f"ficco/mapped/{tag(g)}/{r}", "1")
-  for g, r, d in mine:
-    for q, peer in enumerate(g):
-      _directory.get(f"ficco/mapped/{tag(g)}/{q}", EXCHANGE_TIMEOUT_S,
-                     f"the word that rank {q} (device {peer.id}, process"
-                     f" {peer.process_index}) mapped its peers' windows")
     lib.FiccoWindowSealed(platform, fam.id, handler_ordinal(d, platform))
 
 
