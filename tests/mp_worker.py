@@ -73,7 +73,7 @@
   mode "shapes": the processes lower one program with different shapes
                 (slots of different sizes): both must fail naming the
                 other's window, not pair them; then, lowering the same
-                shapes, they must pair and be right.
+                shapes (process 1 later), they must pair and be right.
   mode "late":  process 1's exchange fails (as if by its timeout) just
                 after process 0 mapped its windows; its second lowering must
                 pair with process 0's first (which maps process 1's new
@@ -355,8 +355,10 @@ def _shapes(mesh, x, w) -> int:
     print(f"shapes: {e}", flush=True)
     if "the same shapes" not in str(e):
       return 31
-  # Process 1 comes later: process 0 must wait for it rather than take its
+  # Once both have failed (a window still live is taken for what it says),
+  # process 1 comes later: process 0 must wait for it rather than take its
   # withdrawn window, which refused the last attempt, for this one.
+  _barrier("shapes refused")
   if jax.process_index() == 1:
     time.sleep(1.0)
   f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)

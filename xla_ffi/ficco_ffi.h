@@ -129,6 +129,10 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
                    int peer_device, const char* handle, int64_t handle_len,
                    char* error, int64_t error_len);
 
+// The window's handle goes to another process: its device memory stays
+// (CUDA) when the family is freed, as for a window that maps a remote peer.
+void FiccoWindowExported(int platform, int64_t family, int device);
+
 // Every peer has mapped this window, and every window of its family in this
 // process exists: count them (Window::local) and drop its shared-memory
 // name.

@@ -271,6 +271,13 @@ int FiccoWindowMap(int platform, int64_t family, int device, int64_t peer,
                        error, error_len);
 }
 
+void FiccoWindowExported(int platform, int64_t family, int device) {
+  auto w = ficco::Windows::Get().Find(platform, family, device);
+  // Its handle is published to another process, which may map it before
+  // this one maps any of that process's windows (or fails to).
+  if (w) w->remote_peers = true;
+}
+
 void FiccoWindowSealed(int platform, int64_t family, int device) {
   ficco::Windows::Get().CountFamily(platform, family);
   auto w = ficco::Windows::Get().Find(platform, family, device);

@@ -173,6 +173,8 @@ def _lib():
       i64, ctypes.c_char_p, i64]
   lib.FiccoWindowSealed.argtypes = [ctypes.c_int, i64, ctypes.c_int]
   lib.FiccoWindowSealed.restype = None
+  lib.FiccoWindowExported.argtypes = [ctypes.c_int, i64, ctypes.c_int]
+  lib.FiccoWindowExported.restype = None
   lib.FiccoWindowEpoch.argtypes = [ctypes.c_int, i64, ctypes.c_int]
   lib.FiccoWindowEpoch.restype = i64
   lib.FiccoWindowPoisoned.argtypes = [ctypes.c_int, i64, ctypes.c_int]
@@ -265,7 +267,7 @@ def _new_family(groups, sig, axis_name: str, slot_bytes: int,
   gens = []
   for g in sig:
     done = _generations.get((platform, g), 0)
-    ids = "-".join(str(i) for i in g)
+    ids = f"{platform}/" + "-".join(str(i) for i in g)
     while _directory.peek(f"ficco/done/{ids}/{done + 1}") is not None:
       done += 1
     gens.append(done + 1)
@@ -471,7 +473,9 @@ def _who(q: int, peer) -> str:
 def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
   lib, here = _lib(), jax.process_index()
   gen = {id(g): fam.generations[i] for i, g in enumerate(groups)}
-  tag = lambda g: "-".join(str(d.id) for d in g) + f"/{gen[id(g)]}"
+  # Keys name the platform too: its families are counted apart.
+  tag = lambda g: (f"{platform}/" + "-".join(str(d.id) for d in g)
+                   + f"/{gen[id(g)]}")
   mine = [(g, r, d) for g in groups for r, d in enumerate(g)
           if d.process_index == here]
   # This attempt's windows, told apart from another attempt's at the same
@@ -485,14 +489,28 @@ def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
   def map_peer(g, q, info):
     """Maps rank ``q``'s window ``info`` on this process's ranks of ``g``
     (again, if it made another attempt: the old mapping is released with
-    the family)."""
+    the family). A remote window that its process withdrew (and freed)
+    meanwhile is left for its next attempt (step 4)."""
+    mapped[id(g)][q] = None
     for g2, r, d in mine:
       if g2 is g and r != q:
         raw = bytes.fromhex(info["handle"])
         same = info["process"] == here
-        _call(lib.FiccoWindowMap, platform, fam.id,
-              handler_ordinal(d, platform), q,
-              info["local"] if same else -1, raw, len(raw))
+        try:
+          _call(lib.FiccoWindowMap, platform, fam.id,
+                handler_ordinal(d, platform), q,
+                info["local"] if same else -1, raw, len(raw))
+        except RuntimeError as e:
+          now = None if same else _directory.peek(
+              f"ficco/window/{tag(g)}/{q}")
+          if now is not None and json.loads(now).get("nonce") != info[
+              "nonce"]:
+            return  # Withdrawn or replaced: not this attempt's to map.
+          raise RuntimeError(
+              f"{e}. The window of {_who(q, g[q])} could not be mapped; if"
+              " its process completed this exchange without this one (or"
+              " freed it), lower again in every process (jax.clear_caches(),"
+              " then call).") from e
     mapped[id(g)][q] = info["nonce"]
 
   def publish_mapped(g):
@@ -504,6 +522,13 @@ def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
           published.append(key)
 
   by_group = list({id(g): g for g, _, _ in mine}.values())
+
+  def _behind():
+    """The remote ranks whose word differs from what this process mapped."""
+    return [(g, q, peer) for g in by_group for q, peer in enumerate(g)
+            if peer.process_index != here and _directory.peek(
+                f"ficco/mapped/{tag(g)}/{q}") != json.dumps(mapped[id(g)])]
+
   own = {}  # (group, rank) -> this process's published window
   refused = []  # Peers' windows of another kind or slot, by nonce.
   try:
@@ -520,6 +545,9 @@ def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
           "process": here, "local": handler_ordinal(d, platform),
           "handle": handle.raw[:n.value].hex(), "nonce": nonce,
           "kind": kind, "slot": fam.slot_bytes}
+      if any(peer.process_index != here for peer in g):
+        # A peer process may map it from now on, whatever happens here.
+        lib.FiccoWindowExported(platform, fam.id, handler_ordinal(d, platform))
       _directory.set(key, json.dumps(own[(id(g), r)]))
       published.append(key)
     # 2. Map every peer's window: this process's by pointer, the others'
@@ -544,27 +572,34 @@ def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
       publish_mapped(g)
     deadline = time.monotonic() + EXCHANGE_TIMEOUT_S
     while True:
-      behind = None
-      for g in by_group:
-        want = json.dumps(mapped[id(g)])
-        for q, peer in enumerate(g):
-          if peer.process_index == here:
-            continue
-          if _directory.peek(f"ficco/mapped/{tag(g)}/{q}") == want:
-            continue
-          behind = behind or (g, q, peer)
-          value = _directory.peek(f"ficco/window/{tag(g)}/{q}")
-          if value is None or not _live_window(
-              value, _who(q, peer), kind, fam.slot_bytes, nonce, refused):
-            continue
-          info = json.loads(value)
-          if info["nonce"] != mapped[id(g)][q]:
-            map_peer(g, q, info)
-            publish_mapped(g)
-      if behind is None:
+      behind, changed = _behind(), False
+      for g, q, peer in behind:
+        value = _directory.peek(f"ficco/window/{tag(g)}/{q}")
+        if value is None or not _live_window(
+            value, _who(q, peer), kind, fam.slot_bytes, nonce, refused):
+          continue
+        info = json.loads(value)
+        if info["nonce"] != mapped[id(g)][q]:
+          map_peer(g, q, info)
+          publish_mapped(g)
+          changed = True
+      if not behind:
         break
+      if changed:
+        continue  # Look again before the deadline: they may agree now.
       if time.monotonic() > deadline:
-        g, q, peer = behind
+        # A peer completes once it sees this process's word agree: take
+        # the words back first, then look once more, so that this process
+        # fails only where no peer can have completed with it.
+        for g in by_group:
+          for g2, r, _ in mine:
+            if g2 is g:
+              _directory.set(f"ficco/mapped/{tag(g)}/{r}", "[]")
+        if not _behind():
+          for g in by_group:
+            publish_mapped(g)
+          break
+        g, q, peer = behind[0]
         raise late(f"the word that {_who(q, peer)} mapped this attempt's"
                    " windows", f"ficco/mapped/{tag(g)}/{q}",
                    EXCHANGE_TIMEOUT_S, "its windows were not those mapped"
