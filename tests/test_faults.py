@@ -250,8 +250,10 @@ def test_recovering_from_failures_frees_the_poisoned_windows(transport):
   with pytest.raises(Exception) as info:
     jax.block_until_ready(compiled(*args))
   message = str(info.value)
+  # The first failure: the hook's, or on a loaded machine a peer's timeout
+  # that came first (naming the rank it waited for).
   assert "lower" in message and ("test hook" in message or
-                                  f"rank {last}" in message), message
+                                  "never signalled: rank" in message), message
   assert util.window_entries_after(platform) == 0
 
 
