@@ -252,13 +252,19 @@ def _barrier(name: str, timeout_s: float = 120.0) -> None:
   distributed.global_state.client.wait_at_barrier(name, int(timeout_s * 1000))
 
 
+def _first_device() -> tuple[int, int]:
+  """The platform id, and this process's first device's ordinal as its
+  handlers (and the fault hook) see it."""
+  from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
+  pid = library.platform_id(jax.default_backend())
+  return pid, windows.handler_ordinal(jax.local_devices()[0], pid)
+
+
 def _recover(mesh, x, w) -> int:
   """Mode "recover" (see the module docstring)."""
   from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
   me = jax.process_index()
-  device = jax.local_devices()[0]
-  pid = library.platform_id(jax.default_backend())
-  ordinal = windows.handler_ordinal(device, pid)
+  pid, ordinal = _first_device()
   ref = x.astype(np.float64) @ w.astype(np.float64)
   f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
   _check(f(*args), ref)
@@ -301,8 +307,7 @@ def _alone(mesh, x, w) -> int:
   """Mode "alone" (see the module docstring)."""
   from ficco_jax._src.dma import library  # pylint: disable=g-import-not-at-top
   me = jax.process_index()
-  pid = library.platform_id(jax.default_backend())
-  ordinal = windows.handler_ordinal(jax.local_devices()[0], pid)
+  _, ordinal = _first_device()
   ref = x.astype(np.float64) @ w.astype(np.float64)
   f, args = _dma_all_gather(mesh, x, w, timeout_s=1.0)
   _check(f(*args), ref)

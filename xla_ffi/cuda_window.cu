@@ -515,7 +515,8 @@ ffi::Error CudaWindowAllocate(Window& w, std::string* handle) {
   auto host = ShmCreate(w.host_name, kHostBytes);
   if (!host.has_value()) return host.error();
   // The memory stays if any peer is in another process (`remote_peers`,
-  // known once mapped): that process may still copy from it, and nothing
+  // set once the handle is published to one, `FiccoWindowExported`): that
+  // process may still copy from it, and nothing
   // here relies on CUDA keeping a freed block for its importers.
   w.release.push_back([p, host = *host, device = w.device,
                        name = w.host_name](bool remote) {

@@ -137,10 +137,10 @@ class _Directory:
     except Exception as e:  # pylint: disable=broad-exception-caught
       if not what:
         raise
-      raise late(what, key, timeout_s, f"{type(e).__name__}: {e}") from e
+      raise _late(what, key, timeout_s, f"{type(e).__name__}: {e}") from e
 
 
-def late(what: str, key: str, timeout_s: float, cause: str) -> RuntimeError:
+def _late(what: str, key: str, timeout_s: float, cause: str) -> RuntimeError:
   """The error of an exchange that waited ``timeout_s`` for ``what``."""
   return RuntimeError(
       f"ficco window exchange: {what} did not come within"
@@ -241,6 +241,12 @@ def _local_groups(mesh: jax.sharding.Mesh, axis_name: str):
   return groups, tuple(tuple(int(d.id) for d in g) for g in groups)
 
 
+def _group_key(platform: int, ids) -> str:
+  """A group's part of its store keys: the platform (each counts its
+  families apart) and the group's device ids, in rank order."""
+  return f"{platform}/" + "-".join(str(i) for i in ids)
+
+
 def _retire(fam: Family, platform: int, why: str) -> None:
   """Takes a family that lowering replaced out of use: its windows here are
   poisoned (a program still compiled against it fails, saying to lower
@@ -267,8 +273,8 @@ def _new_family(groups, sig, axis_name: str, slot_bytes: int,
   gens = []
   for g in sig:
     done = _generations.get((platform, g), 0)
-    ids = f"{platform}/" + "-".join(str(i) for i in g)
-    while _directory.peek(f"ficco/done/{ids}/{done + 1}") is not None:
+    while _directory.peek(
+        f"ficco/done/{_group_key(platform, g)}/{done + 1}") is not None:
       done += 1
     gens.append(done + 1)
   gens = tuple(gens)
@@ -473,8 +479,7 @@ def _who(q: int, peer) -> str:
 def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
   lib, here = _lib(), jax.process_index()
   gen = {id(g): fam.generations[i] for i, g in enumerate(groups)}
-  # Keys name the platform too: its families are counted apart.
-  tag = lambda g: (f"{platform}/" + "-".join(str(d.id) for d in g)
+  tag = lambda g: (_group_key(platform, [d.id for d in g])
                    + f"/{gen[id(g)]}")
   mine = [(g, r, d) for g in groups for r, d in enumerate(g)
           if d.process_index == here]
@@ -492,10 +497,10 @@ def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
     the family). A remote window that its process withdrew (and freed)
     meanwhile is left for its next attempt (step 4)."""
     mapped[id(g)][q] = None
+    raw = bytes.fromhex(info["handle"])
+    same = info["process"] == here
     for g2, r, d in mine:
       if g2 is g and r != q:
-        raw = bytes.fromhex(info["handle"])
-        same = info["process"] == here
         try:
           _call(lib.FiccoWindowMap, platform, fam.id,
                 handler_ordinal(d, platform), q,
@@ -591,16 +596,14 @@ def _create_and_map(fam: Family, groups, platform: int, kind: str) -> None:
         # A peer completes once it sees this process's word agree: take
         # the words back first, then look once more, so that this process
         # fails only where no peer can have completed with it.
-        for g in by_group:
-          for g2, r, _ in mine:
-            if g2 is g:
-              _directory.set(f"ficco/mapped/{tag(g)}/{r}", "[]")
+        for g, r, _ in mine:
+          _directory.set(f"ficco/mapped/{tag(g)}/{r}", "[]")
         if not _behind():
           for g in by_group:
             publish_mapped(g)
           break
         g, q, peer = behind[0]
-        raise late(f"the word that {_who(q, peer)} mapped this attempt's"
+        raise _late(f"the word that {_who(q, peer)} mapped this attempt's"
                    " windows", f"ficco/mapped/{tag(g)}/{q}",
                    EXCHANGE_TIMEOUT_S, "its windows were not those mapped"
                    " here, or it never published")
