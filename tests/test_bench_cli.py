@@ -495,3 +495,40 @@ def test_gpu_monitor_summarises_the_ops_suites_cases():
       "2 timed blocks: mean SM clock 1700-1900 MHz (the slowest GPU of"
       " each), limits: SW power cap")
   assert gpu_monitor.describe_cases([None]) is None
+
+
+def test_characterize_times_each_matmul_against_the_same_copies(tmp_path):
+  bench("--suite=characterize", "--tiny", "--sections=contention",
+        "--contention_p=2", "--contention_mib=1,4",
+        "--contention_mm=1024x1024x1024",
+        "--contention_compute=xla,pallas/sm2", "--engines=dma",
+        "--rounds=2", "--iters=2", f"--out_dir={tmp_path / 'cpu_w2'}")
+  data = json.loads((tmp_path / "cpu_w2" / "characterize.json").read_text())
+  assert not [r for r in data["contention"] if "error" in r]
+  # The copies alone once per size; the matmul alone and both per label.
+  whats = [(r["what"], r["compute"]) for r in data["contention"]]
+  assert whats.count(("copy_alone", "xla")) == 2
+  for compute in ("xla", "pallas/sm2"):
+    assert whats.count(("mm_alone", compute)) == 1
+    assert whats.count(("both", compute)) == 2
+  summary = data["contention_summary"]
+  assert sorted((r["compute"], r["mib_per_peer"]) for r in summary) == [
+      ("pallas/sm2", 1.0), ("pallas/sm2", 4.0), ("xla", 1.0), ("xla", 4.0)]
+  for r in summary:
+    expect = (r["mm_ms"] + r["copy_ms"] - r["both_ms"]) / min(r["mm_ms"],
+                                                              r["copy_ms"])
+    assert r["hidden"] == pytest.approx(expect)
+  out = tmp_path / "RESULTS.md"
+  bench("--suite=report", f"--results_dir={tmp_path}", f"--report_out={out}",
+        "--expect=")
+  text = out.read_text()
+  assert "| 1024x1024x1024 | pallas/sm2 | dma | 4 |" in text, text
+
+
+def test_characterize_refuses_a_compute_label_it_cannot_read(tmp_path):
+  proc = bench("--suite=characterize", "--tiny", "--sections=contention",
+               "--contention_compute=pallas/sm0", f"--out_dir={tmp_path}",
+               check=False)
+  data = json.loads((tmp_path / "characterize.json").read_text())
+  assert "--contention_compute='pallas/sm0'" in data["skipped"][0]["error"], (
+      data, proc.stderr[-2000:])

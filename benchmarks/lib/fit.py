@@ -92,13 +92,18 @@ def overlap_time(t_mm: float, t_copy: float, alpha: float, beta: float):
 
 
 def fit_contention(records):
-  """{engine: (alpha, beta)} minimising the squared log error of "both"."""
-  mm = {tuple(r["mm"]): r["median_ms"] for r in _ok(records)
-        if r["what"] == "mm_alone"}
+  """{engine: (alpha, beta)} minimising the squared log error of "both".
+
+  Only the records of XLA's dot: the cost model's matmul is XLA's, and the
+  Pallas kernel's records (``compute``: the occupancy knob's measurements)
+  are read by ``contention_summary``.
+  """
+  xla = [r for r in _ok(records) if r.get("compute", "xla") == "xla"]
+  mm = {tuple(r["mm"]): r["median_ms"] for r in xla if r["what"] == "mm_alone"}
   copy = {(r["engine"], r["mib_per_peer"]): r["median_ms"]
           for r in _ok(records) if r["what"] == "copy_alone"}
   samples = collections.defaultdict(list)
-  for r in _ok(records):
+  for r in xla:
     if r["what"] != "both":
       continue
     t_mm, t_c = mm.get(tuple(r["mm"])), copy.get((r["engine"],
@@ -112,6 +117,39 @@ def fit_contention(records):
       return sum(math.log(overlap_time(m, c, *ab) / t) ** 2 for m, c, t in ss)
     out[engine] = min(((a, b) for a in grid for b in grid), key=err)
   return out
+
+
+def contention_summary(records):
+  """Per matmul, compute label, engine and copy size: the matmul alone, the
+  copies alone, both, and ``hidden``: the share of the shorter of the two
+  that overlapping hid (1: both took as long as the longer one alone; 0:
+  as long as the two one after the other).
+
+  The same copies (``copy_alone``, measured once per engine and size) are
+  the baseline of every compute label, so the labels compare as the
+  matmul's cost alone against what it leaves the copies.
+  """
+  ok = _ok(records)
+  mm = {(tuple(r["mm"]), r.get("compute", "xla")): r["median_ms"]
+        for r in ok if r["what"] == "mm_alone"}
+  copy = {(r["engine"], r["mib_per_peer"]): r["median_ms"]
+          for r in ok if r["what"] == "copy_alone"}
+  rows = []
+  for r in ok:
+    if r["what"] != "both":
+      continue
+    compute = r.get("compute", "xla")
+    t_mm = mm.get((tuple(r["mm"]), compute))
+    t_copy = copy.get((r["engine"], r["mib_per_peer"]))
+    if not (t_mm and t_copy):
+      continue
+    t_both = r["median_ms"]
+    rows.append({
+        "mm": list(r["mm"]), "compute": compute, "engine": r["engine"],
+        "mib_per_peer": r["mib_per_peer"], "mm_ms": t_mm, "copy_ms": t_copy,
+        "both_ms": t_both,
+        "hidden": (t_mm + t_copy - t_both) / min(t_mm, t_copy)})
+  return rows
 
 
 def _linear(points):

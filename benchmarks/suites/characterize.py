@@ -14,12 +14,16 @@ each one:
                  copy-engine gather (direct plan: every device pulls S MiB
                  from each peer) alone, and both in one program, issued
                  together; per engine in --engines ("xla": the same plan
-                 over lax.ppermute).
+                 over lax.ppermute) and per matmul in --contention_compute
+                 (XLA's dot, or ficco's Pallas kernel with its occupancy
+                 knob, num_sms: what leaving SMs idle buys under overlap).
   copy           the gather alone for P in 2..4 devices and sizes S in
                  --copy_mib: per-device receive GB/s vs size and peers.
 
 Writes ``characterize.json`` (format: ``meta``, ``decomposition``,
-``contention``, ``copy``, ``skipped``) and the stage-1 fit of it
+``contention``, ``copy``, ``skipped``, and ``contention_summary``: per
+matmul and compute label, the share of the shorter side that overlap hid)
+and the stage-1 fit of it
 (lib/fit.py) as ``device_params.json``, the override file format
 ``device_params.params_for`` reads (``{"device_kind", "source", "params"}``).
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import time
 
 from absl import flags
@@ -60,6 +65,11 @@ flags.DEFINE_list("contention_mib", ["16", "64", "256"],
                   "characterize: MiB pulled from each peer (contention).")
 flags.DEFINE_list("contention_mm", ["8192x8192x7168", "2048x8192x2048"],
                   "characterize: matmuls [m x K x n] run against the copies.")
+flags.DEFINE_list("contention_compute", ["xla"],
+                  "characterize: the contention section's matmuls: xla"
+                  " (XLA's dot; the only one the cost model's fit reads),"
+                  " pallas (ficco's Pallas kernel on every SM), pallas/smN"
+                  " (the same with num_sms=N).")
 flags.DEFINE_list("copy_mib", ["1", "4", "16", "64", "256"],
                   "characterize: MiB pulled from each peer (copy).")
 flags.DEFINE_integer("row_elems", 4096, "characterize: bf16 per copied row.")
@@ -194,9 +204,10 @@ def _gather_api(engine: str, p: int):
           lambda result, keep: gather.finish(result, keep, st))
 
 
-def _gather_fn(mesh, engine: str, mm: bool):
+def _gather_fn(mesh, engine: str, mm: bool, compute: str = "xla"):
   """shard_map program: a direct-plan gather, optionally with an independent
-  matmul issued right after the copies start (so the two overlap)."""
+  matmul (``compute``, a --contention_compute label) issued right after the
+  copies start (so the two overlap)."""
   import jax
   from jax import lax
   import jax.numpy as jnp
@@ -207,6 +218,7 @@ def _gather_fn(mesh, engine: str, mm: bool):
 
   p = mesh.shape["x"]
   run, finish = _gather_api(engine, p)
+  matmul = _compute(compute)
 
   def body(buf, a, b):
     gplan = plan_lib.gather_plan(Schedule(dataflow="direct", num_chunks=1),
@@ -218,7 +230,7 @@ def _gather_fn(mesh, engine: str, mm: bool):
         # Tied to the local shard, which the dma engine orders after start:
         # the matmul runs while the copies are in flight.
         a2, _ = lax.optimization_barrier((a, data))
-        out = a2 @ b
+        out = matmul(a2, b)
       return total + data[0, 0].astype(jnp.float32), out
 
     init = (jnp.zeros((), jnp.float32),
@@ -228,14 +240,36 @@ def _gather_fn(mesh, engine: str, mm: bool):
 
   return jax.jit(jax.shard_map(body, mesh=mesh,
                                in_specs=(P("x"), P("x"), P("x")),
-                               out_specs=(P("x"), P("x"))))
+                               out_specs=(P("x"), P("x")),
+                               check_vma=_check_vma(compute)))
 
 
-def _mm_fn(mesh):
+def _compute(label: str):
+  """``(a, b) -> a @ b`` for a --contention_compute label."""
+  if label == "xla":
+    return lambda a, b: a @ b
+  m = re.fullmatch(r"pallas(?:/sm([1-9][0-9]*))?", label)
+  if m is None:
+    raise ValueError(f"--contention_compute={label!r}: expected xla, pallas"
+                     " or pallas/smN with N a positive int.")
+  num_sms = int(m.group(1)) if m.group(1) else None
+  cm = internal.chunk_matmul()
+  return lambda a, b: cm.chunk_matmul(a, b, num_sms=num_sms)
+
+
+def _check_vma(compute: str) -> bool:
+  # Off GPUs the Pallas kernel runs in Pallas's interpreter, which does not
+  # take shard_map's varying-axes checks (the library says so if asked).
+  return compute == "xla"
+
+
+def _mm_fn(mesh, compute: str):
   import jax
   from jax.sharding import PartitionSpec as P
-  return jax.jit(jax.shard_map(lambda a, b: (a @ b)[None], mesh=mesh,
-                               in_specs=(P("x"), P("x")), out_specs=P("x")))
+  mm = _compute(compute)
+  return jax.jit(jax.shard_map(lambda a, b: mm(a, b)[None], mesh=mesh,
+                               in_specs=(P("x"), P("x")), out_specs=P("x"),
+                               check_vma=_check_vma(compute)))
 
 
 def _buffers(mesh, mib: float, mm_shape, key: int):
@@ -258,27 +292,35 @@ def contention(run) -> None:
   p = min(FLAGS.contention_p, len(jax.devices()))
   mesh = _mesh(p)
   tk = options.timing_kwargs()
+  for label in FLAGS.contention_compute:
+    _compute(label)  # A label it cannot read fails before anything runs.
   for mm_spec in FLAGS.contention_mm:
     mm_shape = tuple(int(v) for v in mm_spec.lower().split("x"))
     _, a, b, _ = _buffers(mesh, 1, mm_shape, 100)
-    base = {"P": p, "mm": list(mm_shape)}
-    _measure(run, "contention", {**base, "what": "mm_alone"},
-             lambda: timing.time_jax(_mm_fn(mesh), [(a, b)], **tk))
     # Operands of a negligible matmul: "copy alone" runs the same program
     # without the matmul (mm=False); these only fill its arguments.
     _, a0, b0, _ = _buffers(mesh, 1, (8, 8, 8), 300)
-    for engine in FLAGS.engines:
-      for mib in (float(v) for v in FLAGS.contention_mib):
-        buf, _, _, nbytes = _buffers(mesh, mib, (8, 8, 8), 200)
-        info = {**base, "engine": engine, "mib_per_peer": mib,
-                "bytes_per_peer": nbytes}
-        _measure(run, "contention", {**info, "what": "copy_alone"},
-                 lambda buf=buf, engine=engine: timing.time_jax(
-                     _gather_fn(mesh, engine, mm=False), [(buf, a0, b0)],
-                     **tk))
-        _measure(run, "contention", {**info, "what": "both"},
-                 lambda buf=buf, engine=engine: timing.time_jax(
-                     _gather_fn(mesh, engine, mm=True), [(buf, a, b)], **tk))
+    for compute in FLAGS.contention_compute:
+      base = {"P": p, "mm": list(mm_shape), "compute": compute}
+      _measure(run, "contention", {**base, "what": "mm_alone"},
+               lambda compute=compute: timing.time_jax(
+                   _mm_fn(mesh, compute), [(a, b)], **tk))
+      for engine in FLAGS.engines:
+        for mib in (float(v) for v in FLAGS.contention_mib):
+          buf, _, _, nbytes = _buffers(mesh, mib, (8, 8, 8), 200)
+          info = {**base, "engine": engine, "mib_per_peer": mib,
+                  "bytes_per_peer": nbytes}
+          if compute == FLAGS.contention_compute[0]:
+            # The copies alone do not depend on the matmul: once per size.
+            _measure(run, "contention", {**info, "what": "copy_alone"},
+                     lambda buf=buf, engine=engine: timing.time_jax(
+                         _gather_fn(mesh, engine, mm=False),
+                         [(buf, a0, b0)], **tk))
+          _measure(run, "contention", {**info, "what": "both"},
+                   lambda buf=buf, engine=engine, compute=compute:
+                   timing.time_jax(_gather_fn(mesh, engine, mm=True,
+                                              compute=compute),
+                                   [(buf, a, b)], **tk))
 
 
 def copy_throughput(run) -> None:
@@ -331,6 +373,7 @@ def run() -> int:
                                   "error": results.short_error(e, 800)})
     rec.save()
     jax.clear_caches()
+  data["contention_summary"] = fit_lib.contention_summary(data["contention"])
   rec.finish()
   try:
     fitted = fit_lib.fit(data, peak_flops=FLAGS.peak_flops)

@@ -45,9 +45,22 @@ COMMAND = "python benchmarks/bench.py --suite=report"
 def _characterize_md(data: dict) -> str:
   counts = {k: len(data.get(k, [])) for k in ("decomposition", "contention",
                                                 "copy")}
-  return "\n".join(["# Characterization", ""] + report.provenance(data["meta"])
-                   + ["", f"Measurements per section: {counts}; fitted"
-                      " parameters in device_params.json beside it."]) + "\n"
+  lines = (["# Characterization", ""] + report.provenance(data["meta"])
+           + ["", f"Measurements per section: {counts}; fitted"
+              " parameters in device_params.json beside it."])
+  summary = data.get("contention_summary") or []
+  if summary:
+    lines += ["", "Matmul against the copies (`hidden`: the share of the"
+              " shorter of the two that running them together hid; one"
+              " `copies ms` per engine and size for every matmul):", "",
+              "| matmul | compute | engine | MiB/peer | matmul ms | copies ms"
+              " | both ms | hidden |", "|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+      lines.append(
+          f"| {'x'.join(map(str, r['mm']))} | {r['compute']} | {r['engine']}"
+          f" | {r['mib_per_peer']:g} | {r['mm_ms']:.3f} | {r['copy_ms']:.3f}"
+          f" | {r['both_ms']:.3f} | {r['hidden']:.2f} |")
+  return "\n".join(lines) + "\n"
 
 
 def _renderers(folder: str):
