@@ -505,3 +505,150 @@ def test_time_interleaved_drops_a_failing_function_and_goes_on():
   assert list(errors) == [0] and "device lost" in errors[0]
   # Dropped after failing: 2 good calls, then the one that raised.
   assert state["calls"] == 3
+
+
+DMA = Schedule(dataflow="direct", num_chunks=1, comm="dma")
+
+
+def _sharded_calls(mesh):
+  """An eager (un-jitted) sharded call and a jax.vmap'd one, schedule=None:
+  neither can run the copy engines."""
+  def eager(x, w):
+    return ficco_jax.sharded.all_gather_matmul(x, w, mesh=mesh, axis_name="x")
+
+  vmapped = jax.jit(jax.shard_map(
+      jax.vmap(functools.partial(ficco_jax.all_gather_matmul, axis_name="x"),
+               (0, None)),
+      mesh=mesh, in_specs=(P(None, "x"), P(None, "x")),
+      out_specs=P(None, None, "x")))
+  return {"eager": eager, "vmap": vmapped}
+
+
+@pytest.mark.parametrize("how", ["eager", "vmap"])
+def test_a_copy_engine_entry_is_not_served_where_the_call_cannot_run_it(
+    user_cache, caplog, how):
+  """An entry a jitted call stored (the copy engines) is left out, with a
+  warning, by a call that is not one compiled program: it runs, as it did
+  before the tuning, instead of raising about a schedule it never asked
+  for."""
+  del user_cache
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(5)
+  x = util.rand(rng, (4 * X_LOCAL[0], X_LOCAL[1]), np.float32)
+  w = util.rand(rng, (W_LOCAL[0], 4 * W_LOCAL[1]), np.float32)
+  autotune_cache.store(_key(), DMA)
+  x_in, w_in = x, w
+  if how == "vmap":
+    x_in = jax.device_put(x[None].repeat(3, 0),
+                          NamedSharding(mesh, P(None, "x")))
+    w_in = jax.device_put(w, NamedSharding(mesh, P(None, "x")))
+  with caplog.at_level("WARNING", logger="ficco_jax"):
+    y = _sharded_calls(mesh)[how](x_in, w_in)
+  want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  np.testing.assert_allclose(np.asarray(y).reshape(-1, *want.shape)[-1],
+                             want, rtol=1e-5, atol=1e-5)
+  assert f"the autotune cache's {DMA.short()} for these shapes cannot run" \
+      " this call" in caplog.text, caplog.text
+  # A jitted call (what choose_schedule plans for) still runs the entry.
+  assert ficco_jax.choose_schedule(
+      "all_gather_matmul", x_shape=X_LOCAL, w_shape=W_LOCAL,
+      dtype=np.float32, axis_size=4) == DMA
+
+
+@pytest.mark.parametrize("op, entry, why", [
+    ("all_gather_matmul",
+     Schedule(dataflow="direct", comm="dma", compute_granularity="halving"),
+     "'halving' is the reduce-scatter's"),
+    ("matmul_reduce_scatter",
+     Schedule(dataflow="direct", comm="dma", compute_granularity="flagged"),
+     "'flagged' needs compute='pallas'"),
+], ids=["ag-halving", "rs-flagged-xla"])
+def test_a_cache_entry_the_op_refuses_is_not_served(user_cache, caplog, op,
+                                                   entry, why):
+  """A valid Schedule the op itself refuses (a hand edit, another
+  version's entry): choose_schedule and the op both take the heuristic's
+  pick and agree, and the user is told why, instead of every call of the
+  shape raising."""
+  del user_cache
+  mesh = util.mesh((4,), ("x",))
+  rng = np.random.default_rng(6)
+  x_local = X_LOCAL if op == "all_gather_matmul" else (4 * X_LOCAL[0],
+                                                       X_LOCAL[1])
+  key = autotune_cache.Key.of(
+      op, device_kind=util.test_devices()[0].device_kind, axis_size=4,
+      x_shape=x_local, w_shape=W_LOCAL, axis=0, dtype=np.float32)
+  autotune_cache.store(key, entry)
+  with caplog.at_level("WARNING", logger="ficco_jax"):
+    chosen = ficco_jax.choose_schedule(op, x_shape=x_local, w_shape=W_LOCAL,
+                                       dtype=np.float32, axis_size=4)
+    explained = ficco_jax.explain(op, x_shape=x_local, w_shape=W_LOCAL,
+                                  dtype=np.float32, axis_size=4)
+  assert chosen == explained.chosen != entry
+  assert "cannot run this call" in explained.reason
+  assert why in caplog.text and f"the autotune cache's {entry.short()}" in (
+      caplog.text)
+  if op == "all_gather_matmul":
+    x = util.rand(rng, (4 * X_LOCAL[0], X_LOCAL[1]), np.float32)
+    w = util.rand(rng, (W_LOCAL[0], 4 * W_LOCAL[1]), np.float32)
+    y = jax.jit(functools.partial(ficco_jax.sharded.all_gather_matmul,
+                                  mesh=mesh, axis_name="x"))(x, w)
+  else:
+    x = util.rand(rng, (x_local[0], 4 * x_local[1]), np.float32)
+    w = util.rand(rng, (4 * W_LOCAL[0], W_LOCAL[1]), np.float32)
+    y = jax.jit(functools.partial(ficco_jax.sharded.matmul_reduce_scatter,
+                                  mesh=mesh, axis_name="x"))(x, w)
+  want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_eager_call_on_gpus_leaves_the_copy_engines_out_of_the_pick(
+    caplog):
+  """On a GPU kind the heuristic overlaps on the copy engines; for a call
+  that is not one compiled program it ranks only what such a call runs,
+  and says so."""
+  from ficco_jax._src import resolve
+  # A shape the shipped cache does not hold: the heuristic picks.
+  args = dict(x_shape=(3072, 6144), w_shape=(6144, 5120), dtype=jnp.bfloat16,
+              axis_size=4, device_kind="NVIDIA H200")
+  jitted = resolve.default_schedule("all_gather_matmul", **args)
+  assert jitted.source == "heuristic"
+  assert jitted.schedule.comm == "dma" and jitted.schedule.overlapped
+  with caplog.at_level("WARNING", logger="ficco_jax"):
+    eager = resolve.default_schedule("all_gather_matmul",
+                                     operand_kind="ShardMapTracer", **args)
+  assert eager.schedule.comm == "xla"
+  assert "must be traced under jax.jit" in eager.reason
+  assert f"{jitted.schedule.short()}, cannot run this call" in caplog.text
+
+
+def _entry_with(key=None, schedule=None):
+  k = dict(_key().to_json(), **(key or {}))
+  s = autotune_cache.schedule_to_json(RING) if schedule is None else schedule
+  return json.dumps({"format": 1, "entries": [{"key": k, "schedule": s}]})
+
+
+@pytest.mark.parametrize("text, says", [
+    (_entry_with(key={"x_shape": "610"}), "x_shape='610' must be a list"),
+    (_entry_with(key={"x_shape": [6.9, 10]}), "x_shape=[6.9, 10] must be a"),
+    (_entry_with(key={"axis_size": True}), "axis_size=True must be an int"),
+    (_entry_with(schedule={}), "a schedule is a JSON object with a dataflow"),
+    (_entry_with(schedule=[["dataflow", "ring"]]), "is not a JSON object"),
+    ('{"format": 1, "entries": [{"key": {"x_shape": [1e999]}}]}',
+     "entry 0 is malformed"),
+    ("[" * 100000 + "]" * 100000, "RecursionError"),
+], ids=["shape-str", "shape-float", "bool", "empty-schedule", "pairs",
+        "infinity", "deep"])
+def test_a_cache_that_is_not_what_autotune_writes_is_ignored_not_misread(
+    user_cache, caplog, text, says):
+  """Each of these once crashed every schedule=None call or was read as
+  another key or schedule (x_shape "610" as (6, 1, 0), an empty schedule as
+  the overlapped default)."""
+  user_cache.write_text(text)
+  with caplog.at_level("WARNING", logger="ficco_jax"):
+    assert autotune_cache.lookup(_key()) is None
+    assert ficco_jax.choose_schedule(
+        "all_gather_matmul", x_shape=X_LOCAL, w_shape=W_LOCAL,
+        dtype=np.float32, axis_size=4) == NONE
+  # The file, or that entry alone, left out, and the user told why.
+  assert says in caplog.text, caplog.text
+  assert str(user_cache) in caplog.text

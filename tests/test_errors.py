@@ -143,7 +143,9 @@ def test_schedule_label_round_trips(schedule):
 
 
 @pytest.mark.parametrize("label", ["direct/4", "direct/c2/dma/xla/fast",
-                                   "ring/cx"])
+                                   "ring/cx", "direct/c-1",
+                                   "direct/c2/dma/pallas/piece/step",
+                                   "direct/c2/dma/xla/flagged/push/window"])
 def test_schedule_label_errors_name_the_label(label):
   with pytest.raises(ValueError, match="is not a schedule label"):
     Schedule.from_short(label)
@@ -197,6 +199,59 @@ def test_schedule_is_hashable_and_frozen():
   assert {s: 1}[Schedule(dataflow="ring", num_chunks=2)] == 1
   with pytest.raises(Exception):
     s.num_chunks = 3  # type: ignore[misc]
+
+
+def test_schedule_takes_numpy_ints_as_the_ints_they_are():
+  s = Schedule(dataflow="ring", num_chunks=np.int64(2), comm="dma",
+               compute="pallas", num_sms=np.int32(96))
+  assert s == Schedule(dataflow="ring", num_chunks=2, comm="dma",
+                       compute="pallas", num_sms=96)
+  assert type(s.num_chunks) is int and type(s.num_sms) is int
+  assert hash(s) == hash(Schedule.from_short(s.short()))
+  with pytest.raises(TypeError, match=r"num_sms=96.0 must be None or a"
+                     r" positive int"):
+    Schedule(compute="pallas", num_sms=96.0)
+
+
+# The global arrays the caller passed, each mistake named by the form itself
+# (not the per-shard op's view, nor shard_map's message about its body).
+@pytest.mark.parametrize("op, a, w, match", [
+    ("all_gather_matmul", (12, 8), (9, 6),
+     r"w has shape \(9, 6\): its first dimension must equal the contraction"
+     r" size 8 \(x.shape\[-1\] of x \(12, 8\)\)"),
+    ("all_gather_matmul", (10, 8), (8, 6),
+     r"x.shape\[0\] \(x is \(10, 8\), split over 'x' by"
+     r" x_spec=(?:P|PartitionSpec)\('x', None\)\) \(10\) must be divisible by"
+     r" the devices along 'x' \(4\)"),
+    ("all_gather_matmul", (12, 8), (8, 6),
+     r"w.shape\[1\] \(w is \(8, 6\), its columns split over 'x'\) \(6\)"
+     r" must be divisible by the size of axis 'x' \(4\)"),
+    ("matmul_reduce_scatter", (12, 6), (6, 5),
+     r"h.shape\[1\] \(h is \(12, 6\), split over 'x' by"
+     r" h_spec=(?:P|PartitionSpec)\(None, 'x'\)\) \(6\) must be divisible"),
+    ("matmul_reduce_scatter", (12, 8), (9, 5),
+     r"w has shape \(9, 5\).*contraction size 8 \(h.shape\[-1\] of h"
+     r" \(12, 8\)\)"),
+])
+def test_sharded_forms_name_the_global_arrays(op, a, w, match):
+  mesh = util.mesh((4,), ("x",))
+  fn = functools.partial(getattr(ficco_jax.sharded, op), mesh=mesh,
+                         axis_name="x")
+  with pytest.raises(ValueError, match=match):
+    jax.jit(fn)(jnp.ones(a), jnp.ones(w))
+  # And autotune, before it builds a key or compiles a candidate.
+  with pytest.raises(ValueError, match=match):
+    ficco_jax.autotune(op, jnp.ones(a), jnp.ones(w), mesh=mesh,
+                       axis_name="x", store=False)
+
+
+def test_sharded_spec_naming_no_mesh_axis_is_an_error():
+  mesh = util.mesh((4,), ("x",))
+  with pytest.raises(ValueError, match=r"x_spec=(?:P|PartitionSpec)\('dp', 'x', None\)"
+                     r" names \['dp'\], not axes of the mesh"):
+    ficco_jax.sharded.all_gather_matmul(
+        jnp.ones((2, 8, 3)), jnp.ones((3, 4)), mesh=mesh, axis_name="x",
+        gather_axis=1, x_spec=P("dp", "x"))
 
 
 def test_sharded_rejects_unknown_axis():
@@ -266,6 +321,30 @@ def test_eager_copy_engine_call_is_one_clear_error():
   assert util.rel_err(eager(xla), ref) < util.tol(np.float32)
   assert util.rel_err(jax.jit(eager, static_argnums=0)(dma), ref) < util.tol(
       np.float32)
+
+
+def test_autodiff_around_an_eager_copy_engine_call_is_the_same_error():
+  """jax.grad of an eager shard_map wraps the operand in autodiff tracers
+  (the ShardMapTracer inside): still the one clear error, not a protocol
+  failure at run time; and under jax.vmap of jax.grad, the vmap error."""
+  mesh = util.mesh((4,), ("x",))
+  x, w = _ag_args(mesh)
+  dma = Schedule(dataflow="direct", num_chunks=2, comm="dma")
+  op = jax.shard_map(functools.partial(AG, axis_name="x", schedule=dma),
+                     mesh=mesh, in_specs=(P("x"), P(None, "x")),
+                     out_specs=P(None, "x"))
+  loss = lambda x, w: jnp.sum(op(x, w) ** 2)  # noqa: E731
+  with pytest.raises(ValueError, match="must be traced under jax.jit"):
+    jax.grad(loss)(x, w)
+  xs = util.put(mesh, P(None, "x"), np.stack([np.asarray(x)] * 3))
+  with pytest.raises(NotImplementedError,
+                     match="comm='dma' does not support jax.vmap"):
+    jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None)))(xs, w)
+  # Under jit the same gradient runs.
+  g = jax.jit(jax.grad(loss))(x, w)
+  x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  want = 2 * (x64 @ w64) @ w64.T  # d/dx of sum((x @ w) ** 2)
+  assert util.rel_err(g, want) < util.tol(np.float32)
 
 
 @pytest.mark.parametrize("where", ["inside_jit", "outside_jit"])

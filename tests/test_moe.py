@@ -210,6 +210,25 @@ def test_capacity_overflow_is_an_error_naming_the_device(schedule):
   assert util.rel_err(out, _ref_layer(*host)) < util.tol(np.float32)
 
 
+def test_combine_overflow_names_the_rows_of_h():
+  """The combine has no capacity argument: its bound is h's rows (the
+  dispatch's capacity), and the error says so."""
+  mesh = util.mesh((4,), ("ep",))
+  p = 4
+  gs = np.zeros((p, p), np.int32)
+  gs[:, 2] = T  # Device 2 gets back p * T rows; h holds fewer.
+  h = np.ones((p * (p * T - 1), F), np.float32)
+  w2 = np.ones((p, F, D), np.float32)
+  f = jax.jit(functools.partial(ficco_jax.sharded.matmul_all_to_all,
+                                mesh=mesh, axis_name="ep", num_tokens=T,
+                                schedule=Schedule(dataflow="none")))
+  with pytest.raises(Exception, match=rf"on device 2 of axis 'ep', the"
+                     rf" routing returns {p * T} rows, more than the"
+                     rf" {p * T - 1} rows of h \(h.shape\[0\], the capacity"
+                     r" of the all_to_all_matmul that made it"):
+    jax.block_until_ready(f(h, w2, gs))
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES[1:], ids=sched_id)
 def test_capacity_below_the_tokens_per_device(schedule):
   # Pieces of min(T, C) = C rows: each peer sends at most C to any device.
@@ -289,6 +308,10 @@ def test_preferred_element_type_gives_f32_from_bf16():
      r"num_chunks=2\) is not supported by the MoE ops yet"),
     (dict(gs=[0] * 8), r"group_sizes is a Python list; pass an integer array"),
     (dict(check_routing="no"), r"check_routing must be True or False"),
+    (dict(preferred="foo"),
+     r"all_to_all_matmul: preferred_element_type='foo' is not a dtype"),
+    # Checked on every call, not only where the copy engines read it.
+    (dict(timeout_s=-1), r"timeout_s=-1 must be a finite number of seconds"),
 ])
 def test_bad_arguments_name_what_was_expected(bad, match):
   mesh = util.mesh((4,), ("ep",))
@@ -301,7 +324,8 @@ def test_bad_arguments_name_what_was_expected(bad, match):
         x, w, gs, axis_name="ep", capacity=bad.get("capacity"),
         schedule=bad.get("schedule"),
         preferred_element_type=bad.get("preferred"),
-        check_routing=bad.get("check_routing", True))
+        check_routing=bad.get("check_routing", True),
+        timeout_s=bad.get("timeout_s", 60))
   with pytest.raises((TypeError, ValueError), match=match):
     if isinstance(gs, list):  # Not an array: closed over, not an argument.
       jax.shard_map(lambda x, w: f(x, w, gs), mesh=mesh, in_specs=(P(), P()),
@@ -330,6 +354,30 @@ def test_vmap_is_a_clear_error(vmapped):
     jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("ep"),) * 3,
                           out_specs=P("ep")))(
                               *(util.put(mesh, P("ep"), a) for a in (x, w, gs)))
+
+
+def test_autodiff_around_an_eager_or_vmapped_call_is_the_same_error():
+  """The tracers of jax.grad around an eager shard_map, or of jax.grad
+  under jax.vmap, hide the ones that matter: the ops look through them."""
+  mesh = util.tp_mesh(4, "ep")
+  p = mesh.devices.size
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((p * T, D)).astype(np.float32)
+  w = rng.standard_normal((p * 2, D, F)).astype(np.float32)
+  gs = np.stack([rng.multinomial(T, np.ones(2 * p) / (2 * p))
+                 for _ in range(p)]).astype(np.int32)
+  dma = Schedule(dataflow="direct", comm="dma")
+  op = jax.shard_map(
+      lambda x, w, g: ficco_jax.all_to_all_matmul(x, w, g[0], axis_name="ep",
+                                                  schedule=dma),
+      mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep"))
+  args = [util.put(mesh, P("ep"), a) for a in (x, w, gs)]
+  loss = lambda x, w, g: jnp.sum(op(x, w, g) ** 2)  # noqa: E731
+  with pytest.raises(ValueError, match="must be traced under jax.jit"):
+    jax.grad(loss)(*args)
+  xs = util.put(mesh, P(None, "ep"), np.stack([x] * 2))
+  with pytest.raises(NotImplementedError, match="x is batched by jax.vmap"):
+    jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None, None)))(xs, *args[1:])
 
 
 @pytest.mark.parametrize("sched", [
@@ -367,6 +415,11 @@ def test_sharded_forms_match_the_per_shard_layer(sched):
   with pytest.raises(ValueError, match=rf"group_sizes must be \[{mesh.devices.size}, experts\]"):
     ficco_jax.sharded.all_to_all_matmul(x, w1, gs.reshape(-1), mesh=mesh,
                                         axis_name="ep")
+  for bad in (np.asarray(gs, np.float32), np.asarray(gs).tolist()):
+    with pytest.raises(TypeError, match=rf"group_sizes must be an integer"
+                       rf" \[{mesh.devices.size}, experts\] array"):
+      ficco_jax.sharded.all_to_all_matmul(x, w1, bad, mesh=mesh,
+                                          axis_name="ep")
 
 
 @pytest.mark.parametrize("transport", [None, "rendezvous", "window"])
@@ -604,7 +657,7 @@ def test_explicit_pallas_experts_name_what_the_gpu_kernel_cannot_take(
   gs = jnp.zeros((p,), jnp.int32)
   sched = Schedule(dataflow="none", compute="pallas")
   with pytest.raises(ValueError, match=r"all_to_all_matmul: .*cannot take"
-                     r" this call: f=192 \(w \(1, 128, 192\)\) is not a"
+                     r" this call: w.shape\[2\]=192 \(w \(1, 128, 192\)\) is not a"
                      r" multiple of 128"):
     jax.make_jaxpr(jax.shard_map(
         lambda x, w, g: ficco_jax.all_to_all_matmul(

@@ -20,12 +20,15 @@ they agree.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 
 from ficco_jax._src import devices
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import schedule_checks
 from ficco_jax._src import validation
 from ficco_jax._src.pallas import config as pallas_config
 from ficco_jax._src.tuning import autotune_cache
@@ -151,7 +154,8 @@ def moe_decide(op: str, *, w_shape, dtype, tgt: Target, w_dtype=None,
 
 
 def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
-                     axis: int = 0, device_kind: str | None = None
+                     axis: int = 0, device_kind: str | None = None,
+                     out_dtype=None, operand_kind: str | None = None
                      ) -> Resolution:
   """Steps 2 and 3 of the order: what ``schedule=None`` runs, and why.
 
@@ -167,6 +171,13 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     device_kind: see `target`. Inside ``shard_map`` tracing no concrete
       device is at hand, so the ops pass None: the kind of the default
       backend's first device (the mesh is assumed to be of that backend).
+    out_dtype, operand_kind: the tensor-parallel call's result dtype (None:
+      ``dtype``) and its first operand's type name (None: traced under
+      ``jax.jit``), as `schedule_checks.check` takes them: neither the
+      cache's entry nor the heuristic's pick is served where the call
+      cannot run it (an eager ``shard_map`` or ``jax.vmap`` call has no
+      copy engines, say). The defaults are a jitted call's, which is what
+      `choose_schedule` and `explain` plan for.
 
   Returns:
     The `Resolution`.
@@ -182,23 +193,64 @@ def default_schedule(op: str, *, x_shape, w_shape, dtype, axis_size: int,
     if refused is not None:  # As the op does, which also logs it.
       res = dataclasses.replace(res, reason=f"{refused}; {res.reason}")
     return res
+  call = dict(a_name="x" if op == "all_gather_matmul" else "h", dtype=dtype,
+              out_dtype=out_dtype, axis_size=axis_size,
+              operand_kind=operand_kind)
   cached = cached_schedule(op, device_kind=tgt.device_kind,
                            axis_size=axis_size, x_shape=x_shape,
                            w_shape=w_shape, axis=axis, dtype=dtype)
+  refused = None
   if cached is not None:
-    return Resolution(schedule=cached, source="autotune cache",
-                      reason="measured fastest for this shape", target=tgt)
+    why = schedule_checks.unfit(op, cached, **call)
+    if why is None:
+      return Resolution(schedule=cached, source="autotune cache",
+                        reason="measured fastest for this shape", target=tgt)
+    # An entry another call stored (a jitted one, say), or a file edited
+    # by hand: this call takes the heuristic's pick, and the user is told.
+    refused = (f"the autotune cache's {cached.short()} for these shapes"
+               f" cannot run this call ({why})")
+    heuristics.warn_once(f"ficco_jax: {op}: {refused}; schedule=None takes"
+                         " the heuristic's pick instead.")
+  res = _decide(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
+                axis_size=axis_size, axis=axis, tgt=tgt, call=call)
+  if refused is not None:
+    res = dataclasses.replace(res, reason=f"{refused}; {res.reason}")
+  return res
+
+
+def _decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
+            tgt: Target, call: Mapping[str, Any]) -> Resolution:
+  """Step 3 for a tensor-parallel op: the heuristic's pick for a jitted
+  call, or, where this call cannot run it, its best pick that the call can
+  (logged: the call gives up overlap it would have had under jit)."""
   if jax.process_count() > 1:
     heuristics.warn_once(
         f"ficco_jax: schedule=None in a job of {jax.process_count()}"
         " processes found no autotune entry measured in that layout, so the"
         " cost model picks, and it was fitted in one process driving every"
         " GPU. Run ficco_jax.autotune(...) in this job, or pass a schedule.")
-  schedule, reason = heuristics.decide(
-      op, x_shape=x_shape, w_shape=w_shape, dtype=dtype, axis_size=axis_size,
-      axis=axis, platform=tgt.platform,
+  decide = functools.partial(
+      heuristics.decide, op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
+      axis_size=axis_size, axis=axis, platform=tgt.platform,
       params=device_params.params_for(tgt.device_kind),
       assume_dma=tgt.assume_dma, processes=jax.process_count())
+  schedule, reason = decide()
+  why = schedule_checks.unfit(op, schedule, **call)
+  if why is not None:
+    first = schedule
+    if call["operand_kind"] in schedule_checks.NOT_ONE_PROGRAM:
+      schedule, reason = decide(comms=("xla",))
+    if schedule_checks.unfit(op, schedule, **call) is not None:
+      # The model times XLA's dots; the kernel's dtypes are the rest.
+      schedule = dataclasses.replace(schedule, compute="xla")
+    if schedule_checks.unfit(op, schedule, **call) is not None:
+      schedule = schedule_lib.NO_OVERLAP
+    heuristics.warn_once(
+        f"ficco_jax: {op}: schedule=None's pick for a jitted call,"
+        f" {first.short()}, cannot run this call ({why}); it runs"
+        f" {schedule.short()} instead.")
+    reason = (f"{first.short()} (the pick for a jitted call) cannot run"
+              f" this call ({why}); {reason}")
   return Resolution(schedule=schedule, source="heuristic", reason=reason,
                     target=tgt)
 
@@ -320,13 +372,19 @@ def _fits(op, schedule, x_shape, axis, axis_size) -> bool:
   return split % schedule.num_chunks == 0
 
 
-def resolve(op: str, schedule, *, x_shape, w_shape, dtype, axis_size: int,
-            axis: int) -> Resolution:
+def resolve(op: str, schedule, *, x_shape, w_shape, axis: int,
+            call: Mapping[str, Any]) -> Resolution:
   """The schedule a call runs (step 1, else `default_schedule`), and where
-  it came from (``source="explicit"`` for step 1)."""
+  it came from (``source="explicit"`` for step 1).
+
+  ``call`` is the call as `schedule_checks.check` takes it (``dtype``,
+  ``out_dtype``, ``axis_size``, ``operand_kind``, ``a_name``).
+  """
   if schedule is None:
-    return default_schedule(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
-                            axis_size=axis_size, axis=axis)
+    return default_schedule(op, x_shape=x_shape, w_shape=w_shape,
+                            dtype=call["dtype"], axis_size=call["axis_size"],
+                            axis=axis, out_dtype=call["out_dtype"],
+                            operand_kind=call["operand_kind"])
   if not isinstance(schedule, schedule_lib.Schedule):
     raise TypeError(
         f"schedule must be a ficco_jax.Schedule or None, got {schedule!r}.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Literal
 
 Dataflow = Literal["none", "ring", "bidirectional", "direct"]
@@ -160,6 +161,12 @@ class Schedule:
       raise ValueError(f"{self.comm=} must be one of {COMMS}.")
     if self.compute not in COMPUTES:
       raise ValueError(f"{self.compute=} must be one of {COMPUTES}.")
+    for name in ("num_chunks", "num_sms"):
+      v = getattr(self, name)
+      if isinstance(v, numbers.Integral) and not isinstance(v, (bool, int)):
+        # A NumPy integer (a shape entry, say) is that int: stored as one,
+        # so that equal schedules hash equal.
+        object.__setattr__(self, name, int(v))
     if isinstance(self.num_chunks, bool) or not isinstance(self.num_chunks, int):
       raise TypeError(f"{self.num_chunks=} must be an int.")
     if self.num_chunks < 1:
@@ -170,10 +177,9 @@ class Schedule:
           " nothing to chunk)."
       )
     if self.num_sms is not None and (
-        isinstance(self.num_sms, bool)
-        or not isinstance(self.num_sms, int)
-        or self.num_sms < 1
-    ):
+        isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int)):
+      raise TypeError(f"{self.num_sms=} must be None or a positive int.")
+    if self.num_sms is not None and self.num_sms < 1:
       raise ValueError(f"{self.num_sms=} must be None or a positive int.")
     if (self.compute_granularity is not None
         and self.compute_granularity not in GRANULARITIES):
@@ -291,8 +297,17 @@ class Schedule:
     Raises:
       ValueError: ``label`` is not such a label.
     """
+    if not isinstance(label, str):
+      raise TypeError(f"label must be a str, got {label!r}.")
     parts = label.strip().split("/")
     kw: dict = {"dataflow": parts[0]}
+
+    def put(field: str, value) -> None:
+      # One token per field: a label that says two things is a typo.
+      if field in kw:
+        raise ValueError(f"it gives {field} twice")
+      kw[field] = value
+
     try:
       if len(parts) > 1:
         if not parts[1].startswith("c"):
@@ -304,22 +319,22 @@ class Schedule:
         kw["compute"] = parts[3]
       for tok in parts[4:]:
         if tok in GRANULARITIES:
-          kw["compute_granularity"] = tok
+          put("compute_granularity", tok)
         elif tok == "epi":
-          kw["reduce_in_epilogue"] = True
+          put("reduce_in_epilogue", True)
         elif tok in TRANSPORTS:
-          kw["transport"] = tok
+          put("transport", tok)
         elif tok.startswith("sm"):
-          kw["num_sms"] = int(tok[2:])
+          put("num_sms", int(tok[2:]))
         else:
           raise ValueError(f"unknown field {tok!r}")
-    except ValueError as e:
+      return cls(**kw)
+    except (TypeError, ValueError) as e:
       raise ValueError(
           f"label={label!r} is not a schedule label"
           " (dataflow/cN[/comm[/compute[/smK][/piece|step|halving|flagged]"
           "[/epi][/rendezvous|window|push]]]):"
           f" {e}") from e
-    return cls(**kw)
 
 
 def resolve_transport(requested: str | None, *, flagged: bool,

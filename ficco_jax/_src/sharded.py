@@ -7,6 +7,7 @@ mesh axes (data parallelism) pass through untouched.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -63,6 +64,87 @@ def _place(a, mesh, spec):
   return jax.device_put(a, sharding)
 
 
+def _ways(mesh: jax.sharding.Mesh, entry, spec_name: str, spec) -> int:
+  """Devices one PartitionSpec entry splits a dimension over."""
+  if entry is None:
+    return 1
+  names = entry if isinstance(entry, tuple) else (entry,)
+  unknown = [n for n in names if n not in mesh.shape]
+  if unknown:
+    raise ValueError(f"{spec_name}={spec} names {unknown}, not axes of the"
+                     f" mesh (axes {mesh.axis_names}).")
+  return math.prod(mesh.shape[n] for n in names)
+
+
+def specs(op: str, a: jax.Array, w: jax.Array, *, mesh: jax.sharding.Mesh,
+          axis_name: str, axis: int, spec: P | None):
+  """Checks a sharded form's global arguments; returns ``(axis, a_spec,
+  w_spec, out_spec)``: the row axis normalized, and the specs of its
+  ``shard_map``.
+
+  Here, where the global shapes are known, so that an error names the
+  arrays the caller passed (the per-shard op sees only its shard).
+
+  Args:
+    op: ``"all_gather_matmul"`` (``a`` is ``x``) or
+      ``"matmul_reduce_scatter"`` (``a`` is ``h``).
+    a, w, mesh, axis_name: the form's arguments.
+    axis: ``gather_axis`` / ``scatter_axis``.
+    spec: ``x_spec`` / ``h_spec``.
+  """
+  gather = op == "all_gather_matmul"
+  a_name, axis_arg = ("x", "gather_axis") if gather else ("h", "scatter_axis")
+  spec_name = f"{a_name}_spec"
+  _check_mesh(mesh, axis_name, op)
+  validation.check_array(a_name, a)
+  validation.check_weight(
+      "w", w, a.shape[-1], f"{a_name}.shape[-1] of {a_name} {tuple(a.shape)}")
+  axis = validation.normalize_axis(axis_arg, axis, a.ndim, a.shape)
+  entries = _entries(spec, a.ndim, spec_name)
+  if gather:
+    if spec is None:
+      entries[axis] = axis_name
+    elif entries[axis] != axis_name:
+      raise ValueError(f"x_spec={spec} must shard gather_axis={axis} over"
+                       f" exactly {axis_name!r}.")
+    if any(_uses(e, axis_name) for i, e in enumerate(entries) if i != axis):
+      raise ValueError(
+          f"x_spec={spec} may use {axis_name!r} only at gather_axis.")
+  else:
+    if spec is None:
+      entries[-1] = axis_name
+    elif entries[-1] != axis_name:
+      raise ValueError(f"h_spec={spec} must shard the last axis over exactly"
+                       f" {axis_name!r}.")
+    if any(_uses(e, axis_name) for e in entries[:-1]):
+      raise ValueError(
+          f"h_spec={spec} may use {axis_name!r} only on the last axis.")
+    if entries[axis] is not None:
+      raise ValueError(
+          f"h_spec={spec} must leave scatter_axis={axis} unsharded.")
+    validation.check_divisible(
+        f"h.shape[{axis}] (h is {tuple(a.shape)}, the rows scattered)",
+        a.shape[axis], mesh.shape[axis_name], f"the size of axis {axis_name!r}")
+  a_spec = P(*entries)
+  for i, e in enumerate(entries):
+    validation.check_divisible(
+        f"{a_name}.shape[{i}] ({a_name} is {tuple(a.shape)}, split over"
+        f" {e!r} by {spec_name}={a_spec})", a.shape[i],
+        _ways(mesh, e, spec_name, a_spec), f"the devices along {e!r}")
+  w_spec = P(None, axis_name) if gather else P(axis_name, None)
+  if gather:
+    validation.check_divisible(
+        f"w.shape[1] (w is {tuple(w.shape)}, its columns split over"
+        f" {axis_name!r})", w.shape[1], mesh.shape[axis_name],
+        f"the size of axis {axis_name!r}")
+  out_entries = list(entries)
+  if gather:
+    out_entries[axis], out_entries[-1] = None, axis_name
+  else:
+    out_entries[-1], out_entries[axis] = None, axis_name
+  return axis, a_spec, w_spec, P(*out_entries)
+
+
 def all_gather_matmul(
     x: jax.Array,
     w: jax.Array,
@@ -92,22 +174,9 @@ def all_gather_matmul(
     Global ``[..., M, ..., N]``: replicated over ``axis_name`` along
     ``gather_axis``, columns sharded over ``axis_name``.
   """
-  op = "all_gather_matmul"
-  _check_mesh(mesh, axis_name, op)
-  validation.check_array("x", x)
-  axis = validation.normalize_axis("gather_axis", gather_axis, x.ndim, x.shape)
-  entries = _entries(x_spec, x.ndim, "x_spec")
-  if x_spec is None:
-    entries[axis] = axis_name
-  elif entries[axis] != axis_name:
-    raise ValueError(f"x_spec={x_spec} must shard gather_axis={axis} over"
-                     f" exactly {axis_name!r}.")
-  if any(_uses(e, axis_name) for i, e in enumerate(entries) if i != axis):
-    raise ValueError(f"x_spec={x_spec} may use {axis_name!r} only at gather_axis.")
-  out_entries = list(entries)
-  out_entries[axis] = None
-  out_entries[-1] = axis_name
-  x_spec, w_spec, out_spec = P(*entries), P(None, axis_name), P(*out_entries)
+  axis, x_spec, w_spec, out_spec = specs(
+      "all_gather_matmul", x, w, mesh=mesh, axis_name=axis_name,
+      axis=gather_axis, spec=x_spec)
 
   def body(xl, wl):
     return ag_api.all_gather_matmul(xl, wl, axis_name=axis_name,
@@ -146,28 +215,9 @@ def matmul_reduce_scatter(
     Global ``[..., M, ..., N]`` sharded over ``axis_name`` along
     ``scatter_axis``.
   """
-  op = "matmul_reduce_scatter"
-  _check_mesh(mesh, axis_name, op)
-  validation.check_array("h", h)
-  axis = validation.normalize_axis("scatter_axis", scatter_axis, h.ndim, h.shape)
-  entries = _entries(h_spec, h.ndim, "h_spec")
-  if h_spec is None:
-    entries[-1] = axis_name
-  elif entries[-1] != axis_name:
-    raise ValueError(f"h_spec={h_spec} must shard the last axis over exactly"
-                     f" {axis_name!r}.")
-  if any(_uses(e, axis_name) for e in entries[:-1]):
-    raise ValueError(f"h_spec={h_spec} may use {axis_name!r} only on the last axis.")
-  if entries[axis] is not None:
-    raise ValueError(f"h_spec={h_spec} must leave scatter_axis={axis} unsharded.")
-  # Here, where h's global shape is known (the per-shard op sees its shard).
-  validation.check_divisible(
-      f"h.shape[{axis}] (h is {tuple(h.shape)}, the rows scattered)",
-      h.shape[axis], mesh.shape[axis_name], f"the size of axis {axis_name!r}")
-  out_entries = list(entries)
-  out_entries[-1] = None
-  out_entries[axis] = axis_name
-  h_spec, w_spec, out_spec = P(*entries), P(axis_name, None), P(*out_entries)
+  axis, h_spec, w_spec, out_spec = specs(
+      "matmul_reduce_scatter", h, w, mesh=mesh, axis_name=axis_name,
+      axis=scatter_axis, spec=h_spec)
 
   def body(hl, wl):
     return rs_api.matmul_reduce_scatter(hl, wl, axis_name=axis_name,

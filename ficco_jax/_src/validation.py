@@ -57,14 +57,42 @@ def check_nonempty(name: str, a: Any) -> None:
                      " must be at least 1.")
 
 
+def operand_kind(a: Any) -> str:
+  """How an operand is being traced, by its tracers' type names:
+  ``"BatchTracer"`` under ``jax.vmap``, else ``"ShardMapTracer"`` in an
+  eager ``shard_map``, else the outermost type's name.
+
+  Every tracer an autodiff transformation wraps around the operand is looked
+  through (``jax.grad`` of an eager ``shard_map``, ``jax.vmap`` of a
+  ``jax.grad``): the outermost alone would hide the ones that matter. A
+  tracer of ``jax.jit`` (or any staging trace) wraps nothing, so a ``vmap``
+  or an eager ``shard_map`` outside the ``jit`` does not count.
+  """
+  kinds, v = [], a
+  while isinstance(v, jax.core.Tracer) and len(kinds) < 64:
+    kinds.append(type(v).__name__)
+    # JVP and linearize tracers hold their primal, batch and shard_map
+    # tracers their value.
+    v = getattr(v, "primal", getattr(v, "val", None))
+  for kind in ("BatchTracer", "ShardMapTracer"):
+    if kind in kinds:
+      return kind
+  return kinds[0] if kinds else type(a).__name__
+
+
 def check_traced_for_copy_engines(op_name: str, a: Any) -> None:
   """``comm="dma"`` needs the whole op in one compiled program.
 
   Eager ``shard_map`` runs each primitive as a program of its own, so a
   copy-engine start and the wait and done that pair with it would never
-  meet. The operand's tracer says how the op is being run.
+  meet. The operand's tracers say how the op is being run (`operand_kind`).
   """
-  kind = type(a).__name__
+  check_program_kind(op_name, operand_kind(a))
+
+
+def check_program_kind(op_name: str, kind: str | None) -> None:
+  """`check_traced_for_copy_engines` for an operand of type name ``kind``
+  (None: traced under ``jax.jit``)."""
   if kind == "ShardMapTracer":
     raise ValueError(
         f"{op_name} with comm='dma' must be traced under jax.jit: eager"

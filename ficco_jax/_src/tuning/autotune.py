@@ -334,7 +334,11 @@ def autotune(
         op_kwargs={"check_routing": False, **(op_kwargs or {})},
         device=device)
   else:
-    axis, args = axis % x.ndim, (x, w)
+    # The sharded form's own checks, before any key is built or candidate
+    # compiled: the errors name the global arrays passed here.
+    axis = sharded.specs(op, x, w, mesh=mesh, axis_name=axis_name, axis=axis,
+                         spec=None)[0]
+    args = (x, w)
     _check_only_axis_shards(op, x, mesh, axis_name)
     x_local, w_local = _local_shapes(op, x, w, p, axis)
     default = None

@@ -88,10 +88,33 @@ class Key:
 
   @classmethod
   def from_json(cls, d: Mapping[str, Any]) -> "Key":
+    """The key a file's entry stores; ValueError for one that is not
+    exactly what `to_json` writes (a shape of floats or a string is not
+    read as some other shape)."""
+    if not isinstance(d, Mapping):
+      raise ValueError(f"a key is a JSON object, got {d!r}")
+    for name in ("op", "device_kind", "dtype"):
+      if not isinstance(d[name], str):
+        raise ValueError(f"{name}={d[name]!r} must be a string")
+    counts = {name: d[name] for name in ("axis_size", "axis")}
+    counts["processes"] = d.get("processes", 1)
+    for name, v in counts.items():
+      if not _is_int(v) or (name != "axis" and v < 1):
+        raise ValueError(f"{name}={v!r} must be an int"
+                         + ("" if name == "axis" else " >= 1"))
+    for name in ("x_shape", "w_shape"):
+      v = d[name]
+      if not (isinstance(v, list) and v
+              and all(_is_int(n) and n >= 1 for n in v)):
+        raise ValueError(f"{name}={v!r} must be a list of ints >= 1")
     return cls.of(d["op"], device_kind=d["device_kind"],
                   axis_size=d["axis_size"], x_shape=d["x_shape"],
                   w_shape=d["w_shape"], axis=d["axis"], dtype=d["dtype"],
-                  processes=d.get("processes", 1))
+                  processes=counts["processes"])
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
 
 
 def schedule_to_json(s: schedule_lib.Schedule) -> dict[str, Any]:
@@ -99,6 +122,10 @@ def schedule_to_json(s: schedule_lib.Schedule) -> dict[str, Any]:
 
 
 def schedule_from_json(d: Mapping[str, Any]) -> schedule_lib.Schedule:
+  """The schedule `schedule_to_json` wrote; it names its dataflow at least
+  (an empty object is not read as the default schedule)."""
+  if not isinstance(d, Mapping) or "dataflow" not in d:
+    raise ValueError(f"a schedule is a JSON object with a dataflow, got {d!r}")
   return schedule_lib.Schedule(**d)
 
 
@@ -115,7 +142,10 @@ def _parse(data: Any, where: str) -> dict[Key, schedule_lib.Schedule]:
   out = {}
   for i, e in enumerate(entries):
     try:
-      key, fields = Key.from_json(e["key"]), dict(e["schedule"])
+      key, fields = Key.from_json(e["key"]), e["schedule"]
+      if not isinstance(fields, Mapping):
+        raise ValueError(f"its schedule {fields!r} is not a JSON object")
+      fields = dict(fields)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
       raise ValueError(f"{where}: entry {i} is malformed: {err}") from err
     unknown = set(fields) - {f.name for f in dataclasses.fields(
@@ -143,9 +173,12 @@ def _load(path: pathlib.Path) -> dict[Key, schedule_lib.Schedule]:
   """The entries of the file at ``path``; ValueError (naming the path) for
   one that does not read as an autotune cache."""
   try:
-    return _parse(_read(path), str(path))
-  except (UnicodeDecodeError, json.JSONDecodeError) as err:
-    raise ValueError(f"{path}: not a JSON autotune cache ({err}).") from err
+    data = _read(path)
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+    # RecursionError: JSON nested deeper than Python's parser goes.
+    raise ValueError(f"{path}: not a JSON autotune cache"
+                     f" ({type(err).__name__}: {err}).") from err
+  return _parse(data, str(path))
 
 
 @functools.cache
@@ -302,7 +335,7 @@ def store(key: Key, schedule: schedule_lib.Schedule, *,
         existing = _read(path)
         _parse(existing, str(path))
         data = existing
-      except (UnicodeDecodeError, ValueError) as err:
+      except (UnicodeDecodeError, ValueError, RecursionError) as err:
         # Only a file that reads but does not parse: one that cannot be
         # read at all is the caller's to fix (OSError), not to move.
         aside = path.with_name(f"{path.name}.corrupt-{time.time_ns()}")

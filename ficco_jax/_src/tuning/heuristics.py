@@ -126,8 +126,9 @@ PUSH_GATHER = schedule_lib.Schedule(dataflow="direct", num_chunks=1,
 
 def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
            platform: str, params: device_params.DeviceParams,
-           assume_dma: bool = False,
-           processes: int = 1) -> tuple[schedule_lib.Schedule, str]:
+           assume_dma: bool = False, processes: int = 1,
+           comms: tuple[str, ...] = COMMS
+           ) -> tuple[schedule_lib.Schedule, str]:
   """The heuristic's choice and, in words, why.
 
   Args:
@@ -138,6 +139,8 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
       (``ficco_jax.explain`` for a device kind that is not at hand).
     processes: the job's process count (``jax.process_count()`` for the
       devices at hand).
+    comms: the engines ranked (``("xla",)`` for a call that cannot run the
+      copy engines).
 
   Returns:
     ``(schedule, reason)``.
@@ -155,7 +158,7 @@ def decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
     return schedule_lib.NO_OVERLAP, reason
   prob = cost_model.problem(op, x_shape=x_shape, w_shape=w_shape, dtype=dtype,
                             axis_size=axis_size, axis=axis)
-  preds = cost_model.rank(prob, params, comms=COMMS)
+  preds = cost_model.rank(prob, params, comms=comms)
   allowed = lambda s: cost_model.eligible(params, op, s, axis_size)  # noqa: E731
   margin = cost_model.min_gain_for(params, axis_size, op)
   chosen = cost_model.best(preds, min_gain=margin, allowed=allowed)

@@ -70,10 +70,12 @@ def kernel_unfit(*, w_shape, dtype, w_dtype=None, out_dtype=None,
     return f"precision={precision!r} applies to XLA's ragged_dot"
   b = grouped_matmul.HOPPER_CONFIGS[-1]  # The kernel's smallest tiles.
   step = math.lcm(b.tile_k, b.cta_tile_n)
-  for name, v in (("d", w_shape[1]), ("f", w_shape[2])):
-    if v % step:
-      return (f"{name}={v} (w {tuple(w_shape)}) is not a multiple of"
-              f" {step}")
+  # Named by position: w is [E_l, d, f] for the dispatch, [E_l, f, d] for
+  # the combine, and the kernel needs both multiples.
+  for i in (1, 2):
+    if w_shape[i] % step:
+      return (f"w.shape[{i}]={w_shape[i]} (w {tuple(w_shape)}) is not a"
+              f" multiple of {step}")
   return None
 
 

@@ -37,7 +37,7 @@ def _kernel_unfit(a, w, precision, out_dtype) -> str | None:
 def _one_program(a) -> bool:
   """Whether the op is traced into one compiled program (not eager
   ``shard_map``, not ``vmap``): what the copy engines need."""
-  return type(a).__name__ not in ("ShardMapTracer", "BatchTracer")
+  return validation.operand_kind(a) not in ("ShardMapTracer", "BatchTracer")
 
 
 def _resolve(op: str, a, w, axis_size: int, precision,
@@ -116,9 +116,11 @@ def _piece_rows(op: str, tokens: int, capacity: int, piece_capacity) -> int:
 
 def _prepare(op: str, a, w, group_sizes, *, axis_name: str, axis_size: int,
              tokens: int, capacity: int, piece_capacity, schedule, precision,
-             preferred_element_type, check_routing: bool):
+             preferred_element_type, check_routing: bool,
+             capacity_of: str | None = None):
   """What both ops resolve before they move rows: the schedule, the call's
-  `exchange.MoeStatic` and the routing (checked on the device if asked)."""
+  `exchange.MoeStatic` and the routing (checked on the device if asked;
+  ``capacity_of`` names where the combine's capacity comes from)."""
   if not isinstance(check_routing, (bool, np.bool_)):
     raise TypeError(f"{op}: check_routing must be True or False, got"
                     f" {check_routing!r}.")
@@ -133,7 +135,8 @@ def _prepare(op: str, a, w, group_sizes, *, axis_name: str, axis_size: int,
   r = routing.route(group_sizes, axis_name=axis_name, axis_size=axis_size)
   if check_routing:
     routing.check(group_sizes, r, tokens=tokens, capacity=capacity,
-                  piece_rows=st.piece_rows, op_name=op, axis_name=axis_name)
+                  piece_rows=st.piece_rows, op_name=op, axis_name=axis_name,
+                  capacity_of=capacity_of)
   return sched, st, r
 
 
@@ -150,7 +153,7 @@ def _copy_static(op: str, axis_name: str, p: int,
 def _check(op: str, a_name: str, a, w, group_sizes, axis_name) -> int:
   """Checks the operands; returns the axis size."""
   for name, v in ((a_name, a), ("w", w), ("group_sizes", group_sizes)):
-    if type(v).__name__ == "BatchTracer":
+    if validation.operand_kind(v) == "BatchTracer":
       # lax.ragged_dot batches over nothing but its leading axis, and the
       # exchange's pieces would need their own batch axis too.
       raise NotImplementedError(
@@ -198,7 +201,11 @@ def _positive_int(op: str, name: str, v) -> int:
 def _out_dtype(op: str, a, w, preferred_element_type):
   if preferred_element_type is None:
     return jnp.promote_types(a.dtype, w.dtype)
-  dt = np.dtype(preferred_element_type)
+  try:
+    dt = np.dtype(preferred_element_type)
+  except TypeError as e:
+    raise TypeError(f"{op}: preferred_element_type={preferred_element_type!r}"
+                    f" is not a dtype ({e}).") from e
   if not jnp.issubdtype(dt, jnp.floating):
     raise TypeError(f"{op}: preferred_element_type={dt} must be a floating"
                     " dtype.")
@@ -261,7 +268,9 @@ def all_to_all_matmul(
       numbers per device and a host callback): a negative count, more
       routed rows than T, more received rows than ``capacity`` or more
       rows from one peer than ``piece_capacity`` is then an error of the
-      call naming the device, raised when the result is read. False
+      call naming the device, raised when the result is read (the counts
+      live on the devices: a ``jax.errors.JaxRuntimeError`` whose message
+      holds the ``ValueError``). False
       skips the check and its host round trip; such counts then give
       wrong rows.
     timeout_s: ``comm="dma"`` only: how long to wait for peers.
@@ -273,6 +282,9 @@ def all_to_all_matmul(
   """
   op = "all_to_all_matmul"
   p = _check(op, "x", x, w, group_sizes, axis_name)
+  # On every call, not only where the copy engines read it: a call that
+  # runs on CPU must not fail on GPUs, where schedule=None may pick them.
+  validation.check_timeout(timeout_s)
   t = x.shape[0]
   capacity = p * t if capacity is None else _positive_int(op, "capacity",
                                                           capacity)
@@ -329,12 +341,17 @@ def matmul_all_to_all(
   """
   op = "matmul_all_to_all"
   p = _check(op, "h", h, w, group_sizes, axis_name)
+  validation.check_timeout(timeout_s)  # As the dispatch: on every call.
   t = _positive_int(op, "num_tokens", num_tokens)
   sched, st, r = _prepare(
       op, h, w, group_sizes, axis_name=axis_name, axis_size=p, tokens=t,
       capacity=h.shape[0], piece_capacity=piece_capacity, schedule=schedule,
       precision=precision, preferred_element_type=preferred_element_type,
-      check_routing=check_routing)
+      check_routing=check_routing,
+      # The combine has no capacity of its own: h holds the rows the
+      # dispatch received, so its rows are the bound.
+      capacity_of=(f"h (h.shape[0], the capacity of the all_to_all_matmul"
+                   f" that made it; h is {tuple(h.shape)})"))
   if sched.comm == "dma" and p > 1:
     validation.check_traced_for_copy_engines(op, h)
     return combine_dma.combine(h, w, r, (t, st, _copy_static(

@@ -61,7 +61,8 @@ def route(group_sizes: jax.Array, *, axis_name: str,
 
 
 def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
-          piece_rows: int, op_name: str, axis_name: str) -> None:
+          piece_rows: int, op_name: str, axis_name: str,
+          capacity_of: str | None = None) -> None:
   """Raises at run time, as an error of the call, where the routing cannot
   be carried out as given: a negative count, more routed rows than the
   ``tokens`` a device has, more received rows than ``capacity``, or more
@@ -108,6 +109,10 @@ def check(group_sizes: jax.Array, r: Routing, *, tokens: int, capacity: int,
             where(dev) + f"group_sizes routes {routed} rows, more than the"
             f" {tokens} token rows there.")
     for dev, (_, _, _, received, piece) in enumerate(rows):
+      if received > capacity and capacity_of is not None:
+        raise ValueError(
+            where(dev) + f"the routing returns {received} rows, more than"
+            f" the {capacity} rows of {capacity_of}.")
       if received > capacity:
         raise ValueError(
             where(dev) + f"the routing sends {received} rows, more than"

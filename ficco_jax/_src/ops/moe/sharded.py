@@ -4,6 +4,7 @@ expert axis, every operand sharded along its first axis."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from ficco_jax._src import sharded as sharded_lib
@@ -24,6 +25,14 @@ def _call(op, fn, a_name, a, w, group_sizes, mesh, axis_name, **kwargs):
     raise ValueError(
         f"{op}: w must be global [experts, d, f] with experts a multiple of"
         f" the {p} devices of {axis_name!r}, got shape {shape(w)}.")
+  gs_dtype = getattr(group_sizes, "dtype", None)
+  if gs_dtype is None or not jnp.issubdtype(gs_dtype, jnp.integer):
+    raise TypeError(
+        f"{op}: group_sizes must be an integer [{p}, experts] array (a row"
+        f" of counts per device of {axis_name!r}), got"
+        f" {type(group_sizes).__name__}"
+        + (f" of {gs_dtype} {shape(group_sizes)}" if gs_dtype else "")
+        + ": pass a jax or numpy integer array.")
   if getattr(group_sizes, "ndim", None) != 2 or group_sizes.shape[0] != p:
     raise ValueError(
         f"{op}: group_sizes must be [{p}, experts] (a row of counts per"
