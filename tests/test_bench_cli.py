@@ -532,3 +532,44 @@ def test_characterize_refuses_a_compute_label_it_cannot_read(tmp_path):
   data = json.loads((tmp_path / "characterize.json").read_text())
   assert "--contention_compute='pallas/sm0'" in data["skipped"][0]["error"], (
       data, proc.stderr[-2000:])
+
+
+def test_a_run_on_an_edited_copy_is_traced_to_the_commit_of_its_files(
+    tmp_path, monkeypatch):
+  """A GPU host's copy of a checkout can hold newer files than its HEAD;
+  the results name the commit whose files ran, by git tree id."""
+  sys.path.insert(0, str(BENCH.parent))
+  from lib import meta  # pylint: disable=g-import-not-at-top
+  from lib import report  # pylint: disable=g-import-not-at-top
+  repo = tmp_path / "repo"
+  repo.mkdir()
+  git = lambda *a: subprocess.run(  # noqa: E731
+      ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+       *a], check=True, capture_output=True, text=True).stdout.strip()
+  git("init", "-q")
+  (repo / "op.py").write_text("v = 1\n")
+  git("add", "-A")
+  git("commit", "-q", "-m", "one")
+  first = git("rev-parse", "HEAD")
+  (repo / "op.py").write_text("v = 2\n")
+  (repo / "new.py").write_text("w = 3\n")
+  git("add", "-A")
+  git("commit", "-q", "-m", "two")
+  second = git("rev-parse", "HEAD")
+  # The copy: HEAD at the first commit, the second's files (one untracked).
+  git("checkout", "-q", first)
+  (repo / "op.py").write_text("v = 2\n")
+  (repo / "new.py").write_text("w = 3\n")
+  monkeypatch.setattr(meta, "REPO", str(repo))
+  m = {"git_commit": meta.git_commit(), "git_tree": meta.git_tree()}
+  assert m["git_commit"] == first + "+dirty"
+  assert m["git_tree"] == git("rev-parse", f"{second}^{{tree}}")
+  # Through a scratch index: nothing staged in the checkout's own.
+  assert git("diff", "--cached", "--name-only") == ""
+  assert git("ls-files", "--others", "--exclude-standard") == "new.py"
+  line = report.provenance(m)[1]
+  assert f"commit {second} (the files that ran; the run's HEAD was" \
+      f" {first}+dirty)" in line, line
+  (repo / "new.py").write_text("w = 4\n")  # Files no commit holds.
+  m["git_tree"] = meta.git_tree()
+  assert "no commit here holds those files" in report.provenance(m)[1]

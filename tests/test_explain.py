@@ -235,3 +235,13 @@ def test_an_axis_across_processes_gathers_by_push(monkeypatch):
   assert e.chosen == two and "push all-gather" in e.reason
   assert e.candidates[0].prediction.schedule == two
   assert e.candidates[1].verdict.startswith("the model's pick")
+
+
+def test_explain_reports_the_axis_as_the_op_keys_it():
+  e = ficco_jax.explain("all_gather_matmul", x_shape=(2, 6, 10),
+                        w_shape=(10, 7), dtype=np.float32, axis_size=4,
+                        axis=-2)
+  assert e.axis == 1
+  assert e.chosen == ficco_jax.choose_schedule(
+      "all_gather_matmul", x_shape=(2, 6, 10), w_shape=(10, 7),
+      dtype=np.float32, axis_size=4, axis=1)

@@ -34,18 +34,55 @@ def env() -> dict[str, str]:
           if k.startswith(ENV_PREFIXES)}
 
 
+def _git(*args: str, env: dict[str, str] | None = None) -> str:
+  return subprocess.run(["git", "-C", REPO, *args], capture_output=True,
+                        text=True, timeout=60, check=True,
+                        env=env).stdout.strip()
+
+
 def git_commit() -> str | None:
   """``HEAD`` of the checkout the benchmarks live in (``+dirty`` if edited)."""
   try:
-    head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"],
-                          capture_output=True, text=True, timeout=10,
-                          check=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain",
-                            "--untracked-files=no"], capture_output=True,
-                           text=True, timeout=10).stdout.strip()
+    head = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
     return head + ("+dirty" if dirty else "")
   except (OSError, subprocess.SubprocessError):
     return None
+
+
+def git_tree() -> str | None:
+  """The git tree id of the files that ran: tracked and untracked ones that
+  git does not ignore, edited or not, through a scratch index (the
+  checkout's own is left alone).
+
+  A tree id depends on the files' contents alone, so a copy of a working
+  tree whose ``HEAD`` is older than its files (a GPU host's copy, say) is
+  still traced to the commit that holds the same files
+  (`commit_of_tree`, which the report uses).
+  """
+  import tempfile  # pylint: disable=g-import-not-at-top
+  try:
+    with tempfile.TemporaryDirectory() as scratch:
+      env = dict(os.environ, GIT_INDEX_FILE=os.path.join(scratch, "index"))
+      _git("read-tree", "HEAD", env=env)
+      _git("add", "-A", env=env)
+      return _git("write-tree", env=env)
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def commit_of_tree(tree: str | None) -> str | None:
+  """The newest commit of this checkout whose tree is ``tree``, or None."""
+  if not tree:
+    return None
+  try:
+    for line in _git("log", "--all", "--format=%H %T").splitlines():
+      commit, t = line.split()
+      if t == tree:
+        return commit
+  except (OSError, subprocess.SubprocessError, ValueError):
+    pass
+  return None
 
 
 def gpu_name_without_jax() -> str | None:
@@ -76,6 +113,7 @@ def collect(suite: str, *, devices: bool = True) -> dict[str, Any]:
       "host": socket.gethostname(),
       "python": platform.python_version(),
       "git_commit": git_commit(),
+      "git_tree": git_tree(),
       "env": env(),
   }
   try:

@@ -7,6 +7,8 @@ import os
 import re
 from typing import Iterable, Sequence
 
+from lib import meta as meta_lib
+
 # The repository root, so that paths in reports can be shown relative to it.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -55,6 +57,19 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
   return out
 
 
+def _commit_line(meta: dict) -> str:
+  """The commit that ran: where the run's checkout was edited after its
+  HEAD (``+dirty``), the commit here whose files are the ones that ran
+  (by git tree id), if there is one."""
+  commit, tree = meta.get("git_commit"), meta.get("git_tree")
+  if not (commit and commit.endswith("+dirty") and tree):
+    return f"commit {commit}"
+  found = meta_lib.commit_of_tree(tree)
+  if found:
+    return f"commit {found} (the files that ran; the run's HEAD was {commit})"
+  return f"commit {commit}, tree {tree} (no commit here holds those files)"
+
+
 def provenance(meta: dict) -> list[str]:
   """The lines that say where a table came from."""
   kind, count = meta.get("device_kind"), meta.get("device_count")
@@ -65,8 +80,8 @@ def provenance(meta: dict) -> list[str]:
                                  else ""),
            f"- jax {meta.get('jax')}, ficco_jax {meta.get('ficco_jax')}"
            f" ({where_installed(meta.get('ficco_jax_file'))}"
-           + (f", {package}" if package else "") + "), commit"
-           f" {meta.get('git_commit')}, {meta.get('date')}",
+           + (f", {package}" if package else "") + "), "
+           + _commit_line(meta) + f", {meta.get('date')}",
            f"- command: `{shown_command(meta.get('command'))}`"]
   env = meta.get("env") or {}
   if env:

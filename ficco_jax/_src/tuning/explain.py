@@ -9,6 +9,7 @@ import numpy as np
 
 from ficco_jax._src import resolve
 from ficco_jax._src import schedule as schedule_lib
+from ficco_jax._src import validation
 from ficco_jax._src.tuning import cost_model
 from ficco_jax._src.tuning import device_params
 from ficco_jax._src.tuning import heuristics
@@ -247,6 +248,8 @@ def explain(op: str, *, x_shape, w_shape, dtype, axis_size: int,
             device_desc=tgt.device_kind))
   x_shape = tuple(int(d) for d in x_shape)
   w_shape = tuple(int(d) for d in w_shape)
+  # As the op keys and plans it (default_schedule checked it already).
+  axis = validation.normalize_axis("axis", axis, len(x_shape), x_shape)
   params = device_params.params_for(tgt.device_kind)
   chosen, source, reason = (resolution.schedule, resolution.source,
                             resolution.reason)
