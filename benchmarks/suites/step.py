@@ -67,6 +67,7 @@ from absl import flags
 
 from lib import gpu_monitor
 from lib import meta as meta_lib
+from lib import options
 from lib import programs
 from lib import report
 from lib import results
@@ -224,6 +225,8 @@ class _Built:
   devices: list
   sz: dict
   tpt: Any
+  mesh: Any
+  ops: dict  # use_ficco and schedule, as the step was built with.
 
   def step(self, s, x, y):
     """One training step of the threaded ``(params, opt, loss)`` state."""
@@ -309,7 +312,68 @@ def _build(name: str) -> _Built:
   res["warmup_losses"] = losses
   return _Built(name=name, res=res, compiled=compiled, train=train,
                 state=(params, opt, loss), batches=batches, cfg=cfg,
-                batch=batch, devices=devices, sz=sz, tpt=tpt)
+                batch=batch, devices=devices, sz=sz, tpt=tpt, mesh=mesh,
+                ops=dict(use_ficco=use_ficco, schedule=schedule))
+
+
+GRAD_PROJECTIONS = 16
+
+
+def _grad_fingerprint(tpt, cfg, mesh, params, batch, *, use_ficco, schedule):
+  """Per parameter, step 0's gradient: its norm and its projections on
+  `GRAD_PROJECTIONS` seeded random directions, the same in every variant.
+
+  The loss alone checks the forward pass; these check the backward one
+  (ficco's custom VJPs) without moving whole gradients between the
+  variants' processes: a gradient equal up to rounding keeps its norm and
+  its projections' direction, a wrong one (a transposed or misplaced
+  block) does not (`grads_match`). Its own program, not the timed step.
+  """
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  specs = tpt.param_specs(cfg)
+
+  def fingerprint(params, x, y):
+    grads = jax.grad(tpt.loss_fn)(params, x, y, cfg=cfg, mesh=mesh,
+                                  use_ficco=use_ficco, schedule=schedule)
+    out = {}
+    for i, name in enumerate(sorted(grads)):
+      g = grads[name].astype(jnp.float32)
+
+      def project(j, g=g, i=i, name=name):
+        r = jax.random.normal(jax.random.fold_in(jax.random.key(1000 + i), j),
+                              g.shape, jnp.float32)
+        # Laid out as the gradient is, not replicated.
+        r = jax.lax.with_sharding_constraint(
+            r, NamedSharding(mesh, specs[name]))
+        return jnp.vdot(r, g)
+      out[name] = (jnp.linalg.norm(g),
+                   jax.lax.map(project, jnp.arange(GRAD_PROJECTIONS)))
+    return out
+
+  got = jax.jit(fingerprint)(params, *batch)
+  return {k: {"norm": float(n), "projections": [float(v) for v in p]}
+          for k, (n, p) in got.items()}
+
+
+def grads_match(a: dict, b: dict, rtol: float) -> str | None:
+  """Why two variants' `_grad_fingerprint`s differ, or None: a norm off by
+  more than ``rtol`` (at least 1e-3), or projections whose cosine is below
+  0.99 (a gradient right up to rounding keeps it near 1)."""
+  import math
+  for name in sorted(b):
+    if name not in a:
+      return f"{name}: no gradient"
+    na, nb = a[name]["norm"], b[name]["norm"]
+    if abs(na - nb) > max(rtol, 1e-3) * abs(nb):
+      return f"{name}: gradient norm {na:.6g} vs {nb:.6g}"
+    pa, pb = a[name]["projections"], b[name]["projections"]
+    dot = sum(u * v for u, v in zip(pa, pb))
+    den = math.sqrt(sum(u * u for u in pa) * sum(v * v for v in pb))
+    if den and dot / den < 0.99:
+      return f"{name}: gradient direction (cosine {dot / den:.4f})"
+  return None
 
 
 def _time_alone(b: _Built) -> None:
@@ -368,6 +432,13 @@ def _finish(b: _Built) -> dict:
   peaks = [m["peak_bytes_in_use"] for m in res["memory_after"]]
   res["peak_bytes_max_over_devices"] = (
       max(peaks) if all(p is not None for p in peaks) else None)
+  if b.train:
+    # After the peak is read: its own program must not count in it. Step
+    # 0's parameters again (the same seed), the first batch.
+    import jax  # pylint: disable=g-import-not-at-top
+    params = b.tpt.init_params(jax.random.key(0), b.cfg, b.mesh)
+    res["grad_fingerprint"] = _grad_fingerprint(
+        b.tpt, b.cfg, b.mesh, params, b.batches[0], **b.ops)
   if FLAGS.profile_steps:
     batches = b.batches
     if b.train:
@@ -382,15 +453,17 @@ def _finish(b: _Built) -> dict:
 
 def run_variant(name: str) -> dict:
   """Builds, compiles and times one variant in this process."""
+  settings = options.configure_timing()  # --min_round_ms, --settle_ms, ...
   b = _build(name)
   _time_alone(b)
-  return _finish(b)
+  return {**_finish(b), "timing": settings}
 
 
 def run_interleaved(names: list[str]) -> dict[str, dict]:
   """Every variant in this process, timed round-robin
   (``--step_interleave``); a variant that fails to build is reported and
   the others still run."""
+  settings = options.configure_timing()
   built, out = [], {}
   for name in names:
     print(f"== step variant {name} (interleaved)", flush=True)
@@ -401,7 +474,7 @@ def run_interleaved(names: list[str]) -> dict[str, dict]:
   if built:
     _time_interleaved(built)
   for b in built:
-    out[b.name] = _finish(b)
+    out[b.name] = {**_finish(b), "timing": settings}
   return {n: out[n] for n in names}
 
 
@@ -579,6 +652,13 @@ def run() -> int:
     ficcos = [n for n in ("ficco", "ficco_tuned") if n in ok]
     if ficcos:
       data["losses_match"] = all(same(n) for n in ficcos)
+    ref = ok["xla"].get("grad_fingerprint")
+    if ref:
+      # The backward pass too: the loss is the forward pass's alone.
+      why = {n: grads_match(ok[n].get("grad_fingerprint") or {}, ref, rtol)
+             for n in ficcos}
+      data["grads_match"] = all(v is None for v in why.values())
+      data["grads_mismatch"] = {n: v for n, v in why.items() if v}
     for n, key in (("ficco", "speedup"), ("ficco_tuned", "speedup_tuned")):
       if n in ok:
         data[key] = ok[best]["median_ms"] / ok[n]["median_ms"]
@@ -588,8 +668,8 @@ def run() -> int:
   rec = results.Recorder("step", results.out_dir(meta["device_kind"], w),
                          data, markdown)
   rec.finish()
-  return 0 if len(ok) == len(variants) and data.get("losses_match",
-                                                     True) else 1
+  return 0 if len(ok) == len(variants) and data.get(
+      "losses_match", True) and data.get("grads_match", True) else 1
 
 
 def _gib(b) -> str:
@@ -665,7 +745,13 @@ def markdown(data: dict) -> str:
     best = data.get("xla_best", "xla")
     lines += ["", f"Speedup ({best} / ficco): {data['speedup']:.3f}x; first"
               f" losses match (rtol {data['loss_rtol']:g}):"
-              f" {data['losses_match']}"]
+              f" {data['losses_match']}"
+              + ("" if "grads_match" not in data else
+                 f"; step 0's gradients match XLA's (norm and"
+                 f" {GRAD_PROJECTIONS} random projections per parameter):"
+                 f" {data['grads_match']}"
+                 + "".join(f" ({n}: {v})" for n, v in
+                           data.get("grads_mismatch", {}).items()))]
   if data.get("xla_overlap_wrong"):
     lines += ["", "xla_overlap's first loss differs from xla's: not a"
               " baseline."]
