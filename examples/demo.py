@@ -12,7 +12,9 @@ import os
 import sys
 
 # Size the CPU platform before jax starts (ignored where GPUs are used).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in flags:  # Keep the user's.
+  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8"
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp

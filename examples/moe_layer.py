@@ -21,7 +21,9 @@ import dataclasses
 import os
 import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in flags:  # Keep the user's.
+  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8"
 
 import jax  # pylint: disable=g-import-not-at-top
 from jax import lax

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import collections
+import math
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ ENV_COORDINATOR = "FICCO_COORDINATOR"
 ENV_PROCESS_ID = "FICCO_PROCESS_ID"
 ENV_NUM_PROCESSES = "FICCO_NUM_PROCESSES"
 ENV_LOCAL_DEVICES = "FICCO_LOCAL_DEVICES"
+ENV_GPUS = "FICCO_LAUNCH_GPUS"  # "1": the launcher gave the process GPUs.
 
 
 def _free_port() -> int:
@@ -46,25 +48,63 @@ TAIL_LINES = 20
 
 
 class _Worker:
-  """One launched process: its output is forwarded line by line (prefixed
-  with its id when there are several) and its last lines are kept."""
+  """One launched process: its stdout and stderr are forwarded line by line
+  to the launcher's (prefixed with its id when there are several) and its
+  last lines are kept.
+
+  Forwarding never stops reading: a child blocked on a full pipe would hang
+  the job. Bytes that are not UTF-8 are replaced, and a closed launcher
+  stdout (``| head``) ends the printing, not the draining.
+  """
 
   def __init__(self, pid: int, proc: subprocess.Popen, prefix: str):
     self.pid = pid
     self.proc = proc
     self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     self._prefix = prefix
-    self._pump = threading.Thread(target=self._forward, daemon=True)
-    self._pump.start()
+    self._pumps = [
+        threading.Thread(target=self._forward, args=(pipe, out), daemon=True)
+        for pipe, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+    for t in self._pumps:
+      t.start()
 
-  def _forward(self) -> None:
-    for line in self.proc.stdout:
+  def _forward(self, pipe, out) -> None:
+    printing = True
+    for raw in pipe:
+      line = raw.decode("utf-8", errors="replace")
+      if not line.endswith("\n"):
+        line += "\n"  # A last line without one stays on its own line.
       self.tail.append(line.rstrip("\n"))
-      sys.stdout.write(self._prefix + line)
-      sys.stdout.flush()
+      if printing:
+        try:
+          out.write(self._prefix + line)
+          out.flush()
+        except (OSError, ValueError):
+          printing = False  # The reader went away; the child must not block.
 
-  def drain(self) -> None:
-    self._pump.join(timeout=5)
+  def drain(self, timeout_s: float = 5.0) -> None:
+    """Waits, ``timeout_s`` at most, for the rest of the output: a process
+    it started may still hold the pipes."""
+    end = time.monotonic() + timeout_s
+    for t in self._pumps:
+      t.join(timeout=max(0.0, end - time.monotonic()))
+
+
+# Run first in every launched process: the kernel kills it when the
+# launcher dies, however it dies (SIGKILL, an OOM kill, a closed terminal),
+# so no worker outlives its supervisor; then the script runs in its place
+# (exec keeps the setting). Linux only; elsewhere the script just runs.
+_EXEC_WITH_PARENT_DEATH_SIGNAL = """\
+import os, signal, sys
+try:
+  import ctypes
+  ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+  if os.getppid() != int(sys.argv[1]):
+    os._exit(128 + int(signal.SIGKILL))  # The launcher died before prctl.
+except (OSError, AttributeError):
+  pass
+os.execv(sys.executable, [sys.executable] + sys.argv[2:])
+"""
 
 
 def launch(argv: Sequence[str], num_processes: int, *,
@@ -73,19 +113,25 @@ def launch(argv: Sequence[str], num_processes: int, *,
            share_gpu: bool = False) -> int:
   """Runs ``python argv...`` in ``num_processes`` processes; returns an exit code.
 
-  A supervisor: it forwards every process's output (prefixed ``[i]``), and
-  when one process fails, the time limit passes or the launcher itself gets
-  SIGINT/SIGTERM, it stops every process (SIGTERM, then SIGKILL after
-  `STOP_GRACE_S`), says which process failed and shows its last lines.
+  A supervisor: it forwards every process's stdout and stderr to its own
+  (prefixed ``[i]``), and when one process fails, the time limit passes or
+  the launcher itself gets SIGINT/SIGTERM/SIGHUP, it stops every process's
+  group (SIGTERM, then SIGKILL after `STOP_GRACE_S`), says which process
+  failed and shows its last lines. At the end it also stops what finished
+  processes left running in their groups. On Linux a launcher that is
+  killed outright takes its processes with it (the kernel's parent-death
+  signal).
 
   Args:
     argv: the script and its arguments.
     num_processes: processes to start, ``>= 1``.
-    devices_per_process: GPUs per process (``CUDA_VISIBLE_DEVICES`` is split
-      into consecutive groups); on CPU, the virtual devices of each process.
-      None: ``gpus // num_processes`` on GPU hosts, 1 on CPU.
-    gpus: GPUs on this host (None: count them with ``nvidia-smi``, 0 if it
-      is missing).
+    devices_per_process: GPUs per process (``CUDA_VISIBLE_DEVICES``, or
+      every GPU of the host where it is not set, is split into consecutive
+      groups); on CPU, the virtual devices of each process. None: ``gpus //
+      num_processes`` on GPU hosts, 1 on CPU.
+    gpus: GPUs to use (None: those ``CUDA_VISIBLE_DEVICES`` names, else the
+      host's, counted with ``nvidia-smi``; 0 if it is missing or
+      ``JAX_PLATFORMS`` names no GPU platform).
     timeout_s: the whole run's limit; then every process is stopped.
     env: extra environment for every process.
     share_gpu: every process gets the same first ``devices_per_process``
@@ -103,8 +149,19 @@ def launch(argv: Sequence[str], num_processes: int, *,
   """
   if num_processes < 1:
     raise ValueError(f"{num_processes=} must be >= 1.")
+  if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s)
+          and timeout_s > 0):
+    raise ValueError(f"{timeout_s=} must be a positive number of seconds.")
+  # The GPUs this launcher may hand out: the ones CUDA_VISIBLE_DEVICES
+  # names where it is set (a shared host's allotment), else all of them.
+  visible = [d.strip() for d in os.environ.get(
+      "CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
   if gpus is None:
-    gpus = count_gpus()
+    gpus = 0 if _platforms_without_gpu() else count_gpus()
+    if gpus and visible:
+      gpus = len(visible)
+  if not visible:
+    visible = [str(i) for i in range(gpus)]
   if share_gpu and not gpus:
     raise ValueError("share_gpu=True needs a GPU; this host has none.")
   if devices_per_process is None:
@@ -133,7 +190,7 @@ def launch(argv: Sequence[str], num_processes: int, *,
     del frame
     interrupted.append(signum)
 
-  handled = (signal.SIGINT, signal.SIGTERM)
+  handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
   previous = {}
   if threading.current_thread() is threading.main_thread():
     previous = {s: signal.signal(s, on_signal) for s in handled}
@@ -143,16 +200,17 @@ def launch(argv: Sequence[str], num_processes: int, *,
       penv.update({ENV_COORDINATOR: coordinator, ENV_PROCESS_ID: str(pid),
                    ENV_NUM_PROCESSES: str(num_processes),
                    ENV_LOCAL_DEVICES: str(devices_per_process),
+                   ENV_GPUS: "1" if gpus else "0",
                    "PYTHONUNBUFFERED": "1"})
       if gpus:
         first = 0 if share_gpu else pid * devices_per_process
         penv["CUDA_VISIBLE_DEVICES"] = ",".join(
-            str(first + i) for i in range(devices_per_process))
+            visible[first:first + devices_per_process])
       # Its own process group, so that stopping it stops what it started.
-      proc = subprocess.Popen([sys.executable, *argv], env=penv,
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
+      proc = subprocess.Popen(
+          [sys.executable, "-c", _EXEC_WITH_PARENT_DEATH_SIGNAL,
+           str(os.getpid()), *argv], env=penv, stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE, start_new_session=True)
       workers.append(_Worker(pid, proc,
                              f"[{pid}] " if num_processes > 1 else ""))
     return _supervise(workers, timeout_s, interrupted)
@@ -177,8 +235,11 @@ def _supervise(workers: list[_Worker], timeout_s: float,
       # A shell's code for a process killed by a signal.
       return code if code > 0 else 128 - code
     if all(c == 0 for c in codes):
+      # What they left running in their groups is stopped first: it may
+      # hold the pipes open.
+      _stop(workers)
       for w in workers:
-        w.drain()
+        w.drain(timeout_s=1.0)
       return 0
     if interrupted:
       _say(f"interrupted (signal {interrupted[0]}); stopped every process.")
@@ -202,9 +263,10 @@ def _ending(code: int) -> str:
 
 
 def _stop(workers: list[_Worker]) -> None:
-  """Stops every running process's group: SIGTERM, then SIGKILL."""
+  """Stops every process's group: SIGTERM, then SIGKILL. The groups of
+  processes that already exited too: what they started may still run."""
   running = [w for w in workers if w.proc.poll() is None]
-  for w in running:
+  for w in workers:
     _signal_group(w.proc, signal.SIGTERM)
   end = time.monotonic() + STOP_GRACE_S
   for w in running:
@@ -218,8 +280,8 @@ def _stop(workers: list[_Worker]) -> None:
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
   try:
     os.killpg(proc.pid, sig)
-  except ProcessLookupError:
-    pass
+  except (ProcessLookupError, PermissionError):
+    pass  # Gone (a group id is not reused while the reaped leader's is).
 
 
 def _say(message: str) -> None:
@@ -261,11 +323,15 @@ def initialize_from_env() -> None:
     raise RuntimeError(
         f"{e.args[0]} is not set: start this script with"
         " `python -m ficco_jax.launch --num_processes=N script.py`.") from e
-  if not os.environ.get("CUDA_VISIBLE_DEVICES"):
+  if _on_cpu():
     jax.config.update("jax_num_cpu_devices",
                       int(os.environ.get(ENV_LOCAL_DEVICES, "1")))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator, num_processes=n, process_id=pid)
+  # The coordinator's key-value store on loopback only: the processes are
+  # local, and it would otherwise listen on every interface.
+  port = coordinator.rsplit(":", 1)[1]
+  jax.distributed.initialize(coordinator, num_processes=n, process_id=pid,
+                             coordinator_bind_address=f"127.0.0.1:{port}")
   if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -277,6 +343,22 @@ def initialize_from_env() -> None:
 
   sys.excepthook = fail_fast
   atexit.register(jax.distributed.shutdown)
+
+
+def _platforms_without_gpu() -> bool:
+  """Whether JAX_PLATFORMS is set and names no GPU platform."""
+  platforms = os.environ.get("JAX_PLATFORMS", "").lower()
+  return bool(platforms) and not any(p in platforms
+                                     for p in ("cuda", "gpu", "rocm"))
+
+
+def _on_cpu() -> bool:
+  """Whether this launched process runs on CPU devices: JAX_PLATFORMS
+  names no GPU platform, or the launcher handed it no GPU."""
+  if _platforms_without_gpu():
+    return True
+  return os.environ.get(ENV_GPUS, "1" if os.environ.get(
+      "CUDA_VISIBLE_DEVICES") else "0") == "0"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -315,6 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   if not args.script:
     parser.error("give the script to run and its arguments")
-  return launch(args.script, args.num_processes,
-                devices_per_process=args.devices_per_process,
-                timeout_s=args.timeout_s, share_gpu=args.share_gpu)
+  try:
+    return launch(args.script, args.num_processes,
+                  devices_per_process=args.devices_per_process,
+                  timeout_s=args.timeout_s, share_gpu=args.share_gpu)
+  except ValueError as e:
+    parser.error(str(e))  # A usage error (exit code 2), not a traceback.
