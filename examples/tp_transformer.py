@@ -435,6 +435,13 @@ def main(argv):
     raise app.UsageError(f"--heads={f.heads} must be divisible by the tensor-"
                          f"parallel size tp={tp} (each device takes whole"
                          " heads).")
+  for name, size, by, what in (
+      ("batch", f.batch, dp, "data-parallel size dp"),
+      ("seq", f.seq, tp, "tensor-parallel size tp (sequence parallelism)"),
+      ("d_ff", f.d_ff, tp, "tensor-parallel size tp")):
+    if size % by:
+      raise app.UsageError(f"--{name}={size} must be divisible by the {what}"
+                           f"={by}.")
   mesh = make_mesh(dp, tp, explicit=f.explicit_axes)
   dtype = jnp.dtype(f.dtype)
   cfg = Config(d_model=f.d_model, heads=f.heads, d_ff=f.d_ff, dtype=dtype,
@@ -470,21 +477,27 @@ def main(argv):
 
 def define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_integer("steps", 5, "Training steps.")
+  flags.DEFINE_integer("steps", 5, "Training steps.", lower_bound=1)
   flags.DEFINE_integer("layers", 1, "Transformer blocks (lax.scan over them).")
   flags.DEFINE_bool("remat", False, "Rematerialize each block's activations"
                     " in the backward pass.")
-  flags.DEFINE_integer("batch", 4, "Global batch (divisible by dp).")
-  flags.DEFINE_integer("seq", 64, "Sequence length (divisible by tp x chunks).")
-  flags.DEFINE_integer("d_model", 64, "Model width.")
-  flags.DEFINE_integer("heads", 8, "Attention heads (divisible by tp).")
-  flags.DEFINE_integer("d_ff", 256, "MLP width (divisible by tp).")
+  flags.DEFINE_integer("batch", 4, "Global batch (divisible by dp).",
+                       lower_bound=1)
+  flags.DEFINE_integer("seq", 64, "Sequence length (divisible by tp x chunks).",
+                       lower_bound=1)
+  flags.DEFINE_integer("d_model", 64, "Model width.", lower_bound=1)
+  flags.DEFINE_integer("heads", 8, "Attention heads (divisible by tp).",
+                       lower_bound=1)
+  flags.DEFINE_integer("d_ff", 256, "MLP width (divisible by tp).",
+                       lower_bound=1)
   flags.DEFINE_string("dtype", "float32", "Compute dtype: float32 or bfloat16.")
   flags.DEFINE_string("schedule", "default",
                       "'default' (heuristic), 'none', or"
                       " 'dataflow:chunks[:comm[:compute]]', e.g. ring:2:dma.")
-  flags.DEFINE_integer("dp", None, "Data-parallel size (default: see mesh).")
-  flags.DEFINE_integer("tp", None, "Tensor-parallel size (CPU 4, GPU all).")
+  flags.DEFINE_integer("dp", None, "Data-parallel size (default: see mesh).",
+                       lower_bound=1)
+  flags.DEFINE_integer("tp", None, "Tensor-parallel size (CPU 4, GPU all).",
+                       lower_bound=1)
   flags.DEFINE_float("lr", 1e-3, "Adam learning rate.")
   flags.DEFINE_bool("explicit_axes", False, "Explicit mesh axes (sharding in"
                     " types) instead of Auto.")
