@@ -107,21 +107,24 @@ def test_report_has_a_section_per_results_folder(two_ops_runs, tmp_path):
 def test_moe_suite_times_and_checks_the_layer(tmp_path):
   bench("--suite=moe", "--tiny", "--moe_models=qwen3-30b-a3b",
         "--moe_tokens=2048", "--routings=zipf", "--rounds=2", "--iters=2",
-        f"--out_dir={tmp_path}")
+        "--xla_overlap=on", f"--out_dir={tmp_path}")
   data = json.loads((tmp_path / "moe.json").read_text())
   [case] = data["cases"]
   assert case["capacity"] >= case["rows_per_device"]
   assert case["piece_capacity"] <= case["capacity"]
   for name in ("ficco default", "ficco none", "ficco direct",
                "ficco none/c1/xla/pallas",
-               "ficco direct/c1/xla/pallas", "xla_dense"):
+               "ficco direct/c1/xla/pallas", "xla_dense", "xla_dense_overlap"):
     r = case["programs"][name]
     assert r["ok"] and r["median_ms"] > 0, (name, r)
+  # XLA at its best: the dense program compiled with the overlap options.
+  assert case["programs"]["xla_dense_overlap"]["compiler_options"]
   for name in ("compute", "compute_pallas", "exchange"):
     assert case["baselines"][name]["median_ms"] > 0, name
   # XLA:CPU has no ragged all-to-all: recorded, not hidden.
   assert "ragged-all-to-all" in case["programs"]["xla_ragged"]["error"]
-  assert case["xla_best"]["program"] in ("ficco none", "xla_dense")
+  assert case["xla_best"]["program"] in ("ficco none", "xla_dense",
+                                         "xla_dense_overlap")
   assert "| ficco direct |" in (tmp_path / "moe.md").read_text()
 
 

@@ -52,6 +52,7 @@ from lib import internal
 from lib import jax_util
 from lib import meta as meta_lib
 from lib import options
+from lib import programs
 from lib import report
 from lib import results
 from lib import timing
@@ -80,9 +81,12 @@ flags.DEFINE_enum("moe_pass", "forward", ["forward", "train"],
 
 ZIPF_S = 1.2
 # XLA's own programs: ragged_all_to_all + ragged_dot, GShard-style slots +
-# dense einsum, and ficco's "none" on XLA's compute (one all_to_all +
+# dense einsum, each also compiled with XLA's overlap options (the
+# latency-hiding scheduler and windowed einsums: XLA at its best, GPU or
+# --xla_overlap=on), and ficco's "none" on XLA's compute (one all_to_all +
 # ragged_dot). xla_best is the fastest correct one.
-XLA_PROGRAMS = ("xla_ragged", "xla_dense", "ficco none")
+XLA_PROGRAMS = ("xla_ragged", "xla_dense", "xla_ragged_overlap",
+                "xla_dense_overlap", "ficco none")
 
 
 def routing(kind: str, p: int, e: int, rows: int, seed: int):
@@ -275,6 +279,11 @@ def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
     progs = {n: _train(f) for n, f in progs.items()}
     computes = {n: _train(f) for n, f in computes.items()}
     ref_fn, exchange_fn = _train(ref_fn), _train(exchange_fn)
+  overlap_notes = {}
+  if _overlap_wanted():
+    for base in ("xla_ragged", "xla_dense"):
+      progs[f"{base}_overlap"] = _overlapped(progs[base], sets[0],
+                                             overlap_notes, base)
   tk = options.timing_kwargs()
   for bname, fn in (*computes.items(), ("exchange", exchange_fn)):
     c["baselines"][bname] = results.guarded(
@@ -288,8 +297,32 @@ def measure_case(rec, mesh, name, cfg, tokens, kind, seed) -> dict:
               lambda cv, fn=fn: fn, args=sets, ref32=ref32, xla_err=None,
               tol=FLAGS.tol if "tol" in FLAGS else 2e-2, tk=tk))
     rec.progress(f"{tag}: timing round-robin")
+  for base, notes in overlap_notes.items():
+    c["programs"][f"{base}_overlap"].update(notes)
   summarize_case(c)
   return c
+
+
+def _overlap_wanted() -> bool:
+  """XLA's overlap options: on GPUs (``--xla_overlap=auto``), or asked."""
+  import jax
+  if FLAGS.xla_overlap == "off":
+    return False
+  return FLAGS.xla_overlap == "on" or jax.devices()[0].platform == "gpu"
+
+
+def _overlapped(fn, args, notes: dict, base: str):
+  """``fn`` compiled with XLA's overlap options, at its first call (inside
+  the guarded measurement, so that a failure is recorded, not raised);
+  ``notes[base]`` gets the options used and refused."""
+  compiled = []
+
+  def call(*a):
+    if not compiled:
+      exe, notes[base] = programs.compile_overlapped(fn.lower(*args))
+      compiled.append(exe)
+    return compiled[0](*a)
+  return call
 
 
 def summarize_case(c: dict) -> None:
@@ -355,8 +388,10 @@ def markdown(data: dict) -> str:
            f" W={data['axis_size']}", ""]
   lines += report.provenance(data["meta"]) + [
       "", "ms per call, median over rounds (min), interleaved; speedup over"
-      " xla_best (the fastest correct of `xla_ragged`, `xla_dense` and"
-      " `ficco none`, XLA's compute)."
+      " xla_best (the fastest correct of `xla_ragged`, `xla_dense`, the"
+      " two compiled with XLA's overlap options (`_overlap`: the"
+      " latency-hiding scheduler and windowed einsums; GPU, or"
+      " --xla_overlap=on) and `ficco none`, XLA's compute)."
       " Ideal: max(the faster compute alone, exchange alone).", ""]
   names = sorted({n for c in data["cases"] for n in c["programs"]})
   rows, speedups = [], {n: [] for n in names}
