@@ -40,6 +40,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _within(seconds: float, done) -> None:
+  """Polls ``done()`` until it holds or ``seconds`` pass."""
+  deadline = time.monotonic() + seconds
+  while not done() and time.monotonic() < deadline:
+    time.sleep(0.05)
+
+
 def test_output_is_forwarded_whatever_the_bytes_and_stderr_stays_apart(
     tmp_path):
   """A byte that is not UTF-8 once stopped the forwarding and the job hung
@@ -106,16 +113,12 @@ def test_a_launcher_that_dies_leaves_no_worker(tmp_path, how):
       f"open(os.path.join({str(pids)!r}, str(os.getpid())), 'w').close()\n"
       "time.sleep(120)\n"))
   p = _cli("-n", "2", "--timeout_s=100", script)
-  deadline = time.monotonic() + 30
-  while len(os.listdir(pids)) < 2 and time.monotonic() < deadline:
-    time.sleep(0.05)
+  _within(30, lambda: len(os.listdir(pids)) >= 2)
   workers = [int(f) for f in os.listdir(pids)]
   assert len(workers) == 2
   p.send_signal(how)
   p.communicate(timeout=30)
-  deadline = time.monotonic() + 10
-  while any(map(_alive, workers)) and time.monotonic() < deadline:
-    time.sleep(0.05)
+  _within(10, lambda: not any(map(_alive, workers)))
   assert not any(map(_alive, workers)), workers
 
 
@@ -131,9 +134,7 @@ def test_what_a_finished_worker_left_running_is_stopped(tmp_path):
   assert time.monotonic() - start < 20
   left = [int(line.split()[-1]) for line in out.decode().splitlines()]
   assert len(left) == 2
-  deadline = time.monotonic() + 10
-  while any(map(_alive, left)) and time.monotonic() < deadline:
-    time.sleep(0.05)
+  _within(10, lambda: not any(map(_alive, left)))
   assert not any(map(_alive, left)), left
 
 

@@ -91,6 +91,24 @@ def overlap_time(t_mm: float, t_copy: float, alpha: float, beta: float):
   return b + (1 - b / a) * t_mm
 
 
+def _both_with_alone(records):
+  """``(record, compute, t_mm, t_copy)`` for each "both" record whose
+  matmul (of its compute label) and copies were also timed alone."""
+  ok = _ok(records)
+  mm = {(tuple(r["mm"]), r.get("compute", "xla")): r["median_ms"]
+        for r in ok if r["what"] == "mm_alone"}
+  copy = {(r["engine"], r["mib_per_peer"]): r["median_ms"]
+          for r in ok if r["what"] == "copy_alone"}
+  for r in ok:
+    if r["what"] != "both":
+      continue
+    compute = r.get("compute", "xla")
+    t_mm = mm.get((tuple(r["mm"]), compute))
+    t_copy = copy.get((r["engine"], r["mib_per_peer"]))
+    if t_mm and t_copy:
+      yield r, compute, t_mm, t_copy
+
+
 def fit_contention(records):
   """{engine: (alpha, beta)} minimising the squared log error of "both".
 
@@ -98,17 +116,9 @@ def fit_contention(records):
   Pallas kernel's records (``compute``: the occupancy knob's measurements)
   are read by ``contention_summary``.
   """
-  xla = [r for r in _ok(records) if r.get("compute", "xla") == "xla"]
-  mm = {tuple(r["mm"]): r["median_ms"] for r in xla if r["what"] == "mm_alone"}
-  copy = {(r["engine"], r["mib_per_peer"]): r["median_ms"]
-          for r in _ok(records) if r["what"] == "copy_alone"}
   samples = collections.defaultdict(list)
-  for r in xla:
-    if r["what"] != "both":
-      continue
-    t_mm, t_c = mm.get(tuple(r["mm"])), copy.get((r["engine"],
-                                                  r["mib_per_peer"]))
-    if t_mm and t_c:
+  for r, compute, t_mm, t_c in _both_with_alone(records):
+    if compute == "xla":
       samples[r["engine"]].append((t_mm, t_c, r["median_ms"]))
   grid = [i / 100 for i in range(0, 301, 2)]
   out = {}
@@ -129,20 +139,8 @@ def contention_summary(records):
   the baseline of every compute label, so the labels compare as the
   matmul's cost alone against what it leaves the copies.
   """
-  ok = _ok(records)
-  mm = {(tuple(r["mm"]), r.get("compute", "xla")): r["median_ms"]
-        for r in ok if r["what"] == "mm_alone"}
-  copy = {(r["engine"], r["mib_per_peer"]): r["median_ms"]
-          for r in ok if r["what"] == "copy_alone"}
   rows = []
-  for r in ok:
-    if r["what"] != "both":
-      continue
-    compute = r.get("compute", "xla")
-    t_mm = mm.get((tuple(r["mm"]), compute))
-    t_copy = copy.get((r["engine"], r["mib_per_peer"]))
-    if not (t_mm and t_copy):
-      continue
+  for r, compute, t_mm, t_copy in _both_with_alone(records):
     t_both = r["median_ms"]
     rows.append({
         "mm": list(r["mm"]), "compute": compute, "engine": r["engine"],

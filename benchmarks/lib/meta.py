@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import re
@@ -71,6 +72,7 @@ def git_tree() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def commit_of_tree(tree: str | None) -> str | None:
   """The newest commit of this checkout whose tree is ``tree``, or None."""
   if not tree:

@@ -238,7 +238,7 @@ def _decide(op: str, *, x_shape, w_shape, dtype, axis_size: int, axis: int,
   why = schedule_checks.unfit(op, schedule, **call)
   if why is not None:
     first = schedule
-    if call["operand_kind"] in schedule_checks.NOT_ONE_PROGRAM:
+    if call["operand_kind"] in validation.NOT_ONE_PROGRAM:
       schedule, reason = decide(comms=("xla",))
     if schedule_checks.unfit(op, schedule, **call) is not None:
       # The model times XLA's dots; the kernel's dtypes are the rest.

@@ -16,11 +16,6 @@ from ficco_jax._src import schedule as schedule_lib
 from ficco_jax._src import validation
 from ficco_jax._src.pallas import config as pallas_config
 
-# The operand tracers of a call that is not traced into one compiled
-# program: eager shard_map runs each primitive alone, and jax.vmap's batch
-# rule would run the copies once per example.
-NOT_ONE_PROGRAM = ("ShardMapTracer", "BatchTracer")
-
 
 def check(op: str, schedule: schedule_lib.Schedule, *, a_name: str, dtype,
           out_dtype, axis_size: int, operand_kind: str | None) -> None:

@@ -57,6 +57,12 @@ def check_nonempty(name: str, a: Any) -> None:
                      " must be at least 1.")
 
 
+# The operand tracers of a call that is not traced into one compiled
+# program (`operand_kind`): eager shard_map runs each primitive alone, and
+# jax.vmap's batch rule would run the copies once per example.
+NOT_ONE_PROGRAM = ("ShardMapTracer", "BatchTracer")
+
+
 def operand_kind(a: Any) -> str:
   """How an operand is being traced, by its tracers' type names:
   ``"BatchTracer"`` under ``jax.vmap``, else ``"ShardMapTracer"`` in an

@@ -37,7 +37,7 @@ def _kernel_unfit(a, w, precision, out_dtype) -> str | None:
 def _one_program(a) -> bool:
   """Whether the op is traced into one compiled program (not eager
   ``shard_map``, not ``vmap``): what the copy engines need."""
-  return validation.operand_kind(a) not in ("ShardMapTracer", "BatchTracer")
+  return validation.operand_kind(a) not in validation.NOT_ONE_PROGRAM
 
 
 def _resolve(op: str, a, w, axis_size: int, precision,
