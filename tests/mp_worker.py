@@ -54,7 +54,8 @@
                 lowered afresh, must work from one thread afterwards. The
                 window transport's, or with $FICCO_TEST_SCHEDULE=push the
                 push all-gather and the flagged reduce-scatter, which
-                share one pooled push window.
+                share one pooled push window. $FICCO_TEST_ROUNDS times
+                (default 1), each on programs lowered afresh.
   mode "recover": process 1's window start, then its wait, fails (the
                 fault hook) in 4 calls of the window all-gather; its call
                 must fail (a failed start fails every process's: their
@@ -475,20 +476,29 @@ def _threads(mesh, rng, x, w, h, w2) -> int:
       return ("clear: " + str(e)[:1500] if any(c in str(e) for c in CLEAR)
               else str(e)[:2000])
 
-  jobs = programs()
-  for f, args, ref in jobs.values():  # Compiled before the threads start.
-    assert outcome(f(*args), ref) == "right"
-  report, elapsed = util.dispatch_from_threads(jobs, calls, depth, outcome)
-  print(f"threads: {report} in {elapsed:.1f} s", flush=True)
-  for name, counts in report.items():
-    assert counts["right"] + counts["clear"] == calls, (name, counts)
-  # Once every process is here (each peer has given up by then), from one
-  # thread, on fresh windows, both programs are right again.
-  _barrier("threads done")
-  jax.clear_caches()
-  for name, (f, args, ref) in programs().items():
-    got = outcome(f(*args), ref)
-    assert got == "right", (name, got)
+  pid, _ = _first_device()
+  for r in range(int(os.environ.get("FICCO_TEST_ROUNDS", "1"))):
+    jobs = programs()
+    for f, args, ref in jobs.values():  # Compiled before the threads start.
+      assert outcome(f(*args), ref) == "right"
+    waits = windows.issue_waits(pid)
+    report, elapsed = util.dispatch_from_threads(jobs, calls, depth, outcome)
+    # How often one thread's handler waited for the other's on a window of
+    # this device (Window::issue): XLA runs a program over one device on the
+    # thread that dispatched it, so there the two programs' handlers overlap.
+    print(f"threads: {report} in {elapsed:.1f} s, issue waits:"
+          f" {windows.issue_waits(pid) - waits}", flush=True)
+    for name, counts in report.items():
+      assert counts["right"] + counts["clear"] == calls, (name, counts)
+    # Once every process is here (each peer has given up by then), from one
+    # thread, on fresh windows, both programs are right again.
+    _barrier(f"threads done {r}")
+    jax.clear_caches()
+    for name, (f, args, ref) in programs().items():
+      got = outcome(f(*args), ref)
+      assert got == "right", (name, got)
+    _barrier(f"threads checked {r}")
+    jax.clear_caches()
   print("threads: right from one thread afterwards", flush=True)
   return 0
 

@@ -241,20 +241,32 @@ def test_one_site_run_several_times_at_once_across_processes(capfd):
 
 
 @pytest.mark.parametrize("schedule", ["window", "push"])
+@pytest.mark.parametrize("per_process",
+                         sorted({1, LAYOUT["devices_per_process"]}))
 def test_two_threads_per_process_end_right_or_with_a_clear_error(
-    capfd, schedule):
+    capfd, schedule, per_process):
   # mp_worker counts each call of two threads per process as right or as
   # failed with an error that says what to do, exits 0 only if none is
   # anything else and both programs work from one thread afterwards; a hang
   # shows as the launcher's timeout. The push programs share a pooled
-  # window, whose ranks could pair the two programs at one epoch.
+  # window, whose ranks could pair the two programs at one epoch. With one
+  # device per process (every GPU layout) XLA runs each program on the
+  # thread that dispatched it, so the two programs' handlers run at once on
+  # one device: without Window::issue a queue got epoch e + 1's flags
+  # before epoch e's pieces, and a reduce-scatter summed a half not yet
+  # landed, in about 1 of 20 jobs of one round; 5 rounds per job here.
   t0 = time.monotonic()
-  assert _launch("threads", env=dict(FICCO_TEST_CALLS="60",
-                                     FICCO_TEST_SCHEDULE=schedule),
-                 timeout_s=240) == 0
+  layout = dict(LAYOUT, devices_per_process=per_process)
+  assert launch.launch(
+      [WORKER, "threads"], env=dict(ENV, FICCO_TEST_CALLS="60",
+                                    FICCO_TEST_SCHEDULE=schedule,
+                                    FICCO_TEST_ROUNDS="5"),
+      timeout_s=300, **layout) == 0
   out = capfd.readouterr().out
   assert "right from one thread afterwards" in out, out[-4000:]
-  print(f"two threads per process ({schedule}): {time.monotonic() - t0:.1f} s")
+  print(f"two threads per process ({schedule}, {per_process} device(s)):"
+        f" {time.monotonic() - t0:.1f} s;",
+        re.findall(r"issue waits: \d+", out))
 
 
 def test_two_programs_paired_at_one_epoch_fail_naming_the_cause(capfd):

@@ -29,6 +29,13 @@ inline constexpr const char* kRunsTwice =
     " transport='rendezvous'; then call jax.clear_caches(), since this"
     " window's ranks no longer agree on epochs";
 
+// Why a push start finds the previous start of its window on its device
+// without its finish, and what to do.
+inline const std::string kStartUnfinished =
+    std::string("an execution failed between them, another host thread's"
+                " program runs between them on this device (") +
+    kIfSeveralDispatchers + "), or " + kRunsTwice;
+
 // jax.clear_caches() re-lowers jitted programs onto fresh windows; one
 // compiled ahead of time keeps its windows until compiled again. A macro,
 // so that messages can splice it into string literals.

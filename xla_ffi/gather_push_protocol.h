@@ -58,14 +58,16 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   auto found = UsableWindow<B>(a.window, device, who, kFaultStart);
   if (!found.has_value()) return failed(found.error());
   std::shared_ptr<Window> win = *found;
+  // Until every operation of this call is enqueued, in epoch order.
+  auto issue = IssueLock(*win);
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
     // A flagged reduce-scatter's start on this window never reached its
-    // finish: an execution failed between them, or two push ops of one
-    // site (or of one pooled window) overlap in this execution.
+    // finish: an execution failed between them, another thread's program
+    // is between them, or two push ops of one site (or of one pooled
+    // window) overlap in this execution.
     const std::string why =
         who() + ": a push start of window " + std::to_string(a.window) +
-        " on this device never reached its finish: an execution failed"
-        " between them, or " + kRunsTwice;
+        " on this device never reached its finish: " + kStartUnfinished;
     Windows::Get().PoisonFamily(B::kPlatform, a.window, why);
     return failed(ffi::Error(ffi::ErrorCode::kFailedPrecondition, why));
   }

@@ -275,14 +275,16 @@ ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
   auto found = UsableWindow<B>(a.window, device, who, kFaultWait);
   if (!found.has_value()) return found.error();
   std::shared_ptr<Window> win = *found;
+  // Until the pushes and their flags are enqueued, in epoch order.
+  auto issue = IssueLock(*win);
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
-    // Its finish never ran: an execution failed between them, or one traced
-    // op runs twice at once in a program (docs/protocol.md, "Several runs
-    // of one site"). Either way the ranks' epochs may now disagree.
+    // Its finish never ran: an execution failed between them, another
+    // thread's program is between them, or one traced op runs twice at
+    // once in a program (docs/protocol.md, "Several runs of one site").
+    // Either way the ranks' epochs may now disagree.
     const std::string why =
         who() + ": the previous start of window " + std::to_string(a.window) +
-        " on this device never reached its finish: an execution failed" +
-        " between them, or " + kRunsTwice;
+        " on this device never reached its finish: " + kStartUnfinished;
     // Every device's window of the family, as a refused arm does: the
     // peers' calls fail with this message at once, not at their timeout.
     Windows::Get().PoisonFamily(B::kPlatform, a.window, why);
@@ -298,6 +300,16 @@ ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
   auto inv = std::make_shared<Inv>();
   inv->win = win;
   inv->ready = armed.ready;  // Released with the invocation from now on.
+  if (armed.run_id != run_id) {
+    // Another execution armed the window after this one did: two programs
+    // that share it run on this device at once, and that one's kernel
+    // bumps other flags than this start would wait on.
+    const std::string why =
+        who() + ": another execution armed this window on this device"
+        " between this execution's arm and start; " + kIfSeveralDispatchers;
+    Windows::Get().PoisonFamily(B::kPlatform, a.window, why);
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, why);
+  }
   inv->plan.op_name = std::string(a.op_name);
   inv->plan.axis_size = win->size;
   inv->plan.timeout_ms = a.timeout_ms;
@@ -478,6 +490,8 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
     return ffi::Unexpected(found.error());
   }
   std::shared_ptr<Window> win = *found;
+  // Until the sum and the freed flags are enqueued, in epoch order.
+  auto issue = IssueLock(*win);
   auto inv = PushStates<B>::Get().TakeStarted(a.window, device);
   if (inv == nullptr) {
     return ffi::Unexpected(ffi::Error(

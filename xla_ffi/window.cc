@@ -316,6 +316,10 @@ int64_t FiccoWindowReap(int platform) {
   return ficco::Windows::Get().Reap(platform);
 }
 
+int64_t FiccoWindowIssueWaits(int platform) {
+  return ficco::Windows::Get().IssueWaits(platform);
+}
+
 int64_t FiccoWindowPending(int platform) {
   if (platform == kFiccoCpu) return ficco::CpuWindowPending();
 #ifdef FICCO_WITH_CUDA

@@ -80,6 +80,14 @@ struct Window {
   // the same starts in the same order (one SPMD program), so the e-th start
   // is the same invocation everywhere.
   std::atomic<uint32_t> epoch{0};
+  // Held by a handler of this window from its checks before it takes an
+  // epoch until it has enqueued its last operation (IssueLock): XLA runs a
+  // program over one device on the thread that dispatched it, so with two
+  // dispatching threads two programs' handlers run on one device at once,
+  // and a queue must still get each window's epochs in order, or a peer
+  // waiting for epoch e would take epoch e + 1's flag for it and read a
+  // half not yet landed (docs/protocol.md, "Several dispatching threads").
+  std::mutex issue;
   mutable std::mutex mu;
   std::string sticky_error;  // a failed invocation poisons the window
   std::atomic<bool> poisoned{false};  // sticky_error is set
@@ -189,6 +197,17 @@ class Windows {
     std::lock_guard<std::mutex> lock(mu_);
     map_[{w->platform, w->family, w->device}] = std::move(w);
   }
+  // A handler found another thread's handler holding its window's issue
+  // lock (IssueLock), and how often so far, per platform.
+  void CountIssueWait(int platform) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++issue_waits_[platform];
+  }
+  int64_t IssueWaits(int platform) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = issue_waits_.find(platform);
+    return it == issue_waits_.end() ? 0 : it->second;
+  }
   // Windows whose memory is held: in use, or retired and not yet reaped.
   int64_t Count(int platform) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -233,7 +252,20 @@ class Windows {
   std::map<std::pair<int, int64_t>, std::string> retired_why_;
   // Per platform: reaped windows whose device memory stays (Retiree::kept).
   std::map<int, int64_t> kept_;
+  std::map<int, int64_t> issue_waits_;
 };
+
+// `w.issue`, locked; a wait for another thread's handler is counted
+// (FiccoWindowIssueWaits): it means programs that share the window are
+// being dispatched from several threads.
+inline std::unique_lock<std::mutex> IssueLock(Window& w) {
+  std::unique_lock<std::mutex> lock(w.issue, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    Windows::Get().CountIssueWait(w.platform);
+    lock.lock();
+  }
+  return lock;
+}
 
 // "ficco window copy of 'op' (site 3, epoch 7) on device 2 (rank 2 of 4)".
 std::string WindowWhere(const Plan& plan, const Window& w, uint32_t epoch);

@@ -647,6 +647,9 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int64_t instance,
           " pulls every piece from its owner (plan.owner_pulls())");
     }
   }
+  // Until the stage and the pulls are enqueued (or handed to the issuer),
+  // in epoch order.
+  auto issue = IssueLock(*win);
   const uint32_t e = win->epoch.fetch_add(1) + 1;
   inv->epoch = e;
   inv->run_id = run_id;

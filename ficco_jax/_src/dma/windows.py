@@ -182,6 +182,8 @@ def _lib():
   lib.FiccoWindowCount.restype = i64
   lib.FiccoWindowPending.argtypes = [ctypes.c_int]
   lib.FiccoWindowPending.restype = i64
+  lib.FiccoWindowIssueWaits.argtypes = [ctypes.c_int]
+  lib.FiccoWindowIssueWaits.restype = i64
   lib.FiccoWindowForget.argtypes = [ctypes.c_int, i64]
   lib.FiccoWindowForget.restype = None
   lib.FiccoWindowRetire.argtypes = [ctypes.c_int, i64, ctypes.c_char_p]
@@ -638,6 +640,14 @@ def window_count(platform: int) -> int:
   failure and not yet freed, or freed but for CUDA device memory that a
   process of another rank maps (docs/windows.md, "Failure and timeouts")."""
   return _lib().FiccoWindowCount(platform)
+
+
+def issue_waits(platform: int) -> int:
+  """How often a window or push handler waited for another thread's handler
+  of its window on its device: nonzero means programs that share windows
+  were dispatched from several threads (docs/protocol.md, "Several
+  dispatching threads")."""
+  return _lib().FiccoWindowIssueWaits(platform)
 
 
 def pending_entries(platform: int) -> int:
