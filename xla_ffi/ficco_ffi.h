@@ -149,9 +149,9 @@ int64_t FiccoWindowCount(int platform);
 int64_t FiccoWindowPending(int platform);
 
 // How often a window or push handler found another thread's handler of its
-// window on its device still enqueueing, and waited for it: programs that
-// share windows are being dispatched from several threads (docs/protocol.md,
-// "Several dispatching threads").
+// window on its device still enqueueing, and waited for it: usually,
+// programs that share windows are being dispatched from several threads
+// (docs/protocol.md, "Several dispatching threads").
 int64_t FiccoWindowIssueWaits(int platform);
 
 // The family is abandoned (a failure replaced its pool): drop the push

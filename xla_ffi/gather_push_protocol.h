@@ -60,6 +60,9 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   std::shared_ptr<Window> win = *found;
   // Until every operation of this call is enqueued, in epoch order.
   auto issue = IssueLock(*win);
+  if (ffi::Error err = PoisonedWhileWaiting(*win, who()); err.failure()) {
+    return failed(std::move(err));
+  }
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
     // A flagged reduce-scatter's start on this window never reached its
     // finish: an execution failed between them, another thread's program

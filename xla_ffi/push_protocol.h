@@ -277,6 +277,7 @@ ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
   std::shared_ptr<Window> win = *found;
   // Until the pushes and their flags are enqueued, in epoch order.
   auto issue = IssueLock(*win);
+  FICCO_RETURN_IF_FAILED(PoisonedWhileWaiting(*win, who()));
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
     // Its finish never ran: an execution failed between them, another
     // thread's program is between them, or one traced op runs twice at
@@ -292,10 +293,15 @@ ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
   }
   typename PushStates<B>::Armed armed;
   if (!PushStates<B>::Get().TakeArmed(a.window, device, &armed)) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      who() + ": no ficco_push_arm of this window ran before"
-                      " it on this device (arm, kernel, start must run in"
-                      " that order)");
+    // Its arm ran (the program orders them), so another execution's start
+    // took it: the peers take an epoch for this call that this rank will
+    // not, and would pair every later one with the wrong call.
+    const std::string why =
+        who() + ": no ficco_push_arm of this window is left for it on this"
+        " device: another execution's start took this execution's arm; " +
+        kIfSeveralDispatchers;
+    Windows::Get().PoisonFamily(B::kPlatform, a.window, why);
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, why);
   }
   auto inv = std::make_shared<Inv>();
   inv->win = win;
@@ -493,6 +499,11 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
   // Until the sum and the freed flags are enqueued, in epoch order.
   auto issue = IssueLock(*win);
   auto inv = PushStates<B>::Get().TakeStarted(a.window, device);
+  if (inv != nullptr) {
+    if (ffi::Error err = PoisonedWhileWaiting(*win, who()); err.failure()) {
+      return drained(std::move(inv), std::move(err));
+    }
+  }
   if (inv == nullptr) {
     return ffi::Unexpected(ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,

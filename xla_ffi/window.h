@@ -256,8 +256,8 @@ class Windows {
 };
 
 // `w.issue`, locked; a wait for another thread's handler is counted
-// (FiccoWindowIssueWaits): it means programs that share the window are
-// being dispatched from several threads.
+// (FiccoWindowIssueWaits): it usually means programs that share the window
+// are being dispatched from several threads.
 inline std::unique_lock<std::mutex> IssueLock(Window& w) {
   std::unique_lock<std::mutex> lock(w.issue, std::try_to_lock);
   if (!lock.owns_lock()) {

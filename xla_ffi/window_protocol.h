@@ -264,6 +264,19 @@ inline std::string WindowWho(std::string_view phase, std::string_view op,
 
 // A wait or done that found no entry: the failure of its window, if an
 // earlier invocation poisoned it (its entries were swept), else a misuse.
+// After IssueLock: the window's failure if another thread's handler
+// poisoned it while this one waited for the lock (UsableWindow's check came
+// before), so that this call takes no epoch on it; else success.
+inline ffi::Error PoisonedWhileWaiting(const Window& w,
+                                       const std::string& who) {
+  if (!w.Poisoned()) return ffi::Error::Success();
+  return ffi::Error(
+      ffi::ErrorCode::kFailedPrecondition,
+      who + ": an earlier invocation on this window failed, so its ranks"
+      " no longer agree on epochs; call jax.clear_caches() to lower onto"
+      " fresh windows (" FICCO_AOT_ADVICE "). The failure: " + w.Sticky());
+}
+
 template <class B>
 ffi::Error WindowMissError(int64_t family, std::string_view phase,
                            std::string_view op, int32_t device);
@@ -650,6 +663,9 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int64_t instance,
   // Until the stage and the pulls are enqueued (or handed to the issuer),
   // in epoch order.
   auto issue = IssueLock(*win);
+  FICCO_RETURN_IF_FAILED(PoisonedWhileWaiting(
+      *win, "ficco window start of '" + op + "' on device " +
+                std::to_string(device)));
   const uint32_t e = win->epoch.fetch_add(1) + 1;
   inv->epoch = e;
   inv->run_id = run_id;

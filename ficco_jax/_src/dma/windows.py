@@ -644,8 +644,8 @@ def window_count(platform: int) -> int:
 
 def issue_waits(platform: int) -> int:
   """How often a window or push handler waited for another thread's handler
-  of its window on its device: nonzero means programs that share windows
-  were dispatched from several threads (docs/protocol.md, "Several
+  of its window on its device: nonzero usually means programs that share
+  windows were dispatched from several threads (docs/protocol.md, "Several
   dispatching threads")."""
   return _lib().FiccoWindowIssueWaits(platform)
 
