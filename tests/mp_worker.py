@@ -54,8 +54,9 @@
                 lowered afresh, must work from one thread afterwards. The
                 window transport's, or with $FICCO_TEST_SCHEDULE=push the
                 push all-gather and the flagged reduce-scatter, which
-                share one pooled push window. $FICCO_TEST_ROUNDS times
-                (default 1), each on programs lowered afresh.
+                share one pooled push window, or with =same one window
+                all-gather program from both threads. $FICCO_TEST_ROUNDS
+                times (default 1), each on programs lowered afresh.
   mode "recover": process 1's window start, then its wait, fails (the
                 fault hook) in 4 calls of the window all-gather; its call
                 must fail (a failed start fails every process's: their
@@ -436,6 +437,14 @@ def _threads(mesh, rng, x, w, h, w2) -> int:
     if os.environ.get("FICCO_TEST_SCHEDULE") == "push":
       return _push_programs()
     dma = Schedule(dataflow="direct", comm="dma")
+    if os.environ.get("FICCO_TEST_SCHEDULE") == "same":
+      # One program, one set of inputs: however the ranks pair the two
+      # threads' calls, every result is the same.
+      job = (_program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),
+                      P(None, "x"), dma, timeout_s=2.0),
+             (_global(mesh, P("x"), x), _global(mesh, P(None, "x"), w)),
+             x.astype(np.float64) @ w)
+      return {"all_gather_matmul": job, "all_gather_matmul again": job}
     return {
         "all_gather_matmul": (
             _program(ficco_jax.all_gather_matmul, mesh, P("x"), P(None, "x"),

@@ -5,7 +5,9 @@ fail at once, as a rank that raises there would: the start (rendezvous and
 window start, push arm, push all-gather), the wait (the rendezvous sync
 that waits for landing buffers, window wait, push start, push all-gather
 once its pushes are queued) or the done (the rendezvous sync that ends
-invocations, window done, push finish). Whatever the step, the call must
+invocations, window done, push finish), or, for the window and push
+transports, the window's issue lock found held by another host thread past
+the op's timeout ("held"). Whatever the step, the call must
 end within the op's ``timeout_s`` (plus slack) with an error that names
 the failing rank or the hook, never hang; the library must keep nothing
 registered for it; and the program must work again afterwards, at most
@@ -38,16 +40,18 @@ TIMEOUT_S = 1.0
 CASES = {
     "rendezvous": ("ag", "direct/c2/dma/xla/rendezvous",
                    ("start", "wait", "done")),
-    "window": ("ag", "direct/c2/dma/xla/window", ("start", "wait", "done")),
+    "window": ("ag", "direct/c2/dma/xla/window",
+               ("start", "wait", "done", "held")),
     "push": ("rs", "direct/c1/dma/pallas/flagged/push",
-             ("start", "wait", "done")),
+             ("start", "wait", "done", "held")),
     # The push all-gather is one call: at "start" its rank never arrives;
     # at "wait" it fails once its pushes are queued, which it drains.
-    "push-ag": ("ag", "direct/c1/dma/xla/flagged/push", ("start", "wait")),
+    "push-ag": ("ag", "direct/c1/dma/xla/flagged/push",
+                ("start", "wait", "held")),
     # The signalled all-gather: its kernel waits on landing flags, which a
     # failed invocation must still set.
     "signalled-ag": ("ag", "direct/c2/dma/pallas/flagged/window",
-                     ("start", "wait", "done")),
+                     ("start", "wait", "done", "held")),
 }
 
 

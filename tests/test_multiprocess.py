@@ -240,7 +240,7 @@ def test_one_site_run_several_times_at_once_across_processes(capfd):
   assert "twice: 20 rounds checked" in capfd.readouterr().out
 
 
-@pytest.mark.parametrize("schedule", ["window", "push"])
+@pytest.mark.parametrize("schedule", ["window", "push", "same"])
 @pytest.mark.parametrize("per_process",
                          sorted({1, LAYOUT["devices_per_process"]}))
 def test_two_threads_per_process_end_right_or_with_a_clear_error(
@@ -255,6 +255,10 @@ def test_two_threads_per_process_end_right_or_with_a_clear_error(
   # one device: without Window::issue a queue got epoch e + 1's flags
   # before epoch e's pieces, and a reduce-scatter summed a half not yet
   # landed, in about 1 of 20 jobs of one round; 5 rounds per job here.
+  # "same": one window program from both threads, whose executions are in
+  # flight at once on one device; a start used to drop the other's pending
+  # entries as an aborted execution's, and its wait failed as a misuse
+  # without draining its copies.
   t0 = time.monotonic()
   layout = dict(LAYOUT, devices_per_process=per_process)
   assert launch.launch(

@@ -553,13 +553,13 @@ ffi::Error StartImpl(ffi::RunId run_id, StartInstance* instance,
                      args, rets, attrs);
 }
 
-ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
+ffi::Future WaitImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer buf,
                      ffi::Result<ffi::AnyBuffer> out, Attrs attrs) {
   if (buf.untyped_data() != out->untyped_data()) {
     return Failed(ffi::Error::Internal("ficco window wait: output not aliased"));
   }
   auto [inv, landing] = WindowIndex<CpuBackend>::Get().TakeWait(
-      attrs.window, device, buf.untyped_data());
+      attrs.window, device, buf.untyped_data(), run_id.run_id);
   if (Faults(device, kFaultWait)) {
     return Refused(device, inv, "wait", attrs.op_name);
   }
@@ -585,7 +585,8 @@ ffi::Future WaitImpl(int32_t device, ffi::AnyBuffer buf,
                      "the pieces of landing buffer " + std::to_string(landing));
 }
 
-ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
+ffi::Future DoneImpl(ffi::RunId run_id, int32_t device,
+                     ffi::AnyBuffer out_in,
                      ffi::RemainingArgs keepalive,
                      ffi::Result<ffi::AnyBuffer> out, Attrs attrs) {
   if (out_in.untyped_data() != out->untyped_data()) {
@@ -594,7 +595,7 @@ ffi::Future DoneImpl(int32_t device, ffi::AnyBuffer out_in,
   auto first = keepalive.get<ffi::AnyBuffer>(0);
   if (!first.has_value()) return Failed(first.error());
   auto inv = WindowIndex<CpuBackend>::Get().TakeDone(
-      attrs.window, device, first->untyped_data());
+      attrs.window, device, first->untyped_data(), run_id.run_id);
   if (Faults(device, kFaultDone)) {
     return Refused(device, inv, "done", attrs.op_name);
   }
@@ -731,6 +732,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowStartCpu, ficco::StartImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowWaitCpu, ficco::WaitImpl,
                               xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .Arg<xla::ffi::AnyBuffer>()      // landing
                                   .Ret<xla::ffi::AnyBuffer>()      // aliased
@@ -738,6 +740,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowWaitCpu, ficco::WaitImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FiccoWindowDoneCpu, ficco::DoneImpl,
                               xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::RunId>()          // execution
                                   .Ctx<xla::ffi::DeviceOrdinal>()  // device
                                   .Arg<xla::ffi::AnyBuffer>()      // out
                                   .RemainingArgs()                 // keepalive

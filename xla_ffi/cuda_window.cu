@@ -330,13 +330,14 @@ ffi::Error Refused(std::string_view phase, std::string_view op,
                         ": refused by the fault test hook");
 }
 
-ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
+ffi::Error WaitImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
+                    ffi::AnyBuffer buf,
                     ffi::Result<ffi::AnyBuffer> out, Attrs attrs) {
   if (buf.untyped_data() != out->untyped_data()) {
     return ffi::Error::Internal("ficco window wait: output not aliased");
   }
   auto [inv, landing] = WindowIndex<CudaBackend>::Get().TakeWait(
-      attrs.window, device, buf.untyped_data());
+      attrs.window, device, buf.untyped_data(), run_id.run_id);
   const std::string who = WindowWho("wait", attrs.op_name, device);
   if (Faults(device, kFaultWait)) {
     ffi::Error refused = Refused("wait", attrs.op_name, device);
@@ -366,7 +367,8 @@ ffi::Error WaitImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer buf,
   return ffi::Error::Success();
 }
 
-ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
+ffi::Error DoneImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device,
+                    ffi::AnyBuffer out_in,
                     ffi::RemainingArgs keepalive,
                     ffi::Result<ffi::AnyBuffer> out, Attrs attrs) {
   if (out_in.untyped_data() != out->untyped_data()) {
@@ -375,7 +377,7 @@ ffi::Error DoneImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer out_in,
   auto first = keepalive.get<ffi::AnyBuffer>(0);
   if (!first.has_value()) return first.error();
   auto inv = WindowIndex<CudaBackend>::Get().TakeDone(
-      attrs.window, device, first->untyped_data());
+      attrs.window, device, first->untyped_data(), run_id.run_id);
   const std::string who = WindowWho("done", attrs.op_name, device);
   if (Faults(device, kFaultDone)) {
     ffi::Error refused = Refused("done", attrs.op_name, device);
@@ -595,6 +597,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoWindowWaitCuda, ficco::WaitImpl,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .Arg<xla::ffi::AnyBuffer>()                     // landing
         .Ret<xla::ffi::AnyBuffer>()                     // aliased
@@ -604,6 +607,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FiccoWindowDoneCuda, ficco::DoneImpl,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // compute
+        .Ctx<xla::ffi::RunId>()                         // execution
         .Ctx<xla::ffi::DeviceOrdinal>()                 // device
         .Arg<xla::ffi::AnyBuffer>()                     // out
         .RemainingArgs()                                // keepalive

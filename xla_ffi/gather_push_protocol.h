@@ -59,8 +59,9 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushGather(
   if (!found.has_value()) return failed(found.error());
   std::shared_ptr<Window> win = *found;
   // Until every operation of this call is enqueued, in epoch order.
-  auto issue = IssueLock(*win);
-  if (ffi::Error err = PoisonedWhileWaiting(*win, who()); err.failure()) {
+  auto issue = IssueLock(*win, a.timeout_ms);
+  if (ffi::Error err = CheckIssueLock(issue, *win, a.timeout_ms, who());
+      err.failure()) {
     return failed(std::move(err));
   }
   if (PushStates<B>::Get().HasStarted(a.window, device)) {

@@ -88,13 +88,17 @@ inline Clock::time_point DeadlineAfter(int64_t ms) {
 //                wait, push start, push all-gather after its pushes are
 //                queued;
 //   kFaultDone:  rendezvous sync that ends invocations, window done, push
-//                finish.
+//                finish;
+//   kFaultHeld:  every handler that takes a window's issue lock (window
+//                start, push start, finish and all-gather) finds it held by
+//                another thread for longer than the op's timeout.
 // The rendezvous transport's waits and dones are one handler, sync, which
 // may do both in one call: it fails under either hook then. A refused sync
 // fails before it takes any of its parts, so every registration of its
 // execution on that device is left to the failure path, as after an error
 // anywhere else in the program.
-inline constexpr int kFaultStart = 1, kFaultWait = 2, kFaultDone = 3;
+inline constexpr int kFaultStart = 1, kFaultWait = 2, kFaultDone = 3,
+                     kFaultHeld = 4;
 bool Faults(int32_t device, int step);
 // A rank that never arrives: its first step fails.
 inline bool NeverArrives(int32_t device) { return Faults(device, kFaultStart); }

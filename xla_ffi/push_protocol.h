@@ -276,8 +276,8 @@ ffi::Error PushStart(B& backend, int64_t run_id, int64_t instance,
   if (!found.has_value()) return found.error();
   std::shared_ptr<Window> win = *found;
   // Until the pushes and their flags are enqueued, in epoch order.
-  auto issue = IssueLock(*win);
-  FICCO_RETURN_IF_FAILED(PoisonedWhileWaiting(*win, who()));
+  auto issue = IssueLock(*win, a.timeout_ms);
+  FICCO_RETURN_IF_FAILED(CheckIssueLock(issue, *win, a.timeout_ms, who()));
   if (PushStates<B>::Get().HasStarted(a.window, device)) {
     // Its finish never ran: an execution failed between them, another
     // thread's program is between them, or one traced op runs twice at
@@ -497,10 +497,11 @@ ffi::ErrorOr<std::shared_ptr<WindowInvocation<B>>> PushFinish(
   }
   std::shared_ptr<Window> win = *found;
   // Until the sum and the freed flags are enqueued, in epoch order.
-  auto issue = IssueLock(*win);
+  auto issue = IssueLock(*win, a.timeout_ms);
   auto inv = PushStates<B>::Get().TakeStarted(a.window, device);
   if (inv != nullptr) {
-    if (ffi::Error err = PoisonedWhileWaiting(*win, who()); err.failure()) {
+    if (ffi::Error err = CheckIssueLock(issue, *win, a.timeout_ms, who());
+        err.failure()) {
       return drained(std::move(inv), std::move(err));
     }
   }

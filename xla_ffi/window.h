@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -87,7 +88,7 @@ struct Window {
   // and a queue must still get each window's epochs in order, or a peer
   // waiting for epoch e would take epoch e + 1's flag for it and read a
   // half not yet landed (docs/protocol.md, "Several dispatching threads").
-  std::mutex issue;
+  std::timed_mutex issue;
   mutable std::mutex mu;
   std::string sticky_error;  // a failed invocation poisons the window
   std::atomic<bool> poisoned{false};  // sticky_error is set
@@ -255,14 +256,16 @@ class Windows {
   std::map<int, int64_t> issue_waits_;
 };
 
-// `w.issue`, locked; a wait for another thread's handler is counted
-// (FiccoWindowIssueWaits): it usually means programs that share the window
-// are being dispatched from several threads.
-inline std::unique_lock<std::mutex> IssueLock(Window& w) {
-  std::unique_lock<std::mutex> lock(w.issue, std::try_to_lock);
+// `w.issue`, locked, unless another thread's handler holds it for more
+// than `timeout_ms` (the lock does not own it then: CheckIssueLock). A wait
+// is counted (FiccoWindowIssueWaits): it usually means programs that share
+// the window are being dispatched from several threads.
+inline std::unique_lock<std::timed_mutex> IssueLock(Window& w,
+                                                    int64_t timeout_ms) {
+  std::unique_lock<std::timed_mutex> lock(w.issue, std::try_to_lock);
   if (!lock.owns_lock()) {
     Windows::Get().CountIssueWait(w.platform);
-    lock.lock();
+    (void)lock.try_lock_for(std::chrono::milliseconds(timeout_ms));
   }
   return lock;
 }

@@ -59,6 +59,10 @@ struct WindowInvocation {
   uint32_t* landed = nullptr;
   std::string where;
   int64_t run_id = 0;  // the execution's (ffi::RunId)
+  // Past it, an entry of this invocation that its wait or done never took
+  // was left by an execution that XLA ended early (WindowIndex's sweep):
+  // until then it may be another live execution's, whose wait is coming.
+  Clock::time_point abandoned_after{};
 
   std::atomic<bool> failed_flag{false};
   // Whether the pulls and the announce are enqueued (kIssued) or failed
@@ -96,12 +100,16 @@ struct WindowInvocation {
 };
 
 inline constexpr int kIssued = 1, kIssueFailed = 2;
+// How long past twice its timeout a start's entries wait for their wait
+// and done before a later start drops them (abandoned_after).
+inline constexpr int64_t kAbandonMarginMs = 5000;
 
-// How wait and done find their invocation: by window family, device and
-// the address of the landing buffer (wait) or of sources[0] (done), which
-// stay live until that wait or done. A window holds the pending invocations
-// of one execution: a start drops what an earlier, aborted execution left
-// behind on its window, so a stale entry can never answer a later call.
+// How wait and done find their invocation: by window family, device, the
+// address of the landing buffer (wait) or of sources[0] (done), which stay
+// live until that wait or done, and execution (run id), so that an entry
+// an aborted execution left behind at a reused address never answers a
+// later call, and two executions of one program in flight at once (two
+// dispatching threads) each find their own.
 template <class B>
 class WindowIndex {
  public:
@@ -123,12 +131,13 @@ class WindowIndex {
   }
   std::pair<std::shared_ptr<Inv>, int64_t> TakeWait(int64_t family,
                                                     int32_t device,
-                                                    const void* addr) {
-    return Take(waits_, family, device, addr);
+                                                    const void* addr,
+                                                    int64_t run_id) {
+    return Take(waits_, family, device, addr, run_id);
   }
   std::shared_ptr<Inv> TakeDone(int64_t family, int32_t device,
-                                const void* addr) {
-    return Take(dones_, family, device, addr).first;
+                                const void* addr, int64_t run_id) {
+    return Take(dones_, family, device, addr, run_id).first;
   }
   int64_t Pending() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -183,31 +192,36 @@ class WindowIndex {
   }
 
  private:
-  // Drops what an earlier, aborted execution left on `inv`'s window, and
-  // the entries of poisoned windows: a failed execution stops before its
-  // later waits and dones run, and a poisoned window takes no more starts,
-  // so nothing would ever take them. (A wait or done that does still come
-  // finds its window's failure: `WindowMissError`.) Entries of `inv`'s own
-  // execution stay: one traced site can run twice at once in one execution
-  // (docs/protocol.md, "Several runs of one site"), and its buffers, live
-  // until its wait and done, key them apart.
+  // Drops what executions that XLA ended early left behind: they stop
+  // before their later waits and dones run, so nothing would take those
+  // entries. Only other executions' entries go, and only once past their
+  // `abandoned_after`: before that, the execution may be in flight, from
+  // another dispatching thread, and its wait or done must find its entry
+  // (failed or not): one that found it gone could not drain its copies,
+  // which XLA's freed buffers would then get.
+  // Entries of `inv`'s own execution stay: one traced site can run twice
+  // at once in one execution (docs/protocol.md, "Several runs of one
+  // site"), and its buffers, live until its wait and done, key them apart.
   void SweepLocked(const Inv& inv) {
+    const Clock::time_point now = Clock::now();
     for (auto* m : {&waits_, &dones_}) {
       for (auto it = m->begin(); it != m->end();) {
         const Inv& other = *it->second.inv;
-        const bool stale = other.win == inv.win && other.run_id != inv.run_id;
-        it = stale || other.win->Poisoned() ? m->erase(it) : std::next(it);
+        const bool gone =
+            other.run_id != inv.run_id && now >= other.abandoned_after;
+        it = gone ? m->erase(it) : std::next(it);
       }
     }
   }
 
   // The epoch last: two pending invocations of one execution can share
   // sources[0] (one buffer gathered twice, as a recomputation under
-  // jax.checkpoint does), and a done takes the older. Which done ends which
-  // of them does not matter: every start has one source (the lowering refuses
-  // more, peer_copy.py), so they stage the same buffer, which outlives both
-  // dones, and each one's landing buffers and flags are complete before the
-  // op's result, which its done gates, is computed.
+  // jax.checkpoint does), and a done takes the older of its execution's.
+  // Which done ends which of them does not matter: every start has one
+  // source (the lowering refuses more, peer_copy.py), so they stage the
+  // same buffer, which outlives both dones, and each one's landing buffers
+  // and flags are complete before the op's result, which its done gates,
+  // is computed.
   using Key = std::tuple<int64_t, int32_t, const void*, uint32_t>;
   struct Entry {
     std::shared_ptr<Inv> inv;
@@ -216,16 +230,19 @@ class WindowIndex {
   using Map = std::map<Key, Entry>;
   std::pair<std::shared_ptr<Inv>, int64_t> Take(Map& m, int64_t family,
                                                 int32_t device,
-                                                const void* addr) {
+                                                const void* addr,
+                                                int64_t run_id) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = m.lower_bound(Key(family, device, addr, 0));
-    if (it == m.end() || std::get<0>(it->first) != family ||
-        std::get<1>(it->first) != device || std::get<2>(it->first) != addr) {
-      return {nullptr, -1};
+    for (auto it = m.lower_bound(Key(family, device, addr, 0));
+         it != m.end() && std::get<0>(it->first) == family &&
+         std::get<1>(it->first) == device && std::get<2>(it->first) == addr;
+         ++it) {
+      if (it->second.inv->run_id != run_id) continue;
+      Entry e = std::move(it->second);
+      m.erase(it);
+      return {std::move(e.inv), e.landing};
     }
-    Entry e = std::move(it->second);
-    m.erase(it);
-    return {std::move(e.inv), e.landing};
+    return {nullptr, -1};
   }
   std::mutex mu_;
   Map waits_, dones_;
@@ -262,13 +279,25 @@ inline std::string WindowWho(std::string_view phase, std::string_view op,
          "' on device " + std::to_string(device);
 }
 
-// A wait or done that found no entry: the failure of its window, if an
-// earlier invocation poisoned it (its entries were swept), else a misuse.
-// After IssueLock: the window's failure if another thread's handler
-// poisoned it while this one waited for the lock (UsableWindow's check came
-// before), so that this call takes no epoch on it; else success.
-inline ffi::Error PoisonedWhileWaiting(const Window& w,
-                                       const std::string& who) {
+// After IssueLock, whether this call may go on: not if another thread's
+// handler held the window for over `timeout_ms` (the peers take an epoch
+// this rank will not, so the window is poisoned), nor if the window was
+// poisoned while this one waited (UsableWindow's check came before); so
+// this call takes no epoch then.
+inline ffi::Error CheckIssueLock(const std::unique_lock<std::timed_mutex>& lock,
+                                 const Window& w, int64_t timeout_ms,
+                                 const std::string& who) {
+  // The "held" fault hook stands for a holder that never lets go.
+  const bool hook = Faults(w.device, kFaultHeld);
+  if (!lock.owns_lock() || hook) {
+    const std::string why =
+        who + ": another host thread's call held this window on this device"
+        " for over " + std::to_string(timeout_ms) + " ms" +
+        (hook ? " (the fault test hook, held)" : "") + "; " +
+        kIfSeveralDispatchers + kAfterWindowTimeout;
+    Windows::Get().PoisonFamily(w.platform, w.family, why);
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, why);
+  }
   if (!w.Poisoned()) return ffi::Error::Success();
   return ffi::Error(
       ffi::ErrorCode::kFailedPrecondition,
@@ -277,6 +306,8 @@ inline ffi::Error PoisonedWhileWaiting(const Window& w,
       " fresh windows (" FICCO_AOT_ADVICE "). The failure: " + w.Sticky());
 }
 
+// A wait or done that found no entry: the failure of its window, if an
+// earlier invocation poisoned it, else a misuse.
 template <class B>
 ffi::Error WindowMissError(int64_t family, std::string_view phase,
                            std::string_view op, int32_t device);
@@ -662,13 +693,18 @@ ffi::Error WindowStart(B& backend, int64_t run_id, int64_t instance,
   }
   // Until the stage and the pulls are enqueued (or handed to the issuer),
   // in epoch order.
-  auto issue = IssueLock(*win);
-  FICCO_RETURN_IF_FAILED(PoisonedWhileWaiting(
-      *win, "ficco window start of '" + op + "' on device " +
-                std::to_string(device)));
+  auto issue = IssueLock(*win, p.timeout_ms);
+  FICCO_RETURN_IF_FAILED(CheckIssueLock(
+      issue, *win, p.timeout_ms,
+      "ficco window start of '" + op + "' on device " +
+          std::to_string(device)));
   const uint32_t e = win->epoch.fetch_add(1) + 1;
   inv->epoch = e;
   inv->run_id = run_id;
+  // A live execution reaches this start's wait and done within its host
+  // work, each host wait of which ends by its op's timeout; twice that and
+  // a margin, and it has been ended.
+  inv->abandoned_after = DeadlineAfter(2 * p.timeout_ms + kAbandonMarginMs);
   inv->where = WindowWhere(p, *win, e);
   // From here on this rank has taken epoch e: any failure must poison the
   // window, or its ranks would pair different invocations from now on.

@@ -397,13 +397,15 @@ def set_never_arrive(device_ordinal: int) -> None:
 # rendezvous and window start and the push arm; "wait" the rendezvous sync
 # that waits for landing buffers, the window wait and the push start;
 # "done" the rendezvous sync that ends invocations, the window done and the
-# push finish.
-FAULT_STEPS = ("start", "wait", "done")
+# push finish; "held": the window and push handlers that take a window's
+# issue lock find it held by another thread past the op's timeout.
+FAULT_STEPS = ("start", "wait", "done", "held")
 
 
 def set_fault(device_ordinal: int, step: str) -> None:
   """Test hook: the handlers of protocol ``step`` (`FAULT_STEPS`) on this
-  device fail at once, as a rank that raises there would. The rendezvous
+  device fail at once, as a rank that raises there would ("held": as if
+  another thread held the window past the op's timeout). The rendezvous
   transport's waits and dones are one handler, sync: a sync that does both
   fails under either step."""
   if step not in FAULT_STEPS:
